@@ -1,0 +1,42 @@
+# Set-up and everyday commands. Each target creates .venv and installs what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+RUN_STAMP := $(VENV)/.installed
+
+.PHONY: serve test lint bench bench-quick clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e .
+	touch $@
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@ $(RUN_STAMP)
+
+## Run the service (embedded Redis unless NMBATCH_REDIS_URL is set).
+serve: $(RUN_STAMP)
+	$(BIN)/python -m service
+
+## Lint and run the whole test suite.
+test: $(STAMP)
+	$(BIN)/ruff check engine service tests
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check engine service tests
+	$(BIN)/ruff format --check engine service tests || true
+
+bench: $(STAMP)
+	$(BIN)/python -m engine.bench --data ../shared/data/mnist.npz --seeds 5 --out bench-results/mnist
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m engine.bench --quick --out bench-results/quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

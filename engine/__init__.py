@@ -1,0 +1,36 @@
+"""nmbatch engine: Nested Mini-Batch K-Means (Newling & Fleuret, NIPS 2016) and baselines.
+
+The engine knows nothing of HTTP or Redis: a growing shuffled store, one-iteration
+algorithms on it, an exact nearest-centroid lookup, and a scikit-learn style estimator.
+"""
+
+from engine.algorithms import (
+    ALGORITHMS,
+    IterationStats,
+    KMeansAlgorithm,
+    NestedMiniBatch,
+    make_algorithm,
+)
+from engine.assign import energy, nearest
+from engine.store import NestedBatchStore
+
+__all__ = [
+    "ALGORITHMS",
+    "IterationStats",
+    "KMeansAlgorithm",
+    "NestedBatchStore",
+    "NestedMiniBatch",
+    "NestedMiniBatchKMeans",
+    "energy",
+    "make_algorithm",
+    "nearest",
+]
+
+
+def __getattr__(name: str):
+    # The estimator module is imported on first use, so the service does not pay for it.
+    if name == "NestedMiniBatchKMeans":
+        from engine.estimator import NestedMiniBatchKMeans
+
+        return NestedMiniBatchKMeans
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

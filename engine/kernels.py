@@ -1,0 +1,365 @@
+"""Numba kernels of the engine: distances, bounded reassignment, dense assignment, store shuffle.
+
+Symbols (as in the paper, Newling & Fleuret 2016, Alg. ``nmbatch``):
+
+- ``X``      samples, ``(n, d)`` float32
+- ``C``      centroids ``c(j)``, ``(k, d)`` float32
+- ``S``      per-cluster sum of assigned samples, ``(k, d)`` float64
+- ``v``      per-cluster count of assigned samples, ``(k,)`` int64
+- ``sse``    per-cluster sum of ``d(i)^2``, ``(k,)`` float64
+- ``labels`` assignment ``a(i)``, int32 (``-1``: not assigned yet)
+- ``dist2``  ``d(i)^2``, the squared distance added to ``sse`` when ``i`` was assigned, float64
+- ``lower``  lower bounds ``l(i, j) <= ||x(i) - c(j)||``, ``(n, k)`` float32
+- ``p``      distance each centroid moved at the last update, ``(k,)`` float64
+
+Exactness. Distances are computed in float32 for speed, with error bounds:
+
+- ``sqdist32`` (a SIMD loop; any summation order) returns ``s`` with
+  ``|s - ||x - c||^2| <= g * ||x - c||^2``, ``g = sqdist32_error(d)``.
+- The expanded form ``||x||^2 + ||c||^2 - 2 x.c`` with the dot product from BLAS
+  (``float32``) has absolute error at most ``2 gemm_error(d) ||x|| ||c||`` (plus float64
+  rounding), whatever order BLAS sums in.
+
+Every lower bound is shrunk by its error bound and rounded *down* to float32, so it never
+exceeds the true distance. A sample's nearest centroid is decided in float64 whenever the
+float32 values cannot separate the candidates, ties going to the lowest index: the same
+centroids always give the same assignment, with bounds on or off.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+__all__ = [
+    "UNIT_ROUNDOFF32",
+    "assign_dense",
+    "gemm_error",
+    "reassign_bounded",
+    "row_sqnorms",
+    "shuffle_insert",
+    "sqdist32",
+    "sqdist32_error",
+    "sqdist64",
+]
+
+UNIT_ROUNDOFF32 = 2.0**-24
+_DOWN = 1.0 - 2.0**-22  # float64 factor that makes float32 rounding land below the value
+_F64_SLACK = 8.0 * 2.0**-53
+
+_FAST = {"reassoc", "contract", "nsz", "arcp"}
+
+
+def sqdist32_error(d: int) -> float:
+    """Relative error bound ``g`` of ``sqdist32`` in dimension ``d`` (``(d+3)u/(1-(d+3)u)``)."""
+    m = (d + 3) * UNIT_ROUNDOFF32
+    return m / (1.0 - m)
+
+
+def gemm_error(d: int) -> float:
+    """Bound ``gamma_d = d u / (1 - d u)`` on the relative error of a float32 dot product."""
+    m = (d + 1) * UNIT_ROUNDOFF32
+    return m / (1.0 - m)
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def sqdist32(x: np.ndarray, c: np.ndarray) -> float:
+    """``sum((x - c)**2)`` in float32, vectorised; ``x``, ``c``: ``(d,)`` float32; float64 out."""
+    s = np.float32(0.0)
+    for t in range(x.shape[0]):
+        diff = x[t] - c[t]
+        s += diff * diff
+    return np.float64(s)
+
+
+@numba.njit(cache=True, nogil=True)
+def sqdist64(x: np.ndarray, c: np.ndarray) -> float:
+    """``sum((x - c)**2)`` accumulated in float64, sequentially; ``x``, ``c``: ``(d,)``."""
+    s = 0.0
+    for t in range(x.shape[0]):
+        diff = np.float64(x[t]) - np.float64(c[t])
+        s += diff * diff
+    return s
+
+
+@numba.njit(cache=True, nogil=True)
+def _down32(value: float) -> np.float32:
+    """Largest-ish float32 that is ``<= value`` (values <= 0 become 0)."""
+    if value <= 0.0:
+        return np.float32(0.0)
+    return np.float32(value * _DOWN)
+
+
+@numba.njit(cache=True, nogil=True)
+def row_sqnorms(X: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[q] = sum(X[rows[q]]**2)`` in float64.
+
+    X    : (n, d) float32   IN
+    rows : (m,) int64       IN
+    out  : (m,) float64     OUT
+    """
+    for q in range(rows.shape[0]):
+        x = X[rows[q]]
+        s = 0.0
+        for t in range(x.shape[0]):
+            s += np.float64(x[t]) * np.float64(x[t])
+        out[q] = s
+
+
+@numba.njit(cache=True, nogil=True)
+def _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s):
+    """Resolve the nearest centroid among computed candidates, in float64 if needed.
+
+    ``cand_s[q]`` approximates ``||x - C[cand[q]]||^2`` with true value within
+    ``[cand_s * g_lo, cand_s * g_hi]``. Returns ``(best, s)`` with ``s`` float32-grade when
+    unambiguous, exact float64 when a float64 decision was needed.
+    """
+    thr = best_s * g_hi
+    n_amb = 0
+    for q in range(nc):
+        if cand_s[q] * g_lo <= thr:
+            n_amb += 1
+    if n_amb <= 1:
+        return best, best_s
+    best = -1
+    best_exact = np.inf
+    for q in range(nc):
+        if cand_s[q] * g_lo <= thr:
+            j = cand[q]
+            e = sqdist64(x, C[j])
+            if e < best_exact or (e == best_exact and j < best):
+                best = j
+                best_exact = e
+    return best, best_exact
+
+
+@numba.njit(cache=True, nogil=True)
+def reassign_bounded(X, C, p, g, labels, dist2, lower, S, v, sse):
+    """Revisit already-assigned samples with Elkan-style lower bounds (nmbatch lines 10-21).
+
+    For each row ``i``: the bound update ``l(i, j) -= p(j)`` (fused, rounded down), the
+    removal of the old ``sse`` contribution, the exact distance to ``a(i)``, a distance to
+    every ``j`` whose bound does not exclude it, then the new contribution. ``S`` and ``v``
+    change only for samples whose label changed.
+
+    X      : (n, d) float32   IN   samples (rows already in the batch)
+    C      : (k, d) float32   IN   current centroids
+    p      : (k,) float64     IN   distance moved by each centroid at the last update
+    g      : float            IN   ``sqdist32_error(d)``
+    labels : (n,) int32       INOUT
+    dist2  : (n,) float64     INOUT
+    lower  : (n, k) float32   INOUT
+    S      : (k, d) float64   INOUT
+    v      : (k,) int64       INOUT
+    sse    : (k,) float64     INOUT
+
+    Returns ``(n_changed, n_distances)``.
+    """
+    n = X.shape[0]
+    k = C.shape[0]
+    d = X.shape[1]
+    g_lo = 1.0 - g
+    g_hi = 1.0 + g
+    cand = np.empty(k, dtype=np.int64)
+    cand_s = np.empty(k, dtype=np.float64)
+    n_changed = 0
+    n_dist = 0
+    for i in range(n):
+        x = X[i]
+        li = lower[i]
+        a = labels[i]
+        s_a = sqdist32(x, C[a])
+        n_dist += 1
+        best = a
+        best_s = s_a
+        u = math.sqrt(best_s * g_hi)
+        cand[0] = a
+        cand_s[0] = s_a
+        nc = 1
+        for j in range(k):
+            if j == a:
+                continue
+            lj = _down32(np.float64(li[j]) - p[j])
+            if lj > u:
+                li[j] = lj
+                continue
+            s_j = sqdist32(x, C[j])
+            n_dist += 1
+            li[j] = _down32(math.sqrt(s_j * g_lo))
+            cand[nc] = j
+            cand_s[nc] = s_j
+            nc += 1
+            if s_j < best_s:
+                best = j
+                best_s = s_j
+                u = math.sqrt(best_s * g_hi)
+        li[a] = _down32(math.sqrt(s_a * g_lo))
+        best, s_new = _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
+        sse[a] -= dist2[i]
+        sse[best] += s_new
+        dist2[i] = s_new
+        if best != a:
+            n_changed += 1
+            labels[i] = best
+            v[a] -= 1
+            v[best] += 1
+            for t in range(d):
+                xt = np.float64(x[t])
+                S[a, t] -= xt
+                S[best, t] += xt
+    return n_changed, n_dist
+
+
+@numba.njit(cache=True, nogil=True)
+def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, S, v, sse):
+    """Assign rows from a BLAS product of all their distances; update sums (and bounds).
+
+    ``||x - c||^2 = xx + cc - 2 x.c`` with the error of the float32 product bounded by
+    ``2 g_gemm ||x|| ||c||``: candidates that the bound cannot rule out are separated by a
+    direct distance, in float64 when needed. ``d(i)^2`` is always a direct computation.
+
+    X      : (N, d) float32   IN   sample buffer (rows indexed by ``rows``)
+    rows   : (m,) int64       IN   the rows to assign
+    xx     : (m,) float64     IN   ``||X[rows[q]]||^2``
+    dots   : (m, k) float32   IN   ``X[rows] @ C.T``
+    C      : (k, d) float32   IN
+    cc     : (k,) float64     IN   ``||C[j]||^2``
+    g_gemm : float            IN   ``gemm_error(d)``
+    g      : float            IN   ``sqdist32_error(d)``
+    remove : bool             IN   one sample, one vote: a row with ``labels >= 0`` gives
+                                   back its old contribution (only if its label changes,
+                                   plus its old ``sse`` term). ``False``: always add (mbatch,
+                                   and a fresh pass whose sums start at zero).
+    labels : (N,) int32       INOUT  ``-1`` for unassigned rows
+    dist2  : (N,) float64     INOUT
+    lower  : (N, k) float32 or (0, k)  OUT  tight bounds (skipped when it has 0 rows)
+    S, v, sse                 INOUT
+
+    Returns ``n_changed``: rows whose label differs from the one they had (``-1`` counts).
+    """
+    m = rows.shape[0]
+    k = C.shape[0]
+    d = X.shape[1]
+    g_lo = 1.0 - g
+    g_hi = 1.0 + g
+    keep_bounds = lower.shape[0] > 0
+    cand = np.empty(k, dtype=np.int64)
+    cand_s = np.empty(k, dtype=np.float64)
+    err = np.empty(k, dtype=np.float64)
+    est = np.empty(k, dtype=np.float64)
+    n_changed = 0
+    for q in range(m):
+        i = rows[q]
+        x = X[i]
+        nx = math.sqrt(xx[q])
+        top = np.inf
+        for j in range(k):
+            e = xx[q] + cc[j] - 2.0 * np.float64(dots[q, j])
+            err[j] = 2.0 * g_gemm * nx * math.sqrt(cc[j]) + _F64_SLACK * (xx[q] + cc[j])
+            est[j] = e
+            if e + err[j] < top:
+                top = e + err[j]
+        # Candidates whose lower estimate does not exceed the best upper estimate.
+        nc = 0
+        best = -1
+        best_s = np.inf
+        for j in range(k):
+            if est[j] - err[j] <= top:
+                s_j = sqdist32(x, C[j])
+                cand[nc] = j
+                cand_s[nc] = s_j
+                nc += 1
+                if s_j < best_s:
+                    best = j
+                    best_s = s_j
+        best, s_new = _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
+        if keep_bounds:
+            li = lower[i]
+            for j in range(k):
+                li[j] = _down32(math.sqrt(max(est[j] - err[j], 0.0)))
+            for q2 in range(nc):
+                li[cand[q2]] = _down32(math.sqrt(cand_s[q2] * g_lo))
+        old = labels[i]
+        if old != best:
+            n_changed += 1
+        if remove and old >= 0:
+            sse[old] -= dist2[i]
+            sse[best] += s_new
+            if old != best:
+                v[old] -= 1
+                v[best] += 1
+                for t in range(d):
+                    xt = np.float64(x[t])
+                    S[old, t] -= xt
+                    S[best, t] += xt
+        else:
+            sse[best] += s_new
+            v[best] += 1
+            for t in range(d):
+                S[best, t] += np.float64(x[t])
+        labels[i] = best
+        dist2[i] = s_new
+    return n_changed
+
+
+@numba.njit(cache=True, nogil=True)
+def nearest_dense(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out):
+    """Exact nearest centroid of every row (ties: lowest index) and its squared distance.
+
+    X          : (m, d) float32   IN
+    xx         : (m,) float64     IN   ``||X[q]||^2``
+    dots       : (m, k) float32   IN   ``X @ C.T``
+    C          : (k, d) float32   IN
+    cc         : (k,) float64     IN
+    g_gemm     : float            IN   ``gemm_error(d)``
+    labels_out : (m,) int64       OUT
+    sqdist_out : (m,) float64     OUT  ``||X[q] - C[label]||^2`` accumulated in float64
+    """
+    m = X.shape[0]
+    k = C.shape[0]
+    err = np.empty(k, dtype=np.float64)
+    est = np.empty(k, dtype=np.float64)
+    for q in range(m):
+        nx = math.sqrt(xx[q])
+        top = np.inf
+        for j in range(k):
+            e = xx[q] + cc[j] - 2.0 * np.float64(dots[q, j])
+            err[j] = 2.0 * g_gemm * nx * math.sqrt(cc[j]) + _F64_SLACK * (xx[q] + cc[j])
+            est[j] = e
+            if e + err[j] < top:
+                top = e + err[j]
+        best = -1
+        best_e = np.inf
+        for j in range(k):
+            if est[j] - err[j] <= top:
+                e = sqdist64(X[q], C[j])
+                if e < best_e:
+                    best = j
+                    best_e = e
+        labels_out[q] = best
+        sqdist_out[q] = best_e
+
+
+@numba.njit(cache=True, nogil=True)
+def shuffle_insert(X, swap, n, data, ids):
+    """Inside-out Fisher-Yates insertion of new rows into the shuffled tail.
+
+    Row ``t`` of ``X`` goes to position ``swap[t]`` (uniform in ``[b, n + t]``), and the row
+    that was there moves to the end, ``n + t``.
+
+    X    : (m, d) float32   IN
+    swap : (m,) int64       IN
+    n    : int              IN   number of rows stored before the call
+    data : (cap, d) float32 INOUT
+    ids  : (cap,) int64     INOUT  insertion index of each stored row
+    """
+    for t in range(X.shape[0]):
+        end = n + t
+        r = swap[t]
+        if r != end:
+            data[end] = data[r]
+            ids[end] = ids[r]
+        data[r] = X[t]
+        ids[r] = end

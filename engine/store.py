@@ -1,0 +1,143 @@
+"""The nested batch store: an append-only, growable ``float32`` array of samples.
+
+Rows ``[0, b)`` are the *prefix* (the current nested batch ``M_t`` of the paper): they are
+never moved or rewritten. Rows ``[b, N)`` are the *tail*, kept in uniformly random order
+by inside-out Fisher-Yates on insertion: a new row is written at ``N`` and swapped with a
+uniformly random position in ``[b, N]``. Growing the prefix therefore always takes a
+uniformly random subset of what is waiting, whatever order the stream arrives in.
+
+Concurrency: ``b`` and ``N`` change under one lock; appends only ever write at positions
+``>= b``; growing the capacity allocates a new buffer and copies, so a reader holding the
+old buffer still sees a valid, unchanged prefix.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from engine._validation import as_float32_matrix
+from engine.kernels import shuffle_insert
+
+__all__ = ["NestedBatchStore"]
+
+
+class NestedBatchStore:
+    """Append-only ``float32`` sample store whose unconsumed tail is uniformly shuffled.
+
+    Parameters
+    ----------
+    dim : int
+        Number of features ``d`` of every sample.
+    seed : int or None
+        Seed of the generator that shuffles the tail.
+    capacity : int
+        Initial number of rows allocated; doubles as needed.
+
+    Attributes
+    ----------
+    lock : threading.Lock
+        Guards ``b``, ``N`` and the buffers; held only for short bookkeeping.
+    """
+
+    def __init__(self, dim: int, *, seed: int | None = None, capacity: int = 4096) -> None:
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        self.dim = int(dim)
+        self.lock = threading.Lock()
+        self._rng = np.random.default_rng(seed)
+        self._data = np.empty((max(int(capacity), 1), self.dim), dtype=np.float32)
+        self._ids = np.empty(self._data.shape[0], dtype=np.int64)
+        self._n = 0
+        self._b = 0
+
+    # -- sizes ------------------------------------------------------------------------
+    @property
+    def n_samples(self) -> int:
+        """``N``: number of samples stored."""
+        return self._n
+
+    @property
+    def batch_size(self) -> int:
+        """``b``: size of the frozen prefix (the current nested batch)."""
+        return self._b
+
+    def __len__(self) -> int:
+        return self._n
+
+    # -- reading ----------------------------------------------------------------------
+    @property
+    def data(self) -> np.ndarray:
+        """The current buffer, shape ``(capacity, d)``, ``float32``; rows ``[0, N)`` valid."""
+        return self._data
+
+    def prefix(self, b: int | None = None) -> np.ndarray:
+        """Read-only view of rows ``[0, b)`` (default: the current prefix), ``(b, d)`` float32."""
+        with self.lock:
+            b = self._b if b is None else int(b)
+            if b > self._b:
+                raise ValueError(f"rows [0, {b}) are not all in the prefix (b = {self._b})")
+            view = self._data[:b]
+        view = view.view()
+        view.flags.writeable = False
+        return view
+
+    def samples(self) -> np.ndarray:
+        """Copy of all stored rows ``[0, N)``, shape ``(N, d)``, float32."""
+        with self.lock:
+            return self._data[: self._n].copy()
+
+    def ids(self) -> np.ndarray:
+        """Copy of the insertion index of each stored row, shape ``(N,)``, int64.
+
+        ``ids()[r]`` is the position in the stream (0 for the first sample ever appended)
+        of the sample now stored at row ``r``.
+        """
+        with self.lock:
+            return self._ids[: self._n].copy()
+
+    # -- writing ----------------------------------------------------------------------
+    def append(self, X: np.ndarray) -> int:
+        """Append the rows of ``X`` (shape ``(m, d)``, any real dtype) to the shuffled tail.
+
+        Raises ``ValueError`` (and stores nothing) for a wrong shape or non-finite values.
+        Returns the new ``N``.
+        """
+        X = as_float32_matrix(X, dim=self.dim, allow_empty=True)
+        m = X.shape[0]
+        if m == 0:
+            return self._n
+        with self.lock:
+            n, b = self._n, self._b
+            if n + m > self._data.shape[0]:
+                self._grow_capacity(n + m)
+            # Swap partner of the t-th new row: uniform in [b, n + t].
+            swap = self._rng.integers(b, n + np.arange(m, dtype=np.int64) + 1)
+            shuffle_insert(X, swap, n, self._data, self._ids)
+            self._n = n + m
+            return self._n
+
+    def grow_batch(self, b: int) -> int:
+        """Set the prefix size to ``min(b, N)`` (never shrinks it); returns the new ``b``."""
+        with self.lock:
+            self._b = max(self._b, min(int(b), self._n))
+            return self._b
+
+    def freeze(self, b: int) -> tuple[np.ndarray, int]:
+        """Grow the prefix to ``min(b, N)`` and return ``(buffer, b)`` read under the lock.
+
+        The returned buffer stays valid for rows ``[0, b)`` whatever is appended later.
+        """
+        with self.lock:
+            self._b = max(self._b, min(int(b), self._n))
+            return self._data, self._b
+
+    def _grow_capacity(self, needed: int) -> None:
+        capacity = max(needed, 2 * self._data.shape[0])
+        data = np.empty((capacity, self.dim), dtype=np.float32)
+        data[: self._n] = self._data[: self._n]
+        ids = np.empty(capacity, dtype=np.int64)
+        ids[: self._n] = self._ids[: self._n]
+        # Publish the new buffers only once they are complete.
+        self._data, self._ids = data, ids
