@@ -1,0 +1,1 @@
+"""nmbatch service: FastAPI app, worker, Redis persistence, settings."""
