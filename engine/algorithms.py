@@ -422,7 +422,7 @@ class MiniBatch(KMeansAlgorithm):
         n_now = self.store.n_samples
         data, n = self.store.freeze(n_now)
         if not self.initialized:
-            self._initialise(data[: min(self.initial_batch_size, n)])
+            self._initialise(data[: max(min(self.initial_batch_size, n), self.n_clusters)])
         if self._labels.shape[0] < n:
             labels = np.full(n, -1, dtype=np.int32)
             labels[: self.batch_size] = self._labels[: self.batch_size]

@@ -1,0 +1,519 @@
+"""Nested Mini-Batch K-Means with scikit-learn's estimator contract.
+
+``NestedMiniBatchKMeans`` finds ``n_clusters`` centroids that minimise the mean squared
+distance of the samples to their nearest centroid, like ``sklearn.cluster.KMeans``, but
+with the ``nmbatch`` algorithm of Newling & Fleuret. Each iteration works on a *nested*
+mini-batch: the first ``b`` samples of a shuffled copy of the data. A sample that was in
+the batch at iteration ``t`` stays in it at ``t + 1``, so its distance bounds stay valid
+and most of its distances need not be recomputed. Every sample in the batch counts
+exactly once in its centroid (its old vote is removed before it is reassigned), so each
+centroid is the exact mean of the batch samples assigned to it. The batch doubles when
+the centroids move little compared with their statistical uncertainty (the ratio test
+with threshold ``rho``), and the fit ends when the batch is the whole data set and no
+assignment changes, which is a fixed point of Lloyd's algorithm.
+
+The samples live in a ``NestedBatchStore`` (``float32``); ``partial_fit`` appends to it and
+runs one iteration, so the model can follow a stream. ``algorithm`` selects one of the
+engine's algorithms: the baselines of the paper run behind the same interface.
+
+Symbols of the paper used here: ``b`` (the nested batch size, ``batch_size_``), ``rho``
+(the doubling threshold), ``k`` (``n_clusters``), ``N`` (``n_samples_seen_``).
+
+The module does not import scikit-learn: it implements ``get_params``/``set_params``,
+``__repr__`` and ``__sklearn_tags__`` itself, and raises scikit-learn's
+``NotFittedError`` only when scikit-learn is already loaded.
+
+Parameters
+----------
+n_clusters : int, default=8
+    Number of centroids ``k``. Must not exceed the number of samples given to ``fit``.
+rho : float, default=100.0
+    Doubling threshold: the nested batch doubles (``b <- min(2b, N)``) when, for every
+    cluster, the standard error of its centroid is more than ``rho`` times the distance
+    the centroid just moved. Large values (the paper uses 100) keep the batch small for
+    longer. Used by ``nmbatch`` and ``nmbatch.deact``.
+batch_size : int, default=5000
+    Initial batch size ``b_0`` (the nested algorithms) or the fixed mini-batch size
+    (``mbatch``, ``mbatch.remove``). Capped at the number of samples.
+init : {"k-means++", "first"} or array of shape (n_clusters, n_features), default="k-means++"
+    Initial centroids: k-means++ seeding on the first batch, the first ``k`` samples of
+    the shuffled data, or the given array.
+max_iter : int, default=300
+    Maximum number of iterations of one ``fit`` call.
+random_state : int, numpy.random.RandomState, numpy.random.Generator or None, default=None
+    Source of all randomness (the shuffle of the store and the seeding). An int makes
+    ``fit`` reproducible.
+algorithm : str, default="nmbatch"
+    One of ``engine.ALGORITHMS``: ``"nmbatch"``, ``"nmbatch.deact"`` (bound test off),
+    ``"mbatch"`` (Sculley's mini-batch k-means), ``"mbatch.remove"`` (mini-batch with
+    removal of old votes), ``"lloyd"`` and ``"elkan"`` (exact full-batch algorithms).
+
+Attributes
+----------
+cluster_centers_ : ndarray of shape (n_clusters, n_features), float32
+labels_ : ndarray of shape (n_samples,), int64
+    Nearest centroid of each sample of the last ``fit`` (or the last ``partial_fit``
+    chunk), in the order of the input; equal to ``predict`` on the same samples.
+inertia_ : float
+    Sum of squared distances of those samples to their nearest centroid.
+n_iter_ : int
+    Iterations run since the model was started by ``fit`` or the first ``partial_fit``.
+batch_size_ : int
+    Batch size ``b`` of the last iteration: the nested batch (``nmbatch``,
+    ``nmbatch.deact``), the mini-batch (``mbatch``, ``mbatch.remove``) or ``N`` (``lloyd``,
+    ``elkan``).
+n_samples_seen_ : int
+    Samples appended to the store, ``N``.
+n_features_in_ : int
+    Number of features ``d``.
+
+Examples
+--------
+>>> import numpy as np
+>>> from engine import NestedMiniBatchKMeans
+>>> rng = np.random.default_rng(0)
+>>> means = np.array([[0.0, 0.0], [0.0, 5.0], [5.0, 5.0]])
+>>> X = np.concatenate([m + 0.1 * rng.standard_normal((200, 2)) for m in means])
+>>> km = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0).fit(X)
+>>> centers = km.cluster_centers_[np.lexsort(km.cluster_centers_.T[::-1])]
+>>> np.round(centers).astype(int).tolist()
+[[0, 0], [0, 5], [5, 5]]
+>>> bool((km.labels_ == km.predict(X)).all()), km.n_samples_seen_
+(True, 600)
+
+The same model built from a stream, one chunk at a time:
+
+>>> stream = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0)
+>>> for chunk in np.array_split(rng.permutation(X), 6):
+...     stream = stream.partial_fit(chunk)
+>>> stream.n_samples_seen_, stream.n_iter_
+(600, 6)
+
+References
+----------
+Newling, J. and Fleuret, F. (2016). Nested Mini-Batch K-Means. Advances in Neural
+Information Processing Systems 29 (NIPS 2016), pp. 1352-1360.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+import sys
+from typing import Any
+
+import numpy as np
+
+from engine._validation import as_float32_matrix
+from engine.algorithms import ALGORITHMS, IterationStats, make_algorithm
+from engine.assign import nearest
+from engine.store import NestedBatchStore
+
+__all__ = ["NestedMiniBatchKMeans"]
+
+_INIT_METHODS = ("k-means++", "first")
+# Elements of one (rows, k, d) block of differences in ``transform``.
+_TRANSFORM_BLOCK = 1 << 20
+
+
+class _NotFittedError(ValueError, AttributeError):
+    """Raised by ``predict``, ``transform`` and ``score`` before the model is fitted.
+
+    Used when scikit-learn is not loaded; otherwise scikit-learn's ``NotFittedError``
+    (also a ``ValueError`` and ``AttributeError``) is raised, which is what its checks
+    and its users catch.
+    """
+
+
+def _not_fitted_error(message: str) -> Exception:
+    exceptions = sys.modules.get("sklearn.exceptions")
+    cls = getattr(exceptions, "NotFittedError", None) or _NotFittedError
+    return cls(message)
+
+
+def _is_sparse(X: object) -> bool:
+    """True for scipy.sparse matrices and arrays, recognised without importing scipy."""
+    return type(X).__module__.startswith("scipy.sparse") or (
+        hasattr(X, "tocsr") and hasattr(X, "nnz")
+    )
+
+
+def _seed_sequence(random_state: object) -> np.random.SeedSequence:
+    """One ``SeedSequence`` from ``random_state`` (int >= 0, None, RandomState, Generator).
+
+    A ``RandomState`` or ``Generator`` is advanced by one draw, as scikit-learn does.
+    """
+    if random_state is None:
+        return np.random.SeedSequence()
+    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
+        if random_state < 0:
+            raise ValueError(f"random_state must be a non-negative int, got {random_state}")
+        return np.random.SeedSequence(int(random_state))
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.SeedSequence(int(random_state.randint(np.iinfo(np.int32).max)))
+    if isinstance(random_state, np.random.Generator):
+        return np.random.SeedSequence(int(random_state.integers(2**63 - 1)))
+    raise ValueError(
+        "random_state must be None, a non-negative int, a numpy.random.RandomState or a "
+        f"numpy.random.Generator, got {random_state!r}"
+    )
+
+
+def _spawn_seeds(seq: np.random.SeedSequence, n: int) -> list[int]:
+    """``n`` independent 63-bit integer seeds derived from ``seq``."""
+    return [int(child.generate_state(1, np.uint64)[0] >> 1) for child in seq.spawn(n)]
+
+
+class NestedMiniBatchKMeans:
+    """K-means clustering by Nested Mini-Batch K-Means (``nmbatch``).
+
+    See the module docstring for the idea, every parameter, the fitted attributes and an
+    example.
+    """
+
+    def __init__(
+        self,
+        n_clusters: int = 8,
+        *,
+        rho: float = 100.0,
+        batch_size: int = 5000,
+        init: str | np.ndarray = "k-means++",
+        max_iter: int = 300,
+        random_state: int | np.random.RandomState | np.random.Generator | None = None,
+        algorithm: str = "nmbatch",
+    ) -> None:
+        self.n_clusters = n_clusters
+        self.rho = rho
+        self.batch_size = batch_size
+        self.init = init
+        self.max_iter = max_iter
+        self.random_state = random_state
+        self.algorithm = algorithm
+
+    # -- parameters (scikit-learn's BaseEstimator protocol) -----------------------------
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        signature = inspect.signature(cls.__init__)
+        return sorted(
+            name
+            for name, p in signature.parameters.items()
+            if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        )
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """Parameters of the estimator by name (``deep`` is accepted; none are estimators)."""
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params: Any) -> NestedMiniBatchKMeans:
+        """Set parameters by name and return ``self``; values are checked by ``fit``."""
+        valid = self._get_param_names()
+        for name in params:
+            if name not in valid:
+                raise ValueError(
+                    f"Invalid parameter {name!r} for estimator {type(self).__name__}. "
+                    f"Valid parameters are: {valid!r}."
+                )
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = {
+            name: p.default
+            for name, p in inspect.signature(type(self).__init__).parameters.items()
+            if name != "self"
+        }
+        shown = []
+        for name, value in self.get_params().items():
+            default = defaults[name]
+            is_default = (
+                not isinstance(value, np.ndarray)
+                and type(value) is type(default)
+                and value == default
+            )
+            if not is_default:
+                shown.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's tags: an unsupervised clusterer and transformer of dense input.
+
+        Only scikit-learn calls this method, so scikit-learn is imported here and not at
+        module import.
+        """
+        try:
+            from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+        except ImportError as exc:  # pragma: no cover - only reachable without sklearn
+            raise ImportError("__sklearn_tags__ needs scikit-learn installed") from exc
+        return Tags(
+            estimator_type="clusterer",
+            target_tags=TargetTags(required=False),
+            transformer_tags=TransformerTags(preserves_dtype=["float64"]),
+            input_tags=InputTags(two_d_array=True, sparse=False, allow_nan=False),
+        )
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "cluster_centers_")
+
+    # -- pickling ---------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # The store holds a lock and the algorithm holds the store; keep the samples in
+        # insertion order instead and rebuild both on the next partial_fit (the restart
+        # path of the engine: same centroids, same b, one exact pass over the prefix).
+        state = self.__dict__.copy()
+        store = state.pop("_store", None)
+        state.pop("_algorithm", None)
+        if store is not None:
+            samples, ids = store.samples(), store.ids()
+            state["_pickled_samples"] = samples[np.argsort(ids, kind="stable")]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # -- validation -------------------------------------------------------------------
+    def _check_params(self) -> None:
+        """Raise ``ValueError`` for a parameter value ``fit`` cannot use."""
+        k = self.n_clusters
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"n_clusters must be an int >= 1, got {k!r}")
+        rho = self.rho
+        if (
+            not isinstance(rho, numbers.Real)
+            or isinstance(rho, bool)
+            or not np.isfinite(rho)
+            or rho <= 0
+        ):
+            raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
+        for name in ("batch_size", "max_iter"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if isinstance(self.init, str) and self.init not in _INIT_METHODS:
+            raise ValueError(
+                f"init must be one of {_INIT_METHODS} or an array of shape "
+                f"(n_clusters, n_features), got {self.init!r}"
+            )
+
+    def _check_init(self, n_features: int) -> str | np.ndarray:
+        """The ``init`` to hand to the engine: a method name or a ``(k, d)`` float32 array."""
+        if isinstance(self.init, str):
+            return self.init
+        init = as_float32_matrix(self.init, name="init")
+        expected = (int(self.n_clusters), n_features)
+        if init.shape != expected:
+            raise ValueError(
+                f"init has shape {init.shape}, but (n_clusters, n_features) = {expected}"
+            )
+        return init
+
+    def _check_X(self, X: object, *, reset: bool) -> np.ndarray:
+        """Return ``X`` as a C-contiguous ``(n, d)`` float32 array, or raise.
+
+        ``reset=False`` also checks ``d`` against ``n_features_in_``. The messages follow
+        scikit-learn's so its estimator checks recognise them; the numeric, shape and
+        finiteness checks are ``as_float32_matrix``'s.
+        """
+        if _is_sparse(X):
+            raise TypeError(
+                "Sparse input is not supported by NestedMiniBatchKMeans; "
+                "pass a dense array (X.toarray())."
+            )
+        try:
+            A = np.asarray(X)
+        except ValueError as exc:  # ragged nested lists
+            raise ValueError(f"X is not a numeric array: {exc}") from None
+        if A.dtype == object:
+            # Numbers stored as objects are accepted; anything else fails here with
+            # numpy's TypeError ("float() argument must be a string or a real number").
+            A = A.astype(np.float64)
+        if np.issubdtype(A.dtype, np.complexfloating):
+            raise ValueError("Complex data not supported: X must be real.")
+        if A.ndim == 1:
+            raise ValueError(
+                f"Expected a 2-D array, got a 1-D array of shape {A.shape} instead. "
+                "Reshape your data either using array.reshape(-1, 1) if it has a single "
+                "feature or array.reshape(1, -1) if it contains a single sample."
+            )
+        if A.ndim == 2 and A.shape[1] == 0:
+            raise ValueError(
+                f"Found array with 0 feature(s) (shape={A.shape}) while a minimum of 1 is required."
+            )
+        if A.ndim == 2 and A.shape[0] == 0:
+            raise ValueError(
+                f"Found array with 0 sample(s) (shape={A.shape}) while a minimum of 1 is required."
+            )
+        if not reset and A.ndim == 2 and A.shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"X has {A.shape[1]} features, but {type(self).__name__} is expecting "
+                f"{self.n_features_in_} features as input."
+            )
+        return as_float32_matrix(A)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "cluster_centers_"):
+            raise _not_fitted_error(
+                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' or "
+                "'partial_fit' with enough samples before using this estimator."
+            )
+
+    # -- fitting ----------------------------------------------------------------------
+    def _make_algorithm(self, store: NestedBatchStore, init: str | np.ndarray, seed: int) -> Any:
+        return make_algorithm(
+            self.algorithm,
+            store,
+            int(self.n_clusters),
+            init=init,
+            rho=float(self.rho),
+            batch_size=int(self.batch_size),
+            random_state=seed,
+        )
+
+    def _publish(
+        self, algo: Any, stats: IterationStats, store: NestedBatchStore, X: np.ndarray
+    ) -> None:
+        """Set the fitted attributes after the step ``stats``; labels and inertia are of ``X``."""
+        centers = np.array(algo.centroids, dtype=np.float32, copy=True)
+        labels, sqdist = nearest(X, centers)
+        self.cluster_centers_ = centers
+        self.labels_ = labels
+        self.inertia_ = float(np.sum(sqdist))
+        self.n_iter_ = int(algo.iteration)
+        self.batch_size_ = int(stats.batch_size)
+        self.n_samples_seen_ = int(store.n_samples)
+
+    def fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
+        """Cluster ``X`` (shape ``(n, d)``, any real dtype); ``y`` is ignored.
+
+        Runs iterations until the algorithm converges or ``max_iter`` is reached. On a
+        ``ValueError`` (bad parameter, bad ``X``, ``n_clusters > n``) the estimator is left
+        exactly as it was.
+        """
+        self._check_params()
+        X32 = self._check_X(X, reset=True)
+        n, d = X32.shape
+        k = int(self.n_clusters)
+        if n < k:
+            raise ValueError(f"n_samples={n} should be >= n_clusters={k}.")
+        init = self._check_init(d)
+        store_seed, algo_seed = _spawn_seeds(_seed_sequence(self.random_state), 2)
+
+        store = NestedBatchStore(d, seed=store_seed, capacity=n)
+        store.append(X32)
+        algo = self._make_algorithm(store, init, algo_seed)
+        for _ in range(int(self.max_iter)):
+            stats = algo.step()
+            if stats.converged:
+                break
+
+        self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
+        self._partial_fit_key = self._fit_key()
+        self.__dict__.pop("_pickled_samples", None)
+        self.n_features_in_ = d
+        self._publish(algo, stats, store, X32)
+        return self
+
+    def _fit_key(self) -> tuple[Any, ...]:
+        """Parameters a running model was built with; ``partial_fit`` may not change them."""
+        return (self.n_clusters, self.algorithm, self.rho, self.batch_size)
+
+    def _resume_after_unpickling(self) -> None:
+        """Rebuild the store and algorithm dropped by pickling (see ``__getstate__``)."""
+        samples = self.__dict__.pop("_pickled_samples")
+        store_seed, algo_seed = _spawn_seeds(np.random.SeedSequence(self._algo_seed), 2)
+        store = NestedBatchStore(samples.shape[1], seed=store_seed, capacity=len(samples))
+        store.append(samples)
+        fitted = hasattr(self, "cluster_centers_")
+        init = self.cluster_centers_ if fitted else self._check_init(samples.shape[1])
+        algo = self._make_algorithm(store, init, algo_seed)
+        if fitted and hasattr(algo, "restore"):
+            algo.restore(self.cluster_centers_, self.batch_size_, self.n_iter_)
+        elif fitted:
+            # No restore for this algorithm: it restarts from the centroids; keep the count.
+            algo.iteration = int(self.n_iter_)
+        self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
+
+    def partial_fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
+        """Append ``X`` (shape ``(m, d)``) to the store, then run one iteration.
+
+        The first call (or the first after ``fit``'s model was unpickled) starts the model.
+        While the store holds fewer than ``n_clusters`` samples the chunk is only stored.
+        ``labels_`` and ``inertia_`` then describe the chunk ``X``. On a ``ValueError``
+        nothing is stored and the estimator is unchanged.
+        """
+        started = "_store" in self.__dict__ or "_pickled_samples" in self.__dict__
+        if not started:
+            self._check_params()
+            X32 = self._check_X(X, reset=True)
+            d = X32.shape[1]
+            init = self._check_init(d)
+            store_seed, algo_seed = _spawn_seeds(_seed_sequence(self.random_state), 2)
+            store = NestedBatchStore(d, seed=store_seed, capacity=max(4096, len(X32)))
+            algo = self._make_algorithm(store, init, algo_seed)
+            self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
+            self._partial_fit_key = self._fit_key()
+            self.n_features_in_ = d
+        else:
+            if self._fit_key() != self._partial_fit_key:
+                raise ValueError(
+                    "n_clusters, algorithm, rho or batch_size changed since the model was "
+                    "started; call fit() to start a new model."
+                )
+            X32 = self._check_X(X, reset=False)
+            if "_pickled_samples" in self.__dict__:
+                self._resume_after_unpickling()
+
+        store, algo = self._store, self._algorithm
+        store.append(X32)
+        self.n_samples_seen_ = int(store.n_samples)
+        if algo.ready():
+            stats = algo.step()
+            self._publish(algo, stats, store, X32)
+        return self
+
+    # -- using the model --------------------------------------------------------------
+    def predict(self, X: object) -> np.ndarray:
+        """Index of the nearest centroid of each row of ``X``: ``(n,)`` int64 (ties: lowest)."""
+        self._check_fitted()
+        labels, _ = nearest(self._check_X(X, reset=False), self.cluster_centers_)
+        return labels
+
+    def fit_predict(self, X: object, y: object = None) -> np.ndarray:
+        """``fit(X)`` then return ``labels_`` (``(n,)`` int64)."""
+        return self.fit(X).labels_
+
+    def transform(self, X: object) -> np.ndarray:
+        """Euclidean distance of each row of ``X`` to each centroid: ``(n, k)`` float64.
+
+        Computed as ``sqrt(sum((x - c)**2))`` in float64 on the float32 samples, so the
+        result for a row does not depend on the other rows.
+        """
+        self._check_fitted()
+        X64 = self._check_X(X, reset=False).astype(np.float64)
+        C64 = self.cluster_centers_.astype(np.float64)
+        k, d = C64.shape
+        out = np.empty((X64.shape[0], k), dtype=np.float64)
+        rows = max(1, _TRANSFORM_BLOCK // (k * d))
+        for start in range(0, X64.shape[0], rows):
+            diff = X64[start : start + rows, None, :] - C64[None, :, :]
+            np.sqrt(np.einsum("ikd,ikd->ik", diff, diff), out=out[start : start + rows])
+        return out
+
+    def fit_transform(self, X: object, y: object = None) -> np.ndarray:
+        """``fit(X)`` then return ``transform(X)``: ``(n, k)`` float64."""
+        return self.fit(X).transform(X)
+
+    def score(self, X: object, y: object = None) -> float:
+        """Minus the inertia of ``X``: ``-sum(min_j ||x - c_j||^2)`` (higher is better)."""
+        self._check_fitted()
+        _, sqdist = nearest(self._check_X(X, reset=False), self.cluster_centers_)
+        return -float(np.sum(sqdist))
+
+    def get_feature_names_out(self, input_features: object = None) -> np.ndarray:
+        """Names of the ``transform`` outputs: ``nestedminibatchkmeans0`` ... ``{k-1}``."""
+        self._check_fitted()
+        prefix = type(self).__name__.lower()
+        k = self.cluster_centers_.shape[0]
+        return np.asarray([f"{prefix}{j}" for j in range(k)], dtype=object)
