@@ -16,20 +16,22 @@ def kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
     if n < k:
         raise ValueError(f"k-means++ needs at least k={k} samples, got {n}")
     X64 = np.asarray(X, dtype=np.float64)
-    xx = np.einsum("ij,ij->i", X64, X64)
     n_trials = 2 + int(np.log(k))
     chosen = np.empty(k, dtype=np.int64)
     chosen[0] = rng.integers(n)
-    closest = np.maximum(xx - 2.0 * X64 @ X64[chosen[0]] + xx[chosen[0]], 0.0)
+    # Direct differences, not the expanded form: that cancels and can make a distinct
+    # row look like a chosen one.
+    closest = ((X64 - X64[chosen[0]]) ** 2).sum(axis=1)
     for c in range(1, k):
         total = closest.sum()
-        if total <= 0.0:  # every sample sits on a chosen centroid: take any unused row
-            chosen[c] = rng.integers(n)
+        if total <= 0.0:  # every row equals a chosen centroid: duplicates are unavoidable
+            unused = np.setdiff1d(np.arange(n), chosen[:c])
+            chosen[c] = unused[rng.integers(unused.shape[0])]
             continue
         cumulative = np.cumsum(closest)
         picks = np.searchsorted(cumulative, rng.random(n_trials) * cumulative[-1], side="right")
         picks = np.minimum(picks, n - 1)
-        dist = np.maximum(xx[:, None] - 2.0 * X64 @ X64[picks].T + xx[picks][None, :], 0.0)
+        dist = np.stack([((X64 - X64[p]) ** 2).sum(axis=1) for p in picks], axis=1)
         candidate = np.minimum(closest[:, None], dist)
         best = int(np.argmin(candidate.sum(axis=0)))
         chosen[c] = picks[best]

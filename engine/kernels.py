@@ -43,6 +43,7 @@ __all__ = [
     "sqdist32",
     "sqdist32_error",
     "sqdist64",
+    "sqdist_safe",
 ]
 
 UNIT_ROUNDOFF32 = 2.0**-24
@@ -84,12 +85,46 @@ def sqdist64(x: np.ndarray, c: np.ndarray) -> float:
     return s
 
 
+_FLT_MAX = float(np.finfo(np.float32).max)
+_SAFE_LOW = 2.0**-90  # below: float32 squares may have underflowed
+_SAFE_HIGH = 2.0**126  # above: float32 sums may overflow
+
+
 @numba.njit(cache=True, nogil=True)
 def _down32(value: float) -> np.float32:
-    """Largest-ish float32 that is ``<= value`` (values <= 0 become 0)."""
+    """A float32 that is ``<= value`` (values <= 0 become 0; huge ones FLT_MAX)."""
     if value <= 0.0:
         return np.float32(0.0)
+    if value >= _FLT_MAX:
+        return np.float32(_FLT_MAX)
     return np.float32(value * _DOWN)
+
+
+@numba.njit(cache=True, nogil=True)
+def sqdist_safe(x: np.ndarray, c: np.ndarray) -> float:
+    """``sqdist32``, redone in float64 where float32 may under- or overflow.
+
+    Within ``sqdist32_error(d)`` (relative) of ``||x - c||^2`` for any finite float32 input.
+    """
+    s = sqdist32(x, c)
+    if s >= _SAFE_LOW and s <= _SAFE_HIGH:
+        return s
+    return sqdist64(x, c)
+
+
+@numba.njit(cache=True, nogil=True)
+def _gemm_estimate(xx, cc, dot, nx, g_gemm, d):
+    """``(estimate, error)`` of ``||x - c||^2`` from a float32 BLAS dot product.
+
+    The error covers the float32 product (``2 gamma_d ||x|| ||c||``), float32 underflow
+    of its terms, and float64 rounding; a non-finite product gives an infinite error.
+    """
+    dot64 = np.float64(dot)
+    if not math.isfinite(dot64):
+        return 0.0, np.inf
+    est = xx + cc - 2.0 * dot64
+    err = 2.0 * g_gemm * nx * math.sqrt(cc) + _F64_SLACK * (xx + cc) + (d + 1) * 2.0**-148
+    return est, err
 
 
 @numba.njit(cache=True, nogil=True)
@@ -161,7 +196,7 @@ def reassign_bounded(X, C, p, g, labels, dist2, lower, S, v, sse):
     k = C.shape[0]
     d = X.shape[1]
     g_lo = 1.0 - g
-    g_hi = 1.0 + g
+    g_hi = 1.0 / (1.0 - g)
     cand = np.empty(k, dtype=np.int64)
     cand_s = np.empty(k, dtype=np.float64)
     n_changed = 0
@@ -170,7 +205,7 @@ def reassign_bounded(X, C, p, g, labels, dist2, lower, S, v, sse):
         x = X[i]
         li = lower[i]
         a = labels[i]
-        s_a = sqdist32(x, C[a])
+        s_a = sqdist_safe(x, C[a])
         n_dist += 1
         best = a
         best_s = s_a
@@ -185,7 +220,7 @@ def reassign_bounded(X, C, p, g, labels, dist2, lower, S, v, sse):
             if lj > u:
                 li[j] = lj
                 continue
-            s_j = sqdist32(x, C[j])
+            s_j = sqdist_safe(x, C[j])
             n_dist += 1
             li[j] = _down32(math.sqrt(s_j * g_lo))
             cand[nc] = j
@@ -237,13 +272,13 @@ def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, low
     lower  : (N, k) float32 or (0, k)  OUT  tight bounds (skipped when it has 0 rows)
     S, v, sse                 INOUT
 
-    Returns ``n_changed``: rows whose label differs from the one they had (``-1`` counts).
+    Returns ``n_changed``: rows that had a label and now have another.
     """
     m = rows.shape[0]
     k = C.shape[0]
     d = X.shape[1]
     g_lo = 1.0 - g
-    g_hi = 1.0 + g
+    g_hi = 1.0 / (1.0 - g)
     keep_bounds = lower.shape[0] > 0
     cand = np.empty(k, dtype=np.int64)
     cand_s = np.empty(k, dtype=np.float64)
@@ -256,18 +291,16 @@ def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, low
         nx = math.sqrt(xx[q])
         top = np.inf
         for j in range(k):
-            e = xx[q] + cc[j] - 2.0 * np.float64(dots[q, j])
-            err[j] = 2.0 * g_gemm * nx * math.sqrt(cc[j]) + _F64_SLACK * (xx[q] + cc[j])
-            est[j] = e
-            if e + err[j] < top:
-                top = e + err[j]
+            est[j], err[j] = _gemm_estimate(xx[q], cc[j], dots[q, j], nx, g_gemm, d)
+            if est[j] + err[j] < top:
+                top = est[j] + err[j]
         # Candidates whose lower estimate does not exceed the best upper estimate.
         nc = 0
         best = -1
         best_s = np.inf
         for j in range(k):
             if est[j] - err[j] <= top:
-                s_j = sqdist32(x, C[j])
+                s_j = sqdist_safe(x, C[j])
                 cand[nc] = j
                 cand_s[nc] = s_j
                 nc += 1
@@ -282,7 +315,7 @@ def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, low
             for q2 in range(nc):
                 li[cand[q2]] = _down32(math.sqrt(cand_s[q2] * g_lo))
         old = labels[i]
-        if old != best:
+        if old >= 0 and old != best:
             n_changed += 1
         if remove and old >= 0:
             sse[old] -= dist2[i]
@@ -319,17 +352,16 @@ def nearest_dense(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out):
     """
     m = X.shape[0]
     k = C.shape[0]
+    d = X.shape[1]
     err = np.empty(k, dtype=np.float64)
     est = np.empty(k, dtype=np.float64)
     for q in range(m):
         nx = math.sqrt(xx[q])
         top = np.inf
         for j in range(k):
-            e = xx[q] + cc[j] - 2.0 * np.float64(dots[q, j])
-            err[j] = 2.0 * g_gemm * nx * math.sqrt(cc[j]) + _F64_SLACK * (xx[q] + cc[j])
-            est[j] = e
-            if e + err[j] < top:
-                top = e + err[j]
+            est[j], err[j] = _gemm_estimate(xx[q], cc[j], dots[q, j], nx, g_gemm, d)
+            if est[j] + err[j] < top:
+                top = est[j] + err[j]
         best = -1
         best_e = np.inf
         for j in range(k):

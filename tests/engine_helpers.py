@@ -1,0 +1,181 @@
+"""Reference implementations and invariant checks shared by the engine tests.
+
+The references are plain numpy, written to match the engine's documented formulas:
+
+- ``sqdist64_ref`` sums ``(float64(x) - float64(c))**2`` over the features *sequentially*
+  (the order of ``engine.kernels.sqdist64``), so its values are bit-identical to the
+  kernel's, and its argmin (ties to the lowest index, which ``np.argmin`` gives) is the
+  engine's exact nearest centroid, whatever the data.
+- ``check_step_invariants`` asserts what must hold after every ``step()`` of an algorithm
+  that keeps one vote per sample (nmbatch, nmbatch.deact, elkan, lloyd; mbatch.remove over
+  the samples it has drawn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine import NestedBatchStore
+
+
+def sqdist64_ref(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """``||X[i] - C[j]||^2`` summed sequentially in float64: ``(n, k)`` float64.
+
+    X : (n, d) float32, C : (k, d) float32.
+    """
+    X64 = np.asarray(X, dtype=np.float64)
+    C64 = np.asarray(C, dtype=np.float64)
+    acc = np.zeros((X64.shape[0], C64.shape[0]), dtype=np.float64)
+    for t in range(X64.shape[1]):
+        diff = X64[:, t, None] - C64[None, :, t]
+        acc = acc + diff * diff
+    return acc
+
+
+def brute_nearest(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Exact nearest centroid by brute force, ties to the lowest index.
+
+    Returns ``labels`` ``(n,)`` int64 and ``sqdist`` ``(n,)`` float64.
+    """
+    D = sqdist64_ref(X, C)
+    labels = np.argmin(D, axis=1) if D.shape[0] else np.empty(0, dtype=np.int64)
+    return labels.astype(np.int64), D[np.arange(D.shape[0]), labels]
+
+
+def blobs(
+    n: int,
+    d: int,
+    n_blobs: int,
+    *,
+    seed: int = 0,
+    spread: float = 1.0,
+    separation: float = 10.0,
+    integer: bool = False,
+) -> np.ndarray:
+    """``n`` samples around ``n_blobs`` random centres, ``(n, d)`` float32, in random order.
+
+    ``integer=True`` rounds every value to an integer (sums of such float32 rows are exact
+    in float64, so means and sums compare exactly between algorithms).
+    """
+    rng = np.random.default_rng(seed)
+    centres = separation * rng.standard_normal((n_blobs, d))
+    which = rng.integers(0, n_blobs, size=n)
+    X = centres[which] + spread * rng.standard_normal((n, d))
+    if integer:
+        X = np.rint(X)
+    return X.astype(np.float32)
+
+
+def filled_store(X: np.ndarray, *, seed: int = 0, capacity: int = 64) -> NestedBatchStore:
+    """A store holding the rows of ``X`` (appended in one call), tail shuffled by ``seed``."""
+    store = NestedBatchStore(X.shape[1], seed=seed, capacity=capacity)
+    store.append(X)
+    return store
+
+
+def assert_sums_are_means(
+    S: np.ndarray, v: np.ndarray, X: np.ndarray, labels: np.ndarray, *, rtol: float = 1e-9
+) -> None:
+    """``v(j)`` counts the rows labelled ``j`` and ``S(j)/v(j)`` is their mean.
+
+    Rows with a negative label are ignored. ``X``: (n, d) float32, ``labels``: (n,).
+    """
+    k = v.shape[0]
+    seen = labels >= 0
+    counts = np.bincount(labels[seen], minlength=k)
+    np.testing.assert_array_equal(v, counts)
+    X64 = X.astype(np.float64)
+    scale = max(float(np.abs(X64).max()) if X64.size else 0.0, 1e-300)
+    for j in range(k):
+        if counts[j] == 0:
+            np.testing.assert_allclose(S[j], 0.0, atol=rtol * scale * max(int(seen.sum()), 1))
+            continue
+        mean = X64[labels == j].mean(axis=0)
+        np.testing.assert_allclose(S[j] / v[j], mean, rtol=rtol, atol=rtol * scale)
+
+
+@dataclass
+class Snapshot:
+    """What a test needs from the state before a ``step()``.
+
+    ``centroids`` is ``None`` when they are not known before the step (the first step of
+    a k-means++ start picks them inside ``step()``).
+    """
+
+    centroids: np.ndarray | None
+    labels: np.ndarray
+    batch_size: int
+
+
+def snapshot(algo) -> Snapshot:
+    """Copies of the centroids in force for the next step, the labels, and ``b``.
+
+    Before the first step they are the initial centroids: the explicit array, or the first
+    ``k`` rows of the store for ``init="first"`` (the store's first rows cannot change
+    before the step as long as nobody appends concurrently).
+    """
+    C: np.ndarray | None = algo.centroids.copy()
+    if not algo.initialized:
+        init = algo._init  # the engine keeps the init argument only privately
+        if isinstance(init, np.ndarray):
+            C = init.copy()
+        elif init == "first":
+            C = np.array(algo.store.data[: algo.n_clusters])
+        else:
+            C = None
+    return Snapshot(C, algo.labels(), algo.batch_size)
+
+
+def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True) -> None:
+    """Assert the one-sample-one-vote invariants after a ``step()``.
+
+    - ``v`` sums to the number of voting rows and ``S(j)/v(j)`` is the exact mean
+      (``1e-9`` relative) of the rows labelled ``j``;
+    - the centroids are ``float32(S(j)/v(j))`` for non-empty clusters and unchanged for
+      empty ones;
+    - every row whose label changed (with ``all_revisited``: every row of the prefix) is
+      labelled with its brute-force nearest centroid among ``before.centroids``, the
+      centroids in force during the step, ties to the lowest index;
+    - with bounds (``lower_bounds()`` non-empty): ``l(i, j) <= ||x(i) - c_before(j)||`` and
+      ``l(i, j) - p(j) <= ||x(i) - c_new(j)||``, in float64.
+    """
+    b = algo.batch_size
+    assert b >= before.batch_size
+    assert b <= algo.store.n_samples
+    X = np.array(algo.store.data[:b])
+    labels = algo.labels()
+    assert labels.shape == (b,)
+    seen = labels >= 0
+    if all_revisited:
+        assert seen.all(), f"{int((~seen).sum())} prefix rows have no label (-1)"
+    assert int(algo.v.sum()) == int(seen.sum())
+    assert_sums_are_means(algo.S, algo.v, X, labels)
+
+    nz = algo.v > 0
+    np.testing.assert_array_equal(
+        algo.centroids[nz], (algo.S[nz] / algo.v[nz, None]).astype(np.float32)
+    )
+    if before.centroids is None:
+        return
+    np.testing.assert_array_equal(algo.centroids[~nz], before.centroids[~nz])
+
+    old = np.full(b, -1, dtype=labels.dtype)
+    old[: before.labels.shape[0]] = before.labels
+    check = np.ones(b, dtype=bool) if all_revisited else old != labels
+    if check.any():
+        ref, _ = brute_nearest(X[check], before.centroids)
+        np.testing.assert_array_equal(labels[check], ref)
+
+    lower_bounds = getattr(algo, "lower_bounds", None)
+    if lower_bounds is not None:
+        lower = lower_bounds()
+        if lower.shape[0]:
+            assert lower.shape == (b, algo.n_clusters)
+            assert lower.dtype == np.float32
+            low = lower.astype(np.float64)
+            dist_used = np.sqrt(sqdist64_ref(X, before.centroids))
+            assert (low <= dist_used).all(), "a lower bound exceeds the distance it bounds"
+            dist_new = np.sqrt(sqdist64_ref(X, algo.centroids))
+            assert (low - algo.p[None, :] <= dist_new).all(), "l - p exceeds the new distance"

@@ -1,0 +1,616 @@
+"""Correctness of the engine's algorithms (``engine.algorithms``) on a ``NestedBatchStore``.
+
+After every ``step()`` of an algorithm that keeps one vote per sample (nmbatch,
+nmbatch.deact, elkan, lloyd; mbatch.remove over the samples it has drawn), the state must
+satisfy, exactly where the math allows (see ``tests.engine_helpers.check_step_invariants``):
+``S(j)/v(j)`` is the mean of the prefix rows labelled ``j``, ``v`` sums to ``b``, every
+(re)assigned row went to its brute-force nearest centroid among those in force during the
+step, and every lower bound holds for the centroids it was computed for and, after
+subtracting ``p``, for the new ones.
+
+Then: bounds on and off agree bit for bit, elkan and lloyd agree, the doubling rule of
+DESIGN.md, convergence and re-growth after new samples, streaming (also from another
+thread), reproducibility, restore(), and edge cases.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+from engine import ALGORITHMS, NestedBatchStore, make_algorithm
+from engine.algorithms import NestedMiniBatch
+from tests.engine_helpers import (
+    assert_sums_are_means,
+    blobs,
+    brute_nearest,
+    check_step_invariants,
+    filled_store,
+    snapshot,
+    sqdist64_ref,
+)
+
+ONE_VOTE = ("nmbatch", "nmbatch.deact", "elkan", "lloyd")
+NESTED = ("nmbatch", "nmbatch.deact", "elkan")
+
+
+def run_checked(algo, max_steps: int, *, all_revisited: bool = True, until_converged=True):
+    """Step ``algo`` up to ``max_steps`` times, checking the invariants after each step."""
+    history = []
+    for _ in range(max_steps):
+        before = snapshot(algo)
+        s = algo.step()
+        check_step_invariants(algo, before, all_revisited=all_revisited)
+        assert s.iteration == algo.iteration
+        history.append((before, s))
+        if until_converged and s.converged:
+            break
+    return history
+
+
+# ---------------------------------------------------------------------------------------
+# invariants after every iteration
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+@pytest.mark.parametrize(
+    ("integer", "rho", "init"),
+    [(True, 100.0, "first"), (False, 100.0, "k-means++"), (False, 3.0, "first")],
+)
+def test_invariants_hold_after_every_iteration(name, integer, rho, init):
+    X = blobs(700, 3, 6, seed=4, spread=1.5, separation=6.0, integer=integer)
+    store = filled_store(X, seed=2)
+    algo = make_algorithm(name, store, 6, init=init, rho=rho, batch_size=40, random_state=3)
+    history = run_checked(algo, 80)
+    assert history[-1][1].converged, "did not converge in 80 iterations"
+    assert algo.batch_size == store.n_samples == 700
+
+
+@pytest.mark.parametrize("name", NESTED)
+def test_iteration_stats_describe_the_step(name):
+    X = blobs(600, 2, 5, seed=9, spread=2.0, separation=5.0)
+    store = filled_store(X, seed=1)
+    k = 5
+    algo = make_algorithm(name, store, k, batch_size=30, rho=20.0)
+    for _ in range(60):
+        before = snapshot(algo)
+        s = algo.step()
+        b_old, b = before.batch_size, s.batch_size
+        assert b == algo.batch_size and s.n_samples == 600
+        assert s.n_new == b - b_old
+        assert s.n_changed == int((algo.labels()[:b_old] != before.labels).sum())
+        assert s.n_distances + s.n_skipped == b * k
+        assert s.n_distances >= b_old + (b - b_old) * k
+        if name == "nmbatch.deact":
+            assert s.n_skipped == 0
+        assert s.converged == (b == 600 and b_old == b and s.n_changed == 0)
+        if s.converged:
+            break
+    assert s.converged
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+def test_n_changed_counts_only_revisited_samples(name):
+    # ENGINE_API: "n_changed: revisited samples whose label changed". On the first step
+    # nothing is revisited, so it is 0 for every algorithm.
+    X = blobs(200, 2, 3, seed=2)
+    algo = make_algorithm(name, filled_store(X), 3, batch_size=50)
+    assert algo.step().n_changed == 0
+
+
+def test_mbatch_remove_keeps_one_vote_per_drawn_sample():
+    X = blobs(500, 3, 5, seed=6, spread=1.5, separation=6.0)
+    store = filled_store(X, seed=3)
+    algo = make_algorithm("mbatch.remove", store, 5, batch_size=60, random_state=1)
+    seen_before = 0
+    for _ in range(25):
+        ((_, s),) = run_checked(algo, 1, all_revisited=False, until_converged=False)
+        labels = algo.labels()
+        seen = int((labels >= 0).sum())
+        assert seen_before <= seen <= seen_before + 60
+        assert int(algo.v.sum()) == seen
+        assert s.batch_size == 60
+        seen_before = seen
+    assert seen_before > 400  # most samples drawn at least once by now
+
+
+def test_mbatch_running_averages_count_every_draw():
+    X = blobs(300, 2, 4, seed=6, integer=True)
+    store = filled_store(X, seed=3)
+    algo = make_algorithm("mbatch", store, 4, batch_size=50, random_state=2)
+    for t in range(1, 11):
+        algo.step()
+        assert int(algo.v.sum()) == 50 * t
+        nz = algo.v > 0
+        np.testing.assert_array_equal(
+            algo.centroids[nz], (algo.S[nz] / algo.v[nz, None]).astype(np.float32)
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# bounds on and off, elkan and lloyd
+
+
+def lockstep(names, X, k, *, steps, store_seed=0, **kwargs):
+    """Run the named algorithms on twin stores (same rows, same order) one step at a time.
+
+    Yields the list of algorithms after each step.
+    """
+    algos = [make_algorithm(n, filled_store(X, seed=store_seed), k, **kwargs) for n in names]
+    for _ in range(steps):
+        stats = [a.step() for a in algos]
+        yield algos, stats
+        if all(s.converged for s in stats):
+            return
+
+
+@pytest.mark.parametrize("integer", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bounds_on_and_off_agree_bit_for_bit(integer, seed):
+    X = blobs(900, 4, 8, seed=seed, spread=2.0, separation=4.0, integer=integer)
+    n_steps = 0
+    for (bounded, deact), (s1, s2) in lockstep(
+        ("nmbatch", "nmbatch.deact"), X, 8, steps=120, batch_size=25, rho=10.0
+    ):
+        n_steps += 1
+        assert bounded.batch_size == deact.batch_size
+        np.testing.assert_array_equal(bounded.labels(), deact.labels())
+        np.testing.assert_array_equal(bounded.centroids, deact.centroids)
+        np.testing.assert_array_equal(bounded.v, deact.v)
+        np.testing.assert_array_equal(bounded.S, deact.S)
+        assert (s1.n_changed, s1.doubled, s1.converged) == (s2.n_changed, s2.doubled, s2.converged)
+    assert s1.converged and bounded.batch_size == 900
+    assert n_steps > 5
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_elkan_and_lloyd_agree_on_integer_data(seed):
+    X = blobs(800, 3, 7, seed=seed, spread=2.0, separation=4.0, integer=True)
+    for (elkan, lloyd), (s1, s2) in lockstep(("elkan", "lloyd"), X, 7, steps=100):
+        np.testing.assert_array_equal(elkan.labels(), lloyd.labels())
+        np.testing.assert_array_equal(elkan.centroids, lloyd.centroids)
+        assert s1.converged == s2.converged
+    assert s1.converged
+
+
+def test_bounds_skip_most_distances_once_settled():
+    X = blobs(2000, 3, 6, seed=5, spread=0.5, separation=20.0)
+    store = filled_store(X, seed=1)
+    algo = make_algorithm("nmbatch", store, 6, init="k-means++", random_state=0, batch_size=2000)
+    history = run_checked(algo, 30)
+    last = history[-1][1]
+    assert last.converged
+    assert last.n_distances < 0.5 * last.batch_size * 6
+
+
+# ---------------------------------------------------------------------------------------
+# the doubling rule
+
+
+def crafted(v, sse, p, rho=2.0) -> NestedMiniBatch:
+    k = len(v)
+    store = filled_store(np.zeros((k, 1), dtype=np.float32))
+    algo = make_algorithm("nmbatch", store, k, rho=rho)
+    algo.v = np.array(v, dtype=np.int64)
+    algo.sse = np.array(sse, dtype=np.float64)
+    algo.p = np.array(p, dtype=np.float64)
+    return algo
+
+
+@pytest.mark.parametrize(
+    ("v", "sse", "p", "expect"),
+    [
+        pytest.param([0, 0], [0.0, 0.0], [1.0, 1.0], True, id="all-empty-ignored"),
+        pytest.param([0, 5], [0.0, 1e6], [1.0, 1.0], True, id="empty-ignored"),
+        pytest.param([1, 1], [3.0, 0.0], [0.0, 0.0], True, id="p0-never-blocks"),
+        pytest.param([2, 9], [0.0, 0.0], [0.0, 0.0], True, id="p0-sse0"),
+        pytest.param([1, 5], [0.0, 1e6], [1e-9, 1e-9], False, id="v1-with-p-blocks"),
+        pytest.param([2], [8.0], [1.0], False, id="ratio-equal-rho-blocks"),
+        pytest.param([2], [8.0001], [1.0], True, id="ratio-above-rho"),
+        pytest.param([2, 2], [8.0001, 7.9999], [1.0, 1.0], False, id="min-over-clusters"),
+        pytest.param([3, 2], [-1e-12, 8.1], [1.0, 1.0], False, id="negative-sse-clamped"),
+        pytest.param([3, 2], [-1e-12, 8.1], [0.0, 1.0], True, id="negative-sse-p0"),
+    ],
+)
+def test_doubling_test_follows_design(v, sse, p, expect):
+    # sigma_C(j) = sqrt(sse / (v (v - 1))); v = 2, sse = 8 gives sigma = 2 = rho * p.
+    algo = crafted(v, sse, p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no division by zero, no NaN
+        assert algo._doubling_test(algo.rho) is expect
+
+
+@pytest.mark.parametrize("rho", [1.0, 10.0, 100.0, 1e4])
+def test_batch_only_grows_doubling_to_min_2b_n(rho):
+    X = blobs(1000, 2, 5, seed=3, spread=1.0, separation=5.0)
+    store = filled_store(X, seed=5)
+    algo = make_algorithm("nmbatch", store, 5, batch_size=30, rho=rho)
+    history = run_checked(algo, 200)
+    sizes = [s.batch_size for _, s in history]
+    assert sizes[0] == 30 and sizes[-1] == 1000 and history[-1][1].converged
+    for (_, s), (_, nxt) in itertools.pairwise(history):
+        assert s.next_batch_size == (min(2 * s.batch_size, 1000) if s.doubled else s.batch_size)
+        assert nxt.batch_size == s.next_batch_size
+        assert s.batch_size <= nxt.batch_size <= 1000
+        assert store.batch_size >= s.batch_size
+    # The doubling decision is the test on the state the step left behind.
+    assert history[-1][1].doubled == algo._doubling_test(rho)
+
+
+def test_converges_then_grows_again_after_new_samples():
+    X = blobs(3000, 3, 5, seed=8, spread=1.0, separation=8.0)
+    store = NestedBatchStore(3, seed=4)
+    store.append(X[:1500])
+    algo = make_algorithm("nmbatch", store, 5, batch_size=100, init="k-means++", random_state=1)
+    history = run_checked(algo, 200)
+    assert history[-1][1].converged and algo.batch_size == 1500
+    # At the fixed point: labels are the nearest of the final centroids, which are means.
+    np.testing.assert_array_equal(algo.labels(), brute_nearest(store.samples(), algo.centroids)[0])
+    s = algo.step()
+    assert s.converged and s.n_changed == 0 and (algo.p == 0).all()
+    store.append(X[1500:])
+    s = algo.step()
+    assert s.batch_size == 3000 and s.n_new == 1500 and not s.converged
+    history = run_checked(algo, 200)
+    assert history[-1][1].converged and algo.batch_size == 3000
+    np.testing.assert_array_equal(algo.labels(), brute_nearest(store.samples(), algo.centroids)[0])
+
+
+# ---------------------------------------------------------------------------------------
+# streaming
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+def test_appends_between_iterations_keep_invariants_and_the_prefix(name):
+    X = blobs(1500, 3, 4, seed=12, spread=1.0, separation=6.0)
+    store = NestedBatchStore(3, seed=6, capacity=16)
+    store.append(X[:50])
+    algo = make_algorithm(name, store, 4, batch_size=20, rho=5.0)
+    pos = 50
+    for _ in range(40):
+        b = store.batch_size
+        prefix = store.samples()[:b]
+        ids = store.ids()[:b]
+        run_checked(algo, 1)
+        if pos < 1500:
+            store.append(X[pos : pos + 37])
+            pos += 37
+        np.testing.assert_array_equal(store.samples()[:b], prefix)
+        np.testing.assert_array_equal(store.ids()[:b], ids)
+    history = run_checked(algo, 200)
+    assert history[-1][1].converged and algo.batch_size == store.n_samples == 1500
+
+
+def test_mbatch_remove_keeps_its_votes_while_the_store_grows():
+    X = blobs(1200, 3, 4, seed=14, spread=1.0, separation=6.0)
+    store = NestedBatchStore(3, seed=6, capacity=16)
+    store.append(X[:100])
+    algo = make_algorithm("mbatch.remove", store, 4, batch_size=40, random_state=0)
+    for pos in range(100, 1200, 50):
+        ((_, s),) = run_checked(algo, 1, all_revisited=False, until_converged=False)
+        assert s.n_samples == algo.batch_size == pos
+        store.append(X[pos : pos + 50])
+    assert int(algo.v.sum()) == int((algo.labels() >= 0).sum()) > 500
+
+
+@pytest.mark.parametrize("name", ["nmbatch", "nmbatch.deact"])
+def test_appends_from_another_thread_while_stepping(name):
+    X = blobs(4000, 3, 5, seed=13, spread=1.0, separation=6.0)
+    store = NestedBatchStore(3, seed=7, capacity=8)
+    store.append(X[:100])
+    algo = make_algorithm(name, store, 5, batch_size=50, rho=5.0)
+    run_checked(algo, 1)  # the first step reads the first k rows: before the writer starts
+    errors: list[BaseException] = []
+    stepped = threading.Event()
+    stop = threading.Event()
+
+    def writer() -> None:
+        try:
+            for start in range(100, 4000, 60):
+                if stop.is_set():
+                    return
+                store.append(X[start : start + 60])
+                # Pace the writer by the stepping (not by the clock), so that appends
+                # interleave with many steps; the timeout only guards against a hang.
+                stepped.wait(timeout=10)
+                stepped.clear()
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer)
+    frozen = store.samples()[: store.batch_size]
+    frozen_ids = store.ids()[: store.batch_size]
+    sizes_seen = set()
+    steps = 0
+    thread.start()
+    try:
+        while True:
+            writing = thread.is_alive()
+            ((_, s),) = run_checked(algo, 1)
+            stepped.set()
+            sizes_seen.add(s.n_samples)
+            steps += 1
+            b_old = frozen.shape[0]
+            buffer = store.data
+            np.testing.assert_array_equal(buffer[:b_old], frozen)
+            np.testing.assert_array_equal(store.ids()[:b_old], frozen_ids)
+            frozen = np.array(buffer[: algo.batch_size])
+            frozen_ids = store.ids()[: algo.batch_size]
+            assert steps < 500
+            if not writing and s.converged:  # this step saw every sample
+                break
+    finally:  # a failed check must not leave the writer waiting
+        stop.set()
+        stepped.set()
+        thread.join()
+    assert not errors
+    assert len(sizes_seen) > 20  # the steps did run while the store was growing
+    assert algo.batch_size == store.n_samples == 4000
+    np.testing.assert_array_equal(np.sort(store.ids()), np.arange(4000))
+
+
+# ---------------------------------------------------------------------------------------
+# reproducibility
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("init", ["first", "k-means++"])
+def test_same_seeds_give_identical_runs(name, init):
+    X = blobs(800, 3, 6, seed=21, spread=1.5, separation=5.0)
+
+    def run(random_state):
+        store = filled_store(X, seed=11)
+        algo = make_algorithm(
+            name, store, 6, init=init, batch_size=60, rho=10.0, random_state=random_state
+        )
+        out = []
+        for _ in range(12):
+            algo.step()
+            out.append(algo.centroids)
+        return out
+
+    a, b = run(5), run(5)
+    for ca, cb in zip(a, b, strict=True):
+        np.testing.assert_array_equal(ca, cb)
+    if init == "k-means++" or name.startswith("mbatch"):
+        c = run(6)
+        assert any(not np.array_equal(ca, cc) for ca, cc in zip(a, c, strict=True))
+
+
+def test_centroids_are_a_new_array_after_every_step():
+    X = blobs(300, 2, 3, seed=1)
+    algo = make_algorithm("nmbatch", filled_store(X), 3, batch_size=50)
+    algo.step()
+    published, counts = algo.centroids, algo.counts
+    kept, kept_counts = published.copy(), counts.copy()
+    for _ in range(5):
+        algo.step()
+        assert algo.centroids is not published and algo.counts is not counts
+    np.testing.assert_array_equal(published, kept)
+    np.testing.assert_array_equal(counts, kept_counts)
+    np.testing.assert_array_equal(algo.counts, algo.v)
+
+
+# ---------------------------------------------------------------------------------------
+# restore
+
+
+@pytest.mark.parametrize("name", NESTED)
+def test_restore_rebuilds_the_state_and_the_next_step_continues(name):
+    X = blobs(1200, 3, 5, seed=30, spread=1.5, separation=5.0)
+    first = make_algorithm(name, filled_store(X, seed=9), 5, batch_size=100, rho=5.0)
+    for _ in range(6):
+        first.step()
+    C, b, it = first.centroids.copy(), first.batch_size, first.iteration
+
+    store = filled_store(X, seed=9)  # the log replayed: same rows in the same order
+    algo = make_algorithm(name, store, 5, batch_size=100, rho=5.0)
+    algo.restore(C, b, it)
+    assert (algo.batch_size, store.batch_size, algo.iteration) == (b, b, it)
+    np.testing.assert_array_equal(algo.centroids, C)
+    assert (algo.p == 0).all()
+    Xb = store.samples()[:b]
+    labels = algo.labels()
+    np.testing.assert_array_equal(labels, brute_nearest(Xb, C)[0])
+    assert int(algo.v.sum()) == b
+    assert_sums_are_means(algo.S, algo.v, Xb, labels)
+    np.testing.assert_array_equal(algo.counts, algo.v)
+    lower = algo.lower_bounds()
+    if lower.shape[0]:
+        assert (lower.astype(np.float64) <= np.sqrt(sqdist64_ref(Xb, C))).all()
+
+    history = run_checked(algo, 100)
+    assert history[0][1].iteration == it + 1
+    assert history[-1][1].converged and algo.batch_size == 1200
+
+
+def test_restore_clamps_the_batch_to_the_store():
+    X = blobs(50, 2, 3, seed=1)
+    algo = make_algorithm("nmbatch", filled_store(X), 4)
+    C = X[:4]
+    algo.restore(C, 10_000, 3)
+    assert algo.batch_size == 50
+    algo2 = make_algorithm("nmbatch", filled_store(X), 4)
+    algo2.restore(C, 1, 0)
+    assert algo2.batch_size == 4  # at least k rows
+    with pytest.raises(ValueError):
+        algo2.restore(X[:3], 10, 0)
+    with pytest.raises(ValueError):
+        algo2.restore(np.full((4, 2), np.nan), 10, 0)
+
+
+# ---------------------------------------------------------------------------------------
+# edge cases
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+def test_single_cluster_is_the_mean(name):
+    X = blobs(400, 3, 2, seed=2)
+    store = filled_store(X)
+    algo = make_algorithm(name, store, 1, batch_size=32)
+    run_checked(algo, 50)
+    assert algo.converged and algo.batch_size == 400
+    np.testing.assert_array_equal(algo.labels(), np.zeros(400))
+    np.testing.assert_allclose(algo.centroids[0], X.astype(np.float64).mean(0), rtol=1e-6)
+    assert algo.centroids[0].tolist() == (algo.S[0] / 400).astype(np.float32).tolist()
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+def test_k_equals_n_puts_every_sample_in_its_own_cluster(name):
+    X = blobs(12, 2, 12, seed=3)
+    store = filled_store(X)
+    algo = make_algorithm(name, store, 12, init="first")
+    run_checked(algo, 10)
+    assert algo.converged
+    np.testing.assert_array_equal(algo.labels(), np.arange(12))
+    np.testing.assert_array_equal(algo.centroids, store.samples())
+    assert algo.energy_estimate() == 0.0
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+def test_identical_points(name):
+    X = np.full((40, 3), 2.5, dtype=np.float32)
+    store = filled_store(X)
+    algo = make_algorithm(name, store, 3, batch_size=8, init="k-means++", random_state=0)
+    run_checked(algo, 30)
+    assert algo.converged and algo.batch_size == 40
+    np.testing.assert_array_equal(algo.labels(), np.zeros(40))  # ties: lowest index
+    np.testing.assert_array_equal(algo.v, [40, 0, 0])
+    np.testing.assert_array_equal(algo.centroids, X[:3])
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+def test_duplicate_points_and_duplicate_initial_centroids(name):
+    rng = np.random.default_rng(4)
+    base = np.rint(5 * rng.standard_normal((6, 2)))
+    X = base[rng.integers(0, 6, size=300)].astype(np.float32)
+    init = np.array([base[0], base[0], base[1], base[2], base[1]], dtype=np.float32)
+    algo = make_algorithm(name, filled_store(X), 5, init=init, batch_size=40, rho=3.0)
+    history = run_checked(algo, 60)
+    assert algo.converged
+    # In the first step c1 = c0 and c4 = c2 exactly: every tie goes to the lower index.
+    first_labels = history[1][0].labels
+    assert not np.isin(first_labels, [1, 4]).any()
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+def test_one_dimension(name):
+    X = blobs(500, 1, 4, seed=5, spread=1.0, separation=10.0)
+    algo = make_algorithm(name, filled_store(X), 4, batch_size=30, rho=5.0)
+    run_checked(algo, 80)
+    assert algo.converged
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_two_samples_two_clusters(name):
+    X = np.array([[0.0, 1.0], [3.0, -2.0]], dtype=np.float32)
+    store = filled_store(X)
+    algo = make_algorithm(name, store, 2, batch_size=1)
+    for _ in range(3):
+        before = snapshot(algo)
+        algo.step()
+        if name != "mbatch":
+            check_step_invariants(algo, before, all_revisited=name != "mbatch.remove")
+    assert sorted(map(tuple, algo.centroids.tolist())) == sorted(map(tuple, X.tolist()))
+    if name in ONE_VOTE:
+        assert algo.converged
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_explicit_init_is_used_as_given(name):
+    X = blobs(200, 2, 3, seed=8, integer=True)
+    init = np.array([[100.0, 100.0], [-3.0, 0.0], [0.0, 4.0]])
+    algo = make_algorithm(name, filled_store(X), 3, init=init, batch_size=200)
+    before = snapshot(algo)
+    np.testing.assert_array_equal(before.centroids, init.astype(np.float32))
+    algo.step()
+    labels = algo.labels()
+    seen = labels >= 0
+    np.testing.assert_array_equal(
+        labels[seen], brute_nearest(algo.store.samples()[seen], init.astype(np.float32))[0]
+    )
+
+
+def test_first_init_uses_the_first_rows_of_the_store():
+    X = blobs(100, 2, 3, seed=8)
+    store = filled_store(X)
+    algo = make_algorithm("nmbatch", store, 3, batch_size=100)
+    first = store.samples()[:3]
+    algo.step()
+    np.testing.assert_array_equal(algo.labels(), brute_nearest(store.samples(), first)[0])
+
+
+def test_bad_parameters_are_rejected():
+    store = filled_store(blobs(10, 2, 2))
+    with pytest.raises(ValueError):
+        make_algorithm("kmeans", store, 2)
+    with pytest.raises(ValueError):
+        make_algorithm("nmbatch", store, 0)
+    with pytest.raises(ValueError):
+        make_algorithm("nmbatch", store, 2, batch_size=0)
+    with pytest.raises(ValueError):
+        make_algorithm("nmbatch", store, 2, rho=0.0)
+    with pytest.raises(ValueError):
+        make_algorithm("nmbatch", store, 2, init="random")
+    with pytest.raises(ValueError):
+        make_algorithm("nmbatch", store, 2, init=np.zeros((3, 2)))
+    with pytest.raises(ValueError):
+        make_algorithm("nmbatch", store, 2, init=np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_step_needs_k_samples(name):
+    store = NestedBatchStore(2, seed=0)
+    store.append(np.zeros((2, 2)))
+    algo = make_algorithm(name, store, 3)
+    assert not algo.ready()
+    with pytest.raises(ValueError):
+        algo.step()
+    store.append(np.ones((1, 2)))
+    assert algo.ready()
+    algo.step()
+
+
+# ---------------------------------------------------------------------------------------
+# extreme scales (values the store accepts)
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+@pytest.mark.parametrize(
+    "scale",
+    [
+        1e-15,
+        1e-3,
+        1e4,
+        1e17,
+        # float32 under/overflow inside the kernels (see test_kernels' extreme-scale tests)
+        pytest.param(1e-22, id="1e-22-dot-underflow"),
+        pytest.param(1e-19, id="1e-19-square-underflow"),
+        pytest.param(1e19, id="1e19-square-overflow"),
+    ],
+)
+def test_invariants_at_any_scale(name, scale):
+    X = blobs(300, 2, 4, seed=1, spread=1.0, separation=5.0) * np.float32(scale)
+    algo = make_algorithm(name, filled_store(X), 4, batch_size=40, rho=10.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run_checked(algo, 40)
+
+
+@pytest.mark.parametrize("name", ONE_VOTE)
+def test_overflowing_distances_leave_no_sample_unassigned(name):
+    # x = 0 is 1e20 from both initial centroids (ties: c0); -3e6 has one candidate
+    # whose float32 distance overflows to inf, so assign_dense labels it -1 and gives
+    # its vote to S[k - 1]. Later, c1 = 1e6 is nearer to 0 than c0 = -1.5e6, but the
+    # bound l(0, c1) = inf never lets nmbatch/elkan look at it.
+    X = np.array([[0.0], [-3e6], [1e6], [1e6]], dtype=np.float32)
+    store = filled_store(X)
+    init = np.array([[-1e20], [1e20]], dtype=np.float32)
+    algo = make_algorithm(name, store, 2, init=init, batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run_checked(algo, 5)

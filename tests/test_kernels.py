@@ -1,0 +1,656 @@
+"""Correctness of the numba kernels (``engine.kernels``), ``engine.nearest`` and k-means++.
+
+Every kernel is checked against a plain numpy version of the same formula:
+
+- the float32 distance ``sqdist32`` against the exact value (rational arithmetic), within
+  its documented relative bound ``sqdist32_error(d)``;
+- ``sqdist64``, ``row_sqnorms`` and ``nearest_dense`` bit for bit against sequential float64
+  sums (the kernels' summation order);
+- ``assign_dense`` and ``reassign_bounded`` against brute-force nearest centroids and sums
+  recomputed from scratch, with every lower bound checked against the true distance;
+- ``shuffle_insert`` against a python loop doing the same swaps.
+
+Integer-valued data make every float64 sum exact, so exact ties (duplicated centroids,
+points half-way between two centroids) are decided by the lowest-index rule, and the
+tests compare exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from engine import nearest
+from engine.assign import CHUNK_ROWS, sqnorms
+from engine.init import kmeans_plusplus
+from engine.kernels import (
+    assign_dense,
+    gemm_error,
+    nearest_dense,
+    reassign_bounded,
+    row_sqnorms,
+    shuffle_insert,
+    sqdist32,
+    sqdist32_error,
+    sqdist64,
+    sqdist_safe,
+)
+from tests.engine_helpers import blobs, brute_nearest, sqdist64_ref
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+# Values whose differences and squares stay in float32's normal range: the documented
+# error bound of sqdist32 is a relative one, which float32 underflow cannot honour (see
+# test_sqdist32_bound_holds_at_extreme_scales).
+_moderate = st.floats(-1e3, 1e3, width=32).filter(lambda x: x == 0.0 or abs(x) > 1e-6)
+
+
+def exact_sqdist(x: np.ndarray, c: np.ndarray) -> Fraction:
+    """``||x - c||^2`` in exact rational arithmetic (float32 inputs)."""
+    return sum(
+        ((Fraction(float(a)) - Fraction(float(b))) ** 2 for a, b in zip(x, c, strict=True)),
+        Fraction(0),
+    )
+
+
+def int_matrix(max_rows: int, max_cols: int, lo: int = -4, hi: int = 4):
+    """Strategy: small integer-valued float32 matrices (many duplicates and exact ties)."""
+    return (
+        st.tuples(st.integers(1, max_rows), st.integers(1, max_cols))
+        .flatmap(lambda s: arrays(np.int8, s, elements=st.integers(lo, hi)))
+        .map(lambda a: a.astype(np.float32))
+    )
+
+
+def float_data(seed: int, n: int, k: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random float32 samples ``(n, d)`` and centroids ``(k, d)`` at a random scale and offset."""
+    rng = np.random.default_rng(seed)
+    scale = 10.0 ** rng.uniform(-3, 3)
+    offset = scale * rng.uniform(-20, 20, size=d)
+    X = (offset + scale * rng.standard_normal((n, d))).astype(np.float32)
+    C = (offset + scale * rng.standard_normal((k, d))).astype(np.float32)
+    return X, C
+
+
+def with_duplicate_centroids(C: np.ndarray, X: np.ndarray, seed: int) -> np.ndarray:
+    """``C`` with some rows replaced by copies of other centroids or of samples."""
+    rng = np.random.default_rng(seed)
+    C = C.copy()
+    k = C.shape[0]
+    for j in range(k):
+        r = rng.random()
+        if r < 0.25 and j > 0:
+            C[j] = C[rng.integers(j)]
+        elif r < 0.5:
+            C[j] = X[rng.integers(X.shape[0])]
+    return C
+
+
+# ---------------------------------------------------------------------------------------
+# distances
+
+
+@SETTINGS
+@given(
+    st.integers(1, 40).flatmap(
+        lambda d: st.tuples(
+            arrays(np.float32, d, elements=_moderate), arrays(np.float32, d, elements=_moderate)
+        )
+    )
+)
+def test_sqdist32_within_its_error_bound_of_the_exact_value(xc):
+    x, c = xc
+    exact = exact_sqdist(x, c)
+    s = sqdist32(x, c)
+    assert isinstance(s, float)
+    g = Fraction(sqdist32_error(x.shape[0]))
+    assert abs(Fraction(s) - exact) <= g * exact
+
+
+@pytest.mark.parametrize("d", [1, 3, 8, 17, 64, 200])
+def test_sqdist32_error_bound_on_random_vectors_of_many_scales(d):
+    rng = np.random.default_rng(d)
+    g = Fraction(sqdist32_error(d))
+    for scale in (1e-6, 1e-2, 1.0, 1e3, 1e8):
+        for _ in range(20):
+            x = (scale * rng.standard_normal(d)).astype(np.float32)
+            c = (x + scale * 1e-3 * rng.standard_normal(d)).astype(np.float32)  # cancellation
+            for y in (c, (scale * rng.standard_normal(d)).astype(np.float32)):
+                exact = exact_sqdist(x, y)
+                assert abs(Fraction(sqdist32(x, y)) - exact) <= g * exact
+
+
+def test_sqdist32_error_bound_formula():
+    u = 2.0**-24
+    for d in (1, 10, 1000):
+        m = (d + 3) * u
+        assert sqdist32_error(d) == m / (1 - m)
+        assert gemm_error(d) == (d + 1) * u / (1 - (d + 1) * u)
+
+
+@pytest.mark.parametrize(
+    ("x", "c"),
+    [
+        pytest.param([1e-30], [0.0], id="square-underflows"),
+        pytest.param([3e19], [-3e19], id="square-overflows"),
+    ],
+)
+def test_sqdist_safe_bound_holds_at_extreme_scales(x, c):
+    # Finite float32 inputs that the store accepts. Plain float32 squares under- or
+    # overflow here (s = 0, resp. inf, for a true value of 1e-60, resp. 3.6e39);
+    # sqdist_safe, which the kernels use, keeps the documented relative bound.
+    x = np.array(x, dtype=np.float32)
+    c = np.array(c, dtype=np.float32)
+    exact = exact_sqdist(x, c)
+    s = sqdist_safe(x, c)
+    assert math.isfinite(s)
+    assert abs(Fraction(s) - exact) <= Fraction(sqdist32_error(1)) * exact
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(1, 70))
+def test_sqdist64_is_the_sequential_float64_sum(seed, d):
+    x, c = float_data(seed, 1, 1, d)
+    x, c = x[0], c[0]
+    ref = sqdist64_ref(x[None], c[None])[0, 0]
+    assert sqdist64(x, c) == ref
+    np.testing.assert_allclose(
+        sqdist64(x, c), np.sum((x.astype(np.float64) - c.astype(np.float64)) ** 2), rtol=1e-14
+    )
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(1, 50), st.integers(1, 40))
+def test_row_sqnorms_equals_numpy_on_the_chosen_rows(seed, n, d):
+    rng = np.random.default_rng(seed)
+    X = (rng.standard_normal((n, d)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
+    rows = rng.integers(0, n, size=rng.integers(0, 2 * n)).astype(np.int64)
+    out = np.full(rows.shape[0], np.nan)
+    row_sqnorms(X, rows, out)
+    X64 = X.astype(np.float64)[rows]
+    seq = np.zeros(rows.shape[0])
+    for t in range(d):
+        seq = seq + X64[:, t] * X64[:, t]
+    np.testing.assert_array_equal(out, seq)
+    np.testing.assert_allclose(out, np.einsum("ij,ij->i", X64, X64), rtol=1e-14)
+
+
+# ---------------------------------------------------------------------------------------
+# store shuffle
+
+
+def python_shuffle_insert(X, swap, n, data, ids):
+    """The swaps ``shuffle_insert`` documents, one python statement at a time."""
+    for t in range(X.shape[0]):
+        end = n + t
+        r = int(swap[t])
+        data[end] = data[r]
+        ids[end] = ids[r]
+        data[r] = X[t]
+        ids[r] = end
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(0, 20), st.integers(0, 20), st.integers(1, 25))
+def test_shuffle_insert_matches_a_python_loop_of_the_same_swaps(seed, b, tail, m):
+    rng = np.random.default_rng(seed)
+    n = b + tail
+    d = 3
+    cap = n + m
+    data = np.zeros((cap, d), dtype=np.float32)
+    data[:n] = rng.standard_normal((n, d))
+    ids = np.full(cap, -7, dtype=np.int64)
+    ids[:n] = rng.permutation(n)
+    X = rng.standard_normal((m, d)).astype(np.float32)
+    swap = rng.integers(b, n + np.arange(m) + 1).astype(np.int64)
+    data_ref, ids_ref = data.copy(), ids.copy()
+    old_ids, old_prefix = ids[:n].copy(), data[:b].copy()
+    python_shuffle_insert(X, swap, n, data_ref, ids_ref)
+    shuffle_insert(X, swap, n, data, ids)
+    np.testing.assert_array_equal(data, data_ref)
+    np.testing.assert_array_equal(ids, ids_ref)
+    # The prefix is untouched and nothing is lost: the rows are the old ones plus X.
+    assert sorted(ids[: n + m].tolist()) == sorted([*old_ids.tolist(), *range(n, n + m)])
+    np.testing.assert_array_equal(data[:b], old_prefix)
+
+
+# ---------------------------------------------------------------------------------------
+# exact nearest centroid
+
+
+def call_nearest_dense(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    labels = np.full(X.shape[0], -5, dtype=np.int64)
+    sqd = np.full(X.shape[0], np.nan)
+    nearest_dense(
+        X,
+        sqnorms(X),
+        X @ np.ascontiguousarray(C.T),
+        C,
+        sqnorms(C),
+        gemm_error(X.shape[1]),
+        labels,
+        sqd,
+    )
+    return labels, sqd
+
+
+@SETTINGS
+@given(int_matrix(25, 5), st.integers(1, 8), st.integers(0, 2**32 - 1))
+def test_nearest_on_integer_data_with_duplicate_centroids_is_brute_force(X, k, seed):
+    rng = np.random.default_rng(seed)
+    C = rng.integers(-4, 5, size=(k, X.shape[1])).astype(np.float32)
+    C = with_duplicate_centroids(C, X, seed)
+    ref_labels, ref_sqd = brute_nearest(X, C)
+    numpy_sqd = ((X[:, None, :].astype(np.float64) - C[None].astype(np.float64)) ** 2).sum(-1)
+    assert np.array_equal(ref_labels, np.argmin(numpy_sqd, axis=1))  # exact data: same ties
+    for labels, sqd in (nearest(X, C), call_nearest_dense(X, C)):
+        assert labels.dtype == np.int64 and sqd.dtype == np.float64
+        np.testing.assert_array_equal(labels, ref_labels)
+        np.testing.assert_array_equal(sqd, ref_sqd)
+
+
+def test_nearest_ties_go_to_the_lowest_index():
+    X = np.array([[0, 0], [1, 0], [2, 0], [5, 5]], dtype=np.float32)
+    C = np.array([[2, 0], [0, 0], [2, 0], [0, 0], [1, 1]], dtype=np.float32)
+    labels, sqd = nearest(X, C)
+    # [1, 0] is at distance 1 from c0, c1, c2, c3 and c4: index 0 wins.
+    np.testing.assert_array_equal(labels, [1, 0, 0, 4])
+    np.testing.assert_array_equal(sqd, [0.0, 1.0, 0.0, 32.0])
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(1, 9), st.integers(1, 20))
+def test_nearest_on_float_data_is_the_float64_argmin(seed, n, k, d):
+    X, C = float_data(seed, n, k, d)
+    C = with_duplicate_centroids(C, X, seed)
+    ref_labels, ref_sqd = brute_nearest(X, C)
+    numpy_sqd = ((X[:, None, :].astype(np.float64) - C[None].astype(np.float64)) ** 2).sum(-1)
+    for labels, sqd in (nearest(X, C), call_nearest_dense(X, C)):
+        np.testing.assert_array_equal(labels, ref_labels)
+        np.testing.assert_allclose(sqd, numpy_sqd[np.arange(n), labels], rtol=1e-12)
+        np.testing.assert_array_equal(sqd, ref_sqd)
+
+
+def test_nearest_spans_several_chunks_and_accepts_other_dtypes():
+    X = blobs(CHUNK_ROWS + 917, 3, 5, seed=3)
+    C = X[:7].copy()
+    ref_labels, ref_sqd = brute_nearest(X, C)
+    labels, sqd = nearest(X.astype(np.float64), C)
+    np.testing.assert_array_equal(labels, ref_labels)
+    np.testing.assert_array_equal(sqd, ref_sqd)
+    labels, sqd = nearest(X[:0], C)
+    assert labels.shape == (0,) and sqd.shape == (0,)
+    with pytest.raises(ValueError):
+        nearest(X[:, :2], C)
+
+
+@pytest.mark.parametrize(
+    ("x", "centroids"),
+    [
+        # true distances 0 and 1e-25: the float32 product x.c underflows to 0.
+        pytest.param([[1e-25]], [[1e-25], [0.0]], id="tiny-dot-underflows"),
+        # true distances 0 and 9e19: the float32 product x.c1 = 1e39 overflows to inf.
+        pytest.param([[1e19]], [[1e19], [1e20]], id="huge-dot-overflows"),
+    ],
+)
+def test_nearest_is_exact_at_extreme_scales(x, centroids):
+    # Finite float32 values, accepted by the store and the service. The candidate
+    # filter trusts the BLAS float32 product within 2 g |x||c|, which float32 under- and
+    # overflow break: the true nearest centroid (index 0, distance 0) is filtered out.
+    X = np.array(x, dtype=np.float32)
+    C = np.array(centroids, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        labels, sqd = nearest(X, C)
+    np.testing.assert_array_equal(labels, [0])
+    np.testing.assert_array_equal(sqd, [0.0])
+
+
+# ---------------------------------------------------------------------------------------
+# dense assignment
+
+
+class State:
+    """Per-sample and per-cluster arrays of the kernels, freshly zeroed."""
+
+    def __init__(self, N: int, k: int, d: int, bounds: bool = True) -> None:
+        self.labels = np.full(N, -1, dtype=np.int32)
+        self.dist2 = np.zeros(N, dtype=np.float64)
+        self.lower = np.zeros((N if bounds else 0, k), dtype=np.float32)
+        self.S = np.zeros((k, d), dtype=np.float64)
+        self.v = np.zeros(k, dtype=np.int64)
+        self.sse = np.zeros(k, dtype=np.float64)
+
+    def copy(self) -> State:
+        new = State.__new__(State)
+        for name, value in vars(self).items():
+            setattr(new, name, value.copy())
+        return new
+
+
+def run_assign_dense(
+    X: np.ndarray, rows: np.ndarray, C: np.ndarray, remove: bool, state: State
+) -> int:
+    """Call ``assign_dense`` with its inputs prepared as the engine does."""
+    rows = np.asarray(rows, dtype=np.int64)
+    Xr = X[rows]
+    d = X.shape[1]
+    return assign_dense(
+        X,
+        rows,
+        sqnorms(Xr),
+        Xr @ np.ascontiguousarray(C.T),
+        C,
+        sqnorms(C),
+        gemm_error(d),
+        sqdist32_error(d),
+        remove,
+        state.labels,
+        state.dist2,
+        state.lower,
+        state.S,
+        state.v,
+        state.sse,
+    )
+
+
+def assert_state_consistent(X: np.ndarray, state: State, rtol_sse: float = 1e-9) -> None:
+    """Sums equal a from-scratch recomputation over the rows with a label."""
+    k, d = state.S.shape
+    seen = state.labels >= 0
+    lab = state.labels[seen]
+    X64 = X[seen].astype(np.float64)
+    np.testing.assert_array_equal(state.v, np.bincount(lab, minlength=k))
+    S = np.zeros((k, d))
+    np.add.at(S, lab, X64)
+    np.testing.assert_allclose(state.S, S, rtol=1e-12, atol=1e-9 * max(np.abs(X64).max(), 1))
+    sse = np.bincount(lab, weights=state.dist2[seen], minlength=k)
+    np.testing.assert_allclose(
+        state.sse, sse, rtol=rtol_sse, atol=rtol_sse * max(state.dist2.sum(), 1e-300)
+    )
+
+
+def assert_bounds_valid(X: np.ndarray, C: np.ndarray, lower: np.ndarray, rows) -> None:
+    true = np.sqrt(sqdist64_ref(X[rows], C))
+    assert (lower[rows].astype(np.float64) <= true).all()
+
+
+@SETTINGS
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 40),
+    st.integers(1, 8),
+    st.integers(1, 12),
+    st.booleans(),
+)
+def test_assign_dense_fresh_rows(seed, N, k, d, integer):
+    rng = np.random.default_rng(seed)
+    if integer:
+        X = rng.integers(-3, 4, size=(N, d)).astype(np.float32)
+        C = rng.integers(-3, 4, size=(k, d)).astype(np.float32)
+    else:
+        X, C = float_data(seed, N, k, d)
+    C = with_duplicate_centroids(C, X, seed)
+    rows = np.sort(rng.choice(N, size=rng.integers(1, N + 1), replace=False))
+    state = State(N, k, d)
+    changed = run_assign_dense(X, rows, C, False, state)
+    assert changed == 0  # rows without a label (-1) are new, not changed
+    ref_labels, ref_sqd = brute_nearest(X[rows], C)
+    np.testing.assert_array_equal(state.labels[rows], ref_labels)
+    others = np.setdiff1d(np.arange(N), rows)
+    assert (state.labels[others] == -1).all()
+    assert (state.lower[others] == 0).all() and (state.dist2[others] == 0).all()
+    # d(i)^2 is a direct distance: float32-grade, or exact when float64 decided.
+    g = sqdist32_error(d)
+    assert (np.abs(state.dist2[rows] - ref_sqd) <= g * ref_sqd * (1 + 1e-6)).all()
+    assert_state_consistent(X, state)
+    assert_bounds_valid(X, C, state.lower, rows)
+    # The bound of the chosen centroid is tight to float32 accuracy.
+    chosen = state.lower[rows, ref_labels].astype(np.float64)
+    np.testing.assert_allclose(chosen, np.sqrt(ref_sqd), rtol=4 * g + 2**-21, atol=0)
+
+
+def test_assign_dense_without_bounds_array_and_accumulating_votes():
+    X = blobs(60, 2, 3, seed=1, integer=True)
+    C = X[:3].copy()
+    state = State(60, 3, 2, bounds=False)
+    rows = np.arange(60)
+    run_assign_dense(X, rows, C, False, state)
+    first = state.copy()
+    # remove=False adds every vote again (mbatch): counts and sums double exactly.
+    changed = run_assign_dense(X, rows, C, False, state)
+    assert changed == 0
+    np.testing.assert_array_equal(state.v, 2 * first.v)
+    np.testing.assert_array_equal(state.S, 2 * first.S)
+    np.testing.assert_allclose(state.sse, 2 * first.sse, rtol=1e-15)
+
+
+@SETTINGS
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(2, 40),
+    st.integers(1, 6),
+    st.integers(1, 6),
+    st.booleans(),
+)
+def test_assign_dense_remove_gives_back_old_votes(seed, N, k, d, integer):
+    rng = np.random.default_rng(seed)
+    if integer:
+        X = rng.integers(-3, 4, size=(N, d)).astype(np.float32)
+        C1 = rng.integers(-3, 4, size=(k, d)).astype(np.float32)
+        C2 = rng.integers(-3, 4, size=(k, d)).astype(np.float32)
+    else:
+        X, C1 = float_data(seed, N, k, d)
+        C2 = (C1 + np.abs(C1).max() * 0.3 * rng.standard_normal(C1.shape)).astype(np.float32)
+    state = State(N, k, d)
+    run_assign_dense(X, np.arange(N), C1, False, state)
+    before = state.copy()
+    rows = np.sort(rng.choice(N, size=rng.integers(1, N + 1), replace=False))
+    changed = run_assign_dense(X, rows, C2, True, state)
+    ref_labels, _ = brute_nearest(X[rows], C2)
+    np.testing.assert_array_equal(state.labels[rows], ref_labels)
+    assert changed == int((before.labels[rows] != ref_labels).sum())
+    others = np.setdiff1d(np.arange(N), rows)
+    np.testing.assert_array_equal(state.labels[others], before.labels[others])
+    np.testing.assert_array_equal(state.dist2[others], before.dist2[others])
+    assert_state_consistent(X, state)
+    assert_bounds_valid(X, C2, state.lower, rows)
+    assert_bounds_valid(X, C1, state.lower, others)
+    if integer:  # exact sums: same as the from-scratch result, bit for bit
+        fresh = State(N, k, d)
+        fresh.labels[:] = state.labels
+        np.add.at(fresh.S, state.labels, X.astype(np.float64))
+        np.testing.assert_array_equal(state.S, fresh.S)
+
+
+@pytest.mark.parametrize(
+    ("X", "C"),
+    [
+        # x = 0 is at 1e20 from both centroids (a float32 square overflows) ...
+        pytest.param([[-3e6], [5e6]], [[-1e20], [1e20]], id="squares-overflow"),
+    ],
+)
+def test_assign_dense_assigns_every_row_at_extreme_scales(X, C):
+    # Each row has one candidate whose float32 distance is inf; `s_j < best_s` never
+    # holds, best stays -1, and the row is labelled -1 while its vote goes to S[-1]
+    # (numba wraps the index to k - 1).
+    X = np.array(X, dtype=np.float32)
+    C = np.array(C, dtype=np.float32)
+    state = State(2, 2, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run_assign_dense(X, np.arange(2), C, False, state)
+    np.testing.assert_array_equal(state.labels, brute_nearest(X, C)[0])
+    np.testing.assert_array_equal(state.v, [1, 1])
+
+
+@pytest.mark.parametrize(
+    ("X", "C"),
+    [
+        pytest.param([[1e-25]], [[1e-25], [0.0]], id="tiny-dot-underflows"),
+        pytest.param([[0.0]], [[-1e20], [1e20]], id="huge-square-overflows"),
+    ],
+)
+def test_assign_dense_lower_bounds_valid_at_extreme_scales(X, C):
+    X = np.array(X, dtype=np.float32)
+    C = np.array(C, dtype=np.float32)
+    state = State(1, 2, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run_assign_dense(X, np.arange(1), C, False, state)
+    np.testing.assert_array_equal(state.labels, brute_nearest(X, C)[0])
+    assert_bounds_valid(X, C, state.lower, np.arange(1))
+
+
+# ---------------------------------------------------------------------------------------
+# bounded reassignment
+
+
+def movement(C_old: np.ndarray, C_new: np.ndarray) -> np.ndarray:
+    """``p(j) = ||c_new(j) - c_old(j)||`` in float64: ``(k,)``."""
+    diff = C_new.astype(np.float64) - C_old.astype(np.float64)
+    return np.sqrt((diff * diff).sum(axis=1))
+
+
+def reassign(X, C, p, state):
+    n = X.shape[0]
+    return reassign_bounded(
+        X,
+        C,
+        p,
+        sqdist32_error(X.shape[1]),
+        state.labels[:n],
+        state.dist2[:n],
+        state.lower[:n],
+        state.S,
+        state.v,
+        state.sse,
+    )
+
+
+@SETTINGS
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 50),
+    st.integers(1, 7),
+    st.integers(1, 8),
+    st.sampled_from([0.0, 0.01, 0.3, 3.0]),
+    st.booleans(),
+    st.integers(1, 3),
+)
+def test_reassign_bounded_is_exact_and_keeps_sums(seed, n, k, d, delta, integer, rounds):
+    rng = np.random.default_rng(seed)
+    if integer:
+        X = blobs(n, d, k, seed=seed, spread=2.0, separation=6.0, integer=True)
+    else:
+        X, _ = float_data(seed, n, 1, d)
+    C = X[rng.integers(0, n, size=k)].copy()
+    C = with_duplicate_centroids(C, X, seed)
+    state = State(n, k, d)
+    run_assign_dense(X, np.arange(n), C, False, state)
+    scale = float(np.abs(X).max()) + 1.0
+    for _ in range(rounds):
+        C_new = (C + delta * scale * rng.standard_normal(C.shape)).astype(np.float32)
+        if integer:
+            C_new = np.rint(C_new)
+        p = movement(C, C_new)
+        before = state.copy()
+        n_changed, n_dist = reassign(X, C_new, p, state)
+        ref_labels, ref_sqd = brute_nearest(X, C_new)
+        np.testing.assert_array_equal(state.labels, ref_labels)
+        assert n_changed == int((before.labels != ref_labels).sum())
+        assert n <= n_dist <= n * k
+        g = sqdist32_error(d)
+        assert (np.abs(state.dist2 - ref_sqd) <= g * ref_sqd * (1 + 1e-6)).all()
+        assert_state_consistent(X, state, rtol_sse=1e-9 * (rounds + 1))
+        assert_bounds_valid(X, C_new, state.lower, np.arange(n))
+        C = C_new
+
+
+def test_reassign_bounded_skips_far_centroids_on_separated_data():
+    k, d, n = 5, 3, 400
+    rng = np.random.default_rng(7)
+    centres = np.zeros((k, d))
+    centres[:, 0] = 100.0 * np.arange(k)  # on a line, 100 apart
+    which = rng.integers(0, k, size=n)
+    X = (centres[which] + rng.standard_normal((n, d))).astype(np.float32)
+    C = centres.astype(np.float32)
+    state = State(n, k, d)
+    run_assign_dense(X, np.arange(n), C, False, state)
+    np.testing.assert_array_equal(state.labels, which)
+    C_new = (C + 0.5 * rng.standard_normal(C.shape)).astype(np.float32)
+    n_changed, n_dist = reassign(X, C_new, movement(C, C_new), state)
+    # Only the distance to the sample's own centroid is computed.
+    assert (n_changed, n_dist) == (0, n)
+    np.testing.assert_array_equal(state.labels, brute_nearest(X, C_new)[0])
+    assert_bounds_valid(X, C_new, state.lower, np.arange(n))
+    # Moving one centroid by a lot forces distances to it, and only to it.
+    C_far = C_new.copy()
+    C_far[0] = C_new[1]
+    n_changed, n_dist = reassign(X, C_far, movement(C_new, C_far), state)
+    np.testing.assert_array_equal(state.labels, brute_nearest(X, C_far)[0])
+    assert n_dist <= 2 * n and n_changed == int((which == 1).sum())  # tie: index 0 wins
+    assert_state_consistent(X, state)
+
+
+def test_reassign_bounded_with_no_movement_changes_nothing():
+    X = blobs(200, 4, 6, seed=11, spread=3.0, separation=5.0)
+    C = X[:6].copy()
+    state = State(200, 6, 4)
+    run_assign_dense(X, np.arange(200), C, False, state)
+    before = state.copy()
+    n_changed, _ = reassign(X, C, np.zeros(6), state)
+    assert n_changed == 0
+    np.testing.assert_array_equal(state.labels, before.labels)
+    np.testing.assert_array_equal(state.v, before.v)
+    np.testing.assert_array_equal(state.S, before.S)
+
+
+# ---------------------------------------------------------------------------------------
+# k-means++
+
+
+@SETTINGS
+@given(int_matrix(40, 4, lo=-3, hi=3), st.integers(1, 10), st.integers(0, 2**32 - 1))
+def test_kmeans_plusplus_returns_distinct_rows_of_X(X, k, seed):
+    n_distinct = np.unique(X, axis=0).shape[0]
+    if X.shape[0] < k:
+        with pytest.raises(ValueError):
+            kmeans_plusplus(X, k, np.random.default_rng(seed))
+        return
+    C = kmeans_plusplus(X, k, np.random.default_rng(seed))
+    assert C.shape == (k, X.shape[1]) and C.dtype == np.float32
+    for row in C:
+        assert (row == X).all(axis=1).any()
+    assert np.unique(C, axis=0).shape[0] == min(k, n_distinct)
+    np.testing.assert_array_equal(C, kmeans_plusplus(X, k, np.random.default_rng(seed)))
+
+
+def test_kmeans_plusplus_float_data_distinct_and_reproducible():
+    X = blobs(500, 5, 8, seed=2)
+    A = kmeans_plusplus(X, 8, np.random.default_rng(42))
+    B = kmeans_plusplus(X, 8, np.random.default_rng(42))
+    np.testing.assert_array_equal(A, B)
+    assert np.unique(A, axis=0).shape[0] == 8
+    assert all((row == X).all(axis=1).any() for row in A)
+    C = kmeans_plusplus(X, 8, np.random.default_rng(43))
+    assert not np.array_equal(A, C)
+
+
+def test_kmeans_plusplus_distinct_rows_that_differ_by_one_ulp():
+    # Two distinct rows, 1 ulp apart in one of 64 features. The expanded form
+    # ||x||^2 - 2 x.c + ||c||^2 in float64 cancels to <= 0 for the other row, so the
+    # "every sample sits on a chosen centroid" branch picks a random row: the same one.
+    rng = np.random.default_rng(2)
+    row = (10 * (1 + rng.random(64))).astype(np.float32)
+    X = np.repeat(row[None], 2, axis=0)
+    X[1, 0] = np.nextafter(X[0, 0], np.float32(np.inf))
+    C = kmeans_plusplus(X, 2, np.random.default_rng(0))
+    assert not np.array_equal(C[0], C[1])
