@@ -1,1 +1,5 @@
-"""nmbatch service: FastAPI app, worker, Redis persistence, settings."""
+"""nmbatch service: a FastAPI app that clusters a stream of vectors with nmbatch.
+
+``python -m service`` runs it (see ``service/README-snippet.md``); ``create_app`` builds
+the app for uvicorn or tests.
+"""

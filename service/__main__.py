@@ -1,0 +1,48 @@
+"""``python -m service``: run the app with uvicorn, settings from ``NMBATCH_*``."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from service.config import Settings
+from service.main import create_app
+
+
+def main() -> int:
+    """Run until SIGINT/SIGTERM; returns the process exit code."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"invalid NMBATCH_* setting:\n{exc}", file=sys.stderr)
+        return 2
+    logging.getLogger().setLevel(settings.log_level.upper())
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
+    server = uvicorn.Server(config)
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the
+    # handler that was installed before it. This one ignores it, so a stop requested by
+    # a signal ends with exit code 0 once the lifespan (last snapshot, Redis) is done.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
+    server.run()
+    # uvicorn returns normally when the lifespan start-up failed; report it in the code.
+    return 0 if server.started else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

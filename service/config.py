@@ -1,0 +1,95 @@
+"""Settings of the clustering service, read from ``NMBATCH_*`` environment variables.
+
+One :class:`Settings` object is built at start-up (``Settings()`` reads the environment)
+and handed to :func:`service.main.create_app`; nothing else in the service reads the
+environment. Every field is documented in ``service/README-snippet.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "default_worker_threads"]
+
+
+def default_worker_threads() -> int:
+    """All cores but one (at least 1), so the worker never starves the HTTP side."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+class Settings(BaseSettings):
+    """Service settings; environment variable ``NMBATCH_<FIELD>`` sets field ``<field>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NMBATCH_", env_ignore_empty=True, extra="ignore", frozen=True
+    )
+
+    # -- model ---------------------------------------------------------------------------
+    model: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
+        description="Model name; Redis keys are prefixed 'nmbatch:{model}:'.",
+    )
+    k: int = Field(8, ge=1, le=100_000, description="Number of clusters.")
+    dim: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Dimension; unset: fixed by the first accepted batch and kept in Redis.",
+    )
+    rho: float = Field(100.0, gt=0, description="Batch doubling threshold of nmbatch.")
+    batch_size: int = Field(5000, ge=1, description="Initial nested batch size b.")
+    seed: int | None = Field(None, description="Seed of the store shuffle and the init.")
+    init: Literal["k-means++", "first"] = Field(
+        "k-means++", description="Initialisation of the centroids on the first batch."
+    )
+
+    # -- HTTP ----------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address uvicorn binds to.")
+    port: int = Field(8000, ge=0, le=65535, description="Port uvicorn listens on.")
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+    )
+    max_vectors: int = Field(100_000, ge=1, description="Most vectors in one request (413 above).")
+    log_level: str = Field("info", description="uvicorn log level.")
+
+    # -- Redis ---------------------------------------------------------------------------
+    redis_url: str | None = Field(
+        None, description="Redis to use; unset: start an embedded redis-server child."
+    )
+    data_dir: Path = Field(
+        Path("./data"), description="Data folder of the embedded Redis (append-only file)."
+    )
+    appendfsync: Literal["everysec", "always"] = Field(
+        "everysec", description="fsync policy of the embedded Redis's append-only file."
+    )
+    embedded_redis_port: int = Field(
+        0, ge=0, le=65535, description="Port of the embedded Redis on 127.0.0.1 (0: free one)."
+    )
+
+    # -- worker --------------------------------------------------------------------------
+    snapshot_seconds: float = Field(
+        5.0, gt=0, description="Seconds between centroid snapshots written to Redis."
+    )
+    poll_seconds: float = Field(
+        0.5, gt=0, description="Seconds between polls of the sample log for other writers."
+    )
+    worker_threads: int = Field(
+        default_factory=default_worker_threads,
+        ge=1,
+        description="BLAS / numba threads of the worker (default: all cores but one).",
+    )
+
+    @property
+    def key_prefix(self) -> str:
+        """Prefix of every Redis key of this model: ``nmbatch:{model}:``."""
+        return f"nmbatch:{self.model}:"

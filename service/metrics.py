@@ -1,0 +1,121 @@
+"""Prometheus metrics of one app, and the middleware timing its requests.
+
+Each app owns its :class:`ServiceMetrics` (a private ``CollectorRegistry``), so several
+apps in one process (tests) do not collide. ``GET /metrics`` renders that registry.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["RequestTimingMiddleware", "ServiceMetrics"]
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+class ServiceMetrics:
+    """The service's metrics, all prefixed ``nmbatch_``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.samples_ingested = Counter(
+            "nmbatch_samples_ingested", "Samples accepted by POST /samples here", registry=r
+        )
+        self.samples_rejected = Counter(
+            "nmbatch_samples_rejected_requests",
+            "POST /samples requests refused, by problem type",
+            ["problem"],
+            registry=r,
+        )
+        self.iterations = Counter(
+            "nmbatch_iterations", "nmbatch iterations run by the worker", registry=r
+        )
+        self.iteration_seconds = Histogram(
+            "nmbatch_iteration_seconds",
+            "Wall time of one worker iteration",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Gauge("nmbatch_batch_size", "Nested batch size b", registry=r)
+        self.samples_in_store = Gauge(
+            "nmbatch_samples_in_store", "Samples N in the worker's store", registry=r
+        )
+        self.distances_computed = Counter(
+            "nmbatch_distances_computed", "Sample-centroid distances computed", registry=r
+        )
+        self.distances_skipped = Counter(
+            "nmbatch_distances_skipped", "Sample-centroid distances skipped by bounds", registry=r
+        )
+        self.skipped_share = Gauge(
+            "nmbatch_distances_skipped_ratio",
+            "Share of distance computations skipped by the bounds (cumulative)",
+            registry=r,
+        )
+        self.centroid_version = Gauge(
+            "nmbatch_centroid_version", "Version of the published centroids", registry=r
+        )
+        self.converged = Gauge(
+            "nmbatch_converged", "1 when b = N and no assignment changed", registry=r
+        )
+        self.snapshot_age = Gauge(
+            "nmbatch_snapshot_age_seconds",
+            "Seconds since the last snapshot was written to Redis (-1: none yet)",
+            registry=r,
+        )
+        self._last_snapshot: float | None = None
+        self.snapshot_age.set_function(self._snapshot_age)
+        self.request_seconds = Histogram(
+            "nmbatch_request_seconds",
+            "HTTP request latency",
+            ["method", "route", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def snapshot_written(self) -> None:
+        """Record that a snapshot has just been stored."""
+        self._last_snapshot = time.monotonic()
+
+    def _snapshot_age(self) -> float:
+        last = self._last_snapshot
+        return -1.0 if last is None else time.monotonic() - last
+
+
+class RequestTimingMiddleware:
+    """Pure ASGI middleware observing each HTTP request's latency in ``request_seconds``.
+
+    The ``route`` label is the matched path template (``/samples``), or ``unmatched``,
+    so unknown URLs cannot blow up the label set.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.request_seconds.labels(scope["method"], template, str(status)).observe(
+                time.perf_counter() - start
+            )

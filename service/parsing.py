@@ -1,0 +1,305 @@
+"""Request bodies and query strings to ``(n, d)`` ``float32`` matrices, or a problem.
+
+Accepted bodies:
+
+- ``application/json``: ``{"vectors": [[x11, x12, ...], ...]}`` (parsed with orjson);
+- ``application/x-npy``: one 2-D real numeric array in NumPy's ``.npy`` format (read with
+  ``allow_pickle=False``, its header checked against the body length before any memory
+  is allocated);
+- ``application/octet-stream``: raw little-endian ``float32``, row-major, ``n * d``
+  values (only when the dimension ``d`` is known).
+
+Rejected, with a problem naming the fault: malformed bodies (400), other content types
+(415), too many vectors (413), and with 422 booleans, strings, nulls, object or complex
+arrays, ragged or non-2-D arrays, empty arrays, a wrong dimension, NaN or infinity. The
+final conversion is the engine's own check (:func:`engine._validation.as_float32_matrix`),
+so the service never logs a sample the store would refuse.
+
+These functions are synchronous and may take long on big bodies: call them through
+``run_in_threadpool`` from async code.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import orjson
+from starlette.requests import ClientDisconnect, Request
+
+from engine._validation import as_float32_matrix
+from service.problems import ProblemError
+
+__all__ = [
+    "JSON",
+    "NPY",
+    "OCTET",
+    "SUPPORTED_BODY_TYPES",
+    "media_type",
+    "parse_query_vector",
+    "parse_vectors",
+    "read_body",
+]
+
+JSON = "application/json"
+NPY = "application/x-npy"
+OCTET = "application/octet-stream"
+SUPPORTED_BODY_TYPES = (JSON, NPY, OCTET)
+
+
+def media_type(content_type: str | None) -> str:
+    """The bare, lower-case media type of a ``Content-Type`` header (no parameters)."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, or a 413 problem as soon as it exceeds ``max_bytes``.
+
+    A ``Content-Length`` above the limit is refused before anything is read.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise ProblemError(400, "malformed-body", "Content-Length is not an integer") from None
+        if length > max_bytes:
+            raise _too_large(length, max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise _too_large(size, max_bytes, at_least=True)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ProblemError(400, "malformed-body", "the client closed the connection") from None
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int, *, at_least: bool = False) -> ProblemError:
+    more = "at least " if at_least else ""
+    return ProblemError(
+        413,
+        "body-too-large",
+        f"the body has {more}{size} bytes; the limit is {limit} bytes (NMBATCH_MAX_BODY_BYTES): "
+        "send the vectors in several requests",
+        limit=limit,
+    )
+
+
+def parse_vectors(
+    body: bytes, content_type: str, *, dim: int | None, max_vectors: int
+) -> np.ndarray:
+    """Parse a body of one of :data:`SUPPORTED_BODY_TYPES` into vectors.
+
+    Parameters
+    ----------
+    body : bytes
+        The raw request body.
+    content_type : str
+        Its ``Content-Type`` header (parameters are ignored).
+    dim : int or None
+        Required number of coordinates; None accepts any (but octet-stream needs it).
+    max_vectors : int
+        Most vectors accepted (413 above).
+
+    Returns
+    -------
+    ndarray of shape (n, d), float32, C-contiguous, finite, with ``n >= 1``.
+    """
+    kind = media_type(content_type)
+    if kind == JSON:
+        raw = _json_vectors(body)
+    elif kind == NPY:
+        raw = _npy_array(body, max_vectors)
+    elif kind == OCTET:
+        raw = _octet_matrix(body, dim)
+    else:
+        shown = kind or "no Content-Type"
+        raise ProblemError(
+            415,
+            "unsupported-media-type",
+            f"{shown} is not accepted; send {', '.join(SUPPORTED_BODY_TYPES)}",
+            accepted=list(SUPPORTED_BODY_TYPES),
+        )
+    return _checked_matrix(raw, dim=dim, max_vectors=max_vectors)
+
+
+def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
+    """``"v1,v2,..."`` (decimal numbers, commas) to a ``(1, d)`` ``float32`` matrix."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(p == "" for p in parts):
+        raise ProblemError(
+            422, "not-a-matrix", "vector must be comma-separated numbers, e.g. vector=0.5,1,2"
+        )
+    values = []
+    for part in parts:
+        try:
+            value = float(part)
+        except ValueError:
+            raise ProblemError(
+                422, "non-numeric", f"vector contains {part[:40]!r}, which is not a number"
+            ) from None
+        values.append(value)
+    return _checked_matrix(np.asarray([values], dtype=np.float64), dim=dim, max_vectors=1)
+
+
+# -- decoders: body -> array of any dtype/shape ------------------------------------------
+def _json_vectors(body: bytes) -> np.ndarray:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ProblemError(400, "malformed-body", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict) or "vectors" not in document:
+        raise ProblemError(
+            422, "not-a-matrix", 'the JSON body must be an object {"vectors": [[...], ...]}'
+        )
+    unknown = sorted(set(document) - {"vectors"})
+    if unknown:
+        raise ProblemError(422, "unknown-member", f"unknown member(s) {unknown} in the JSON body")
+    vectors = document["vectors"]
+    if not isinstance(vectors, list):
+        raise ProblemError(
+            422, "not-a-matrix", f"vectors must be a list of lists, got {type(vectors).__name__}"
+        )
+    # Booleans would silently become 0/1 in numpy; the byte test keeps the scan rare.
+    if (b"true" in body or b"false" in body) and _contains_bool(vectors):
+        raise ProblemError(
+            422, "non-numeric", "vectors contain true/false; only numbers are coordinates"
+        )
+    try:
+        array = np.array(vectors)
+    except (ValueError, TypeError):
+        raise ProblemError(
+            422,
+            "not-a-matrix",
+            "vectors is ragged: every vector must be a flat list with the same number of numbers",
+        ) from None
+    return array
+
+
+def _contains_bool(vectors: list[object]) -> bool:
+    for row in vectors:
+        if isinstance(row, bool):
+            return True
+        if isinstance(row, list) and any(isinstance(v, bool) for v in row):
+            return True
+    return False
+
+
+def _npy_array(body: bytes, max_vectors: int) -> np.ndarray:
+    stream = io.BytesIO(body)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f"npy format version {version} is not supported (1.0 and 2.0 are)")
+    except ValueError as exc:
+        raise ProblemError(
+            400, "malformed-body", f"the body is not a valid .npy array: {exc}"
+        ) from None
+    _check_dtype(dtype)
+    if len(shape) != 2:
+        raise ProblemError(
+            422, "not-a-matrix", f"the array must be 2-D (n_vectors, dim), got shape {shape}"
+        )
+    if shape[0] > max_vectors:
+        raise _too_many(shape[0], max_vectors)
+    # The header promises shape * itemsize bytes; check before np.load allocates them.
+    expected = math.prod(shape) * dtype.itemsize
+    available = len(body) - stream.tell()
+    if expected != available:
+        raise ProblemError(
+            400,
+            "malformed-body",
+            f"the .npy header declares shape {shape} of {dtype} ({expected} bytes of data) "
+            f"but the body carries {available} bytes of data",
+        )
+    try:
+        return np.load(io.BytesIO(body), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ProblemError(
+            400, "malformed-body", f"the body is not a valid .npy array: {exc}"
+        ) from None
+
+
+def _octet_matrix(body: bytes, dim: int | None) -> np.ndarray:
+    if dim is None:
+        raise ProblemError(
+            409,
+            "dimension-unknown",
+            "raw float32 bodies need a known dimension: set NMBATCH_DIM or send a first batch "
+            "as JSON or .npy",
+        )
+    row_bytes = 4 * dim
+    if len(body) % row_bytes:
+        raise ProblemError(
+            422,
+            "not-a-matrix",
+            f"{len(body)} bytes is not a whole number of float32 vectors of dimension {dim} "
+            f"({row_bytes} bytes each)",
+        )
+    return np.frombuffer(body, dtype="<f4").reshape(-1, dim)
+
+
+# -- the checks every decoded array goes through -----------------------------------------
+def _check_dtype(dtype: np.dtype) -> None:
+    if dtype.kind == "b":
+        raise ProblemError(422, "non-numeric", "booleans are not coordinates; send numbers")
+    if dtype.kind == "c":
+        raise ProblemError(422, "non-numeric", f"complex values ({dtype}) are not accepted")
+    if dtype.kind not in "iuf" or dtype.fields is not None:
+        raise ProblemError(
+            422,
+            "non-numeric",
+            f"vectors must be real numbers, got dtype {dtype} "
+            "(strings, nulls, objects or integers beyond 64 bits are not numbers here)",
+        )
+
+
+def _too_many(n: int, limit: int) -> ProblemError:
+    return ProblemError(
+        413,
+        "too-many-vectors",
+        f"{n} vectors in one request; the limit is {limit} (NMBATCH_MAX_VECTORS)",
+        limit=limit,
+    )
+
+
+def _checked_matrix(array: np.ndarray, *, dim: int | None, max_vectors: int) -> np.ndarray:
+    _check_dtype(array.dtype)
+    if array.size == 0:
+        raise ProblemError(
+            422, "empty", f"no values: the array has shape {array.shape}; send at least one vector"
+        )
+    if array.ndim != 2:
+        hint = "; wrap one vector as [[...]]" if array.ndim == 1 else ""
+        raise ProblemError(
+            422,
+            "not-a-matrix",
+            f"vectors must form a 2-D array (n_vectors, dim), got shape {array.shape}{hint}",
+        )
+    if array.shape[0] > max_vectors:
+        raise _too_many(array.shape[0], max_vectors)
+    if dim is not None and array.shape[1] != dim:
+        raise ProblemError(
+            422,
+            "wrong-dimension",
+            f"vectors have {array.shape[1]} coordinates, but this model's dimension is {dim}",
+            expected_dim=dim,
+            got_dim=int(array.shape[1]),
+        )
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = bool(np.isfinite(array).all()) if array.dtype.kind == "f" else True
+    if not finite:
+        raise ProblemError(422, "non-finite", "vectors contain NaN or infinity")
+    try:
+        return as_float32_matrix(array, dim=dim, name="vectors")
+    except ValueError as exc:  # e.g. finite float64 values beyond the float32 range
+        raise ProblemError(422, "non-finite", str(exc)) from None

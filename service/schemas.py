@@ -1,0 +1,112 @@
+"""Pydantic models of every request and response body: the OpenAPI contract at ``/docs``.
+
+Big numeric answers are serialised with orjson straight from numpy arrays (validating
+millions of floats through pydantic would cost more than computing them); these models
+still describe them exactly.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "AssignMany",
+    "AssignOne",
+    "Centroids",
+    "DoublingOut",
+    "Health",
+    "Readiness",
+    "SamplesAccepted",
+    "Stats",
+    "VectorsIn",
+]
+
+
+class VectorsIn(BaseModel):
+    """JSON body of ``POST /samples`` and ``POST /assign``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vectors: list[list[float]] = Field(
+        description="n vectors of d finite numbers each (n >= 1).",
+        examples=[[[0.0, 1.5, -2.0], [3.0, 0.25, 1.0]]],
+    )
+
+
+class SamplesAccepted(BaseModel):
+    """Answer of ``POST /samples``: the samples are in the Redis sample log."""
+
+    accepted: int = Field(description="Vectors accepted from this request.")
+    n_samples: int = Field(description="Total samples in the model's log afterwards.")
+
+
+class Centroids(BaseModel):
+    """The published centroids and what describes them."""
+
+    version: int = Field(description="Centroid version; increases with every update.")
+    k: int = Field(description="Number of clusters.")
+    dim: int = Field(description="Dimension d.")
+    centroids: list[list[float]] = Field(description="k x d centroids (float32 values).")
+    counts: list[int] = Field(description="v(j): prefix samples assigned to each centroid.")
+    n_samples: int = Field(description="N: samples the worker held at this version.")
+    batch_size: int = Field(description="b: nested batch (prefix) size.")
+    iteration: int = Field(description="Iterations run so far.")
+    converged: bool = Field(description="b = N and no assignment changed.")
+    updated_at: str = Field(description="Time of this version, ISO 8601 UTC.")
+
+
+class AssignOne(BaseModel):
+    """Nearest centroid of one vector."""
+
+    version: int = Field(description="Centroid version used.")
+    cluster: int = Field(description="Index of the nearest centroid (ties: lowest).")
+    distance: float = Field(description="Euclidean distance to it.")
+
+
+class AssignMany(BaseModel):
+    """Nearest centroid of each vector of a batch."""
+
+    version: int = Field(description="Centroid version used for every vector.")
+    clusters: list[int] = Field(description="Index of the nearest centroid, per vector.")
+    distances: list[float] = Field(description="Euclidean distance to it, per vector.")
+
+
+class Health(BaseModel):
+    status: str = Field(examples=["ok"])
+
+
+class Readiness(BaseModel):
+    ready: bool
+    redis: str = Field(description="'ok' or the error met.")
+    worker: str = Field(description="Worker phase: replaying, iterating, converged, ...")
+
+
+class DoublingOut(BaseModel):
+    """The nested batch grew from ``from_b`` to ``to_b`` after ``iteration``."""
+
+    iteration: int
+    from_b: int
+    to_b: int
+    at: str = Field(description="ISO 8601 UTC.")
+
+
+class Stats(BaseModel):
+    """The algorithm's course, in the paper's names."""
+
+    phase: str = Field(description="Worker phase: replaying, iterating, converged, ...")
+    version: int | None = Field(description="Published centroid version (None: none yet).")
+    b: int = Field(description="Nested batch (prefix) size.")
+    N: int = Field(description="Samples in the worker's store.")
+    n_logged: int = Field(description="Samples in the Redis log (the worker may lag).")
+    iteration: int
+    converged: bool
+    energy: float | None = Field(
+        description="Mean squared distance of the prefix samples to their centroid."
+    )
+    distances_computed: int
+    distances_skipped: int
+    skipped_share: float | None = Field(
+        description="Share of distance computations skipped by the bounds."
+    )
+    last_iteration_seconds: float | None
+    doublings: list[DoublingOut]

@@ -1,0 +1,87 @@
+"""Settings from NMBATCH_* variables, and start-up refusing settings that contradict Redis."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pydantic import ValidationError
+from service_helpers import SettingsFactory, TestClient
+
+from service.config import Settings, default_worker_threads
+from service.main import StartupError, create_app
+
+
+def test_settings_come_from_nmbatch_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("NMBATCH_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("NMBATCH_K", "7")
+    monkeypatch.setenv("NMBATCH_RHO", "50.5")
+    monkeypatch.setenv("NMBATCH_MODEL", "images")
+    monkeypatch.setenv("NMBATCH_APPENDFSYNC", "always")
+    monkeypatch.setenv("NMBATCH_REDIS_URL", "")  # empty counts as unset: embedded Redis
+    settings = Settings()
+    assert (settings.k, settings.rho, settings.model) == (7, 50.5, "images")
+    assert settings.appendfsync == "always"
+    assert settings.redis_url is None and settings.dim is None
+    assert settings.key_prefix == "nmbatch:images:"
+
+
+def test_worker_threads_default_to_all_cores_but_one() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert default_worker_threads() == max(1, cores - 1)
+    assert Settings().worker_threads == default_worker_threads()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("NMBATCH_K", "0"), ("NMBATCH_MODEL", "a b"), ("NMBATCH_APPENDFSYNC", "no"),
+     ("NMBATCH_WORKER_THREADS", "0"), ("NMBATCH_DIM", "-1")],
+)  # fmt: skip
+def test_invalid_setting_is_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=name.removeprefix("NMBATCH_").lower()):
+        Settings()
+
+
+def test_another_k_than_redis_holds_stops_start_up(make_settings: SettingsFactory) -> None:
+    with TestClient(create_app(make_settings(k=3))) as client:
+        client.post("/samples", json={"vectors": [[1.0, 2.0]]})
+    with pytest.raises(StartupError, match=r"NMBATCH_K=4 but .* created with k=3"):  # noqa: SIM117
+        with TestClient(create_app(make_settings(k=4))):
+            pass
+
+
+def test_another_dimension_than_redis_holds_stops_start_up(make_settings: SettingsFactory) -> None:
+    with TestClient(create_app(make_settings())) as client:
+        client.post("/samples", json={"vectors": [[1.0, 2.0]]})
+    with pytest.raises(StartupError, match=r"NMBATCH_DIM=5 but .* dimension 2"):  # noqa: SIM117
+        with TestClient(create_app(make_settings(dim=5))):
+            pass
+    with TestClient(create_app(make_settings(dim=2))) as client:
+        assert client.post("/samples", json={"vectors": [[3.0, 4.0]]}).status_code == 202
+
+
+def test_a_configured_dimension_is_enforced_from_the_first_request(
+    make_settings: SettingsFactory,
+) -> None:
+    with TestClient(create_app(make_settings(dim=3))) as client:
+        response = client.post("/samples", json={"vectors": [[1.0, 2.0]]})
+        assert response.status_code == 422 and response.json()["expected_dim"] == 3
+        octet = client.post(
+            "/samples",
+            content=b"\0" * 24,
+            headers={"content-type": "application/octet-stream"},
+        )
+        assert octet.json() == {"accepted": 2, "n_samples": 2}
+
+
+def test_models_with_different_prefixes_share_one_redis(make_settings: SettingsFactory) -> None:
+    a = create_app(make_settings(model="model-a", k=2))
+    b = create_app(make_settings(model="model-b", k=5))
+    with TestClient(a) as client_a, TestClient(b) as client_b:
+        client_a.post("/samples", json={"vectors": [[1.0, 2.0]] * 3})
+        client_b.post("/samples", json={"vectors": [[1.0, 2.0, 3.0]]})
+        assert client_a.get("/stats").json()["n_logged"] == 3
+        assert client_b.get("/stats").json()["n_logged"] == 1
