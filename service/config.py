@@ -61,6 +61,17 @@ class Settings(BaseSettings):
     )
     max_vectors: int = Field(100_000, ge=1, description="Most vectors in one request (413 above).")
     log_level: str = Field("info", description="uvicorn log level.")
+    api_key: str | None = Field(
+        None,
+        min_length=16,
+        description="When set, writes need 'Authorization: Bearer <key>' (never logged).",
+    )
+    api_key_reads: bool = Field(
+        False, description="With api_key set, reads (centroids, assign, stats) need it too."
+    )
+    idempotency_seconds: float = Field(
+        86_400.0, gt=0, description="How long an Idempotency-Key of POST /samples is kept."
+    )
 
     # -- Redis ---------------------------------------------------------------------------
     redis_url: str | None = Field(
@@ -82,6 +93,14 @@ class Settings(BaseSettings):
     )
     poll_seconds: float = Field(
         0.5, gt=0, description="Seconds between polls of the sample log for other writers."
+    )
+    worker_lock_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Expiry of the Redis lock that makes one process the model's worker.",
+    )
+    redis_retry_seconds: float = Field(
+        1.0, gt=0, description="Retry-After of 503 answers while Redis is unreachable."
     )
     worker_threads: int = Field(
         default_factory=default_worker_threads,
