@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.kernels import gemm_error, nearest_dense
+from engine.kernels import gemm_error, nearest_dense, sqnorms32
 
 __all__ = ["CHUNK_ROWS", "energy", "nearest", "sqnorms"]
 
@@ -13,6 +13,10 @@ CHUNK_ROWS = 4096
 
 def sqnorms(A: np.ndarray) -> np.ndarray:
     """Row squared norms of ``A`` (``(n, d)``, any float dtype) accumulated in float64: ``(n,)``."""
+    if A.dtype == np.float32 and A.ndim == 2:
+        out = np.empty(A.shape[0], dtype=np.float64)
+        sqnorms32(np.ascontiguousarray(A), out)
+        return out
     A64 = np.asarray(A, dtype=np.float64)
     return np.einsum("ij,ij->i", A64, A64)
 

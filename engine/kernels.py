@@ -44,11 +44,12 @@ __all__ = [
     "sqdist32_error",
     "sqdist64",
     "sqdist_safe",
+    "sqnorms32",
 ]
 
 UNIT_ROUNDOFF32 = 2.0**-24
 _DOWN = 1.0 - 2.0**-22  # float64 factor that makes float32 rounding land below the value
-_F64_SLACK = 8.0 * 2.0**-53
+_F64_ULP = 2.0**-53
 
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
 
@@ -123,7 +124,12 @@ def _gemm_estimate(xx, cc, dot, nx, g_gemm, d):
     if not math.isfinite(dot64):
         return 0.0, np.inf
     est = xx + cc - 2.0 * dot64
-    err = 2.0 * g_gemm * nx * math.sqrt(cc) + _F64_SLACK * (xx + cc) + (d + 1) * 2.0**-148
+    # float64 terms: xx and cc are sums of d squares, each within (d + 1) ulps.
+    err = (
+        2.0 * g_gemm * nx * math.sqrt(cc)
+        + (d + 8) * _F64_ULP * (xx + cc)
+        + (d + 1) * 2.0**-148
+    )
     return est, err
 
 
@@ -140,6 +146,22 @@ def row_sqnorms(X: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
         s = 0.0
         for t in range(x.shape[0]):
             s += np.float64(x[t]) * np.float64(x[t])
+        out[q] = s
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def sqnorms32(X: np.ndarray, out: np.ndarray) -> None:
+    """``out[q] = sum(X[q]**2)`` accumulated in float64 (vectorised, any order).
+
+    X   : (m, d) float32   IN
+    out : (m,) float64     OUT  within ``(d + 1)`` float64 ulps of the exact value
+    """
+    for q in range(X.shape[0]):
+        x = X[q]
+        s = 0.0
+        for t in range(x.shape[0]):
+            xt = np.float64(x[t])
+            s += xt * xt
         out[q] = s
 
 
