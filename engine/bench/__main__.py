@@ -1,0 +1,5 @@
+"""Entry point of ``python -m engine.bench``."""
+
+from engine.bench.cli import main
+
+raise SystemExit(main())

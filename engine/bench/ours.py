@@ -1,0 +1,77 @@
+"""Runners for the engine's own algorithms, and their JIT warm-up.
+
+``run_ours(name)`` appends the seed-shuffled training set to a fresh
+:class:`engine.NestedBatchStore` (the store then shuffles its tail itself), builds
+``engine.make_algorithm(name, store, k, init=C0, rho=..., batch_size=...)`` with the
+explicit initial centroids ``C0`` (so every algorithm starts from the same place) and
+times each ``algo.step()``. Building the algorithm is inside the first timed step; loading
+the store is not (it is the data's input format, as ``X`` in memory is for the peers) and
+its time is reported apart, as ``notes["store_load_seconds"]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from engine.bench.protocol import Budget, Problem, Runner, Snapshot, stepwise
+
+__all__ = ["OURS", "jit_warmup", "run_ours"]
+
+OURS = ("nmbatch", "nmbatch.deact", "mbatch", "mbatch.remove", "lloyd", "elkan")
+
+
+def run_ours(name: str, rho: float | None = None) -> Runner:
+    """Runner of engine algorithm ``name``; ``rho`` overrides the problem's."""
+
+    def run(problem: Problem, budget: Budget) -> Iterator[Snapshot]:
+        from engine import NestedBatchStore, make_algorithm
+
+        X = problem.train
+        t0 = time.perf_counter()
+        store = NestedBatchStore(X.shape[1], seed=problem.seed, capacity=X.shape[0])
+        store.append(X)
+        load = time.perf_counter() - t0
+        algo = None
+        last = None
+
+        def step() -> bool:
+            nonlocal algo, last
+            if algo is None:
+                algo = make_algorithm(
+                    name, store, problem.k, init=problem.init,
+                    rho=problem.rho if rho is None else rho,
+                    batch_size=problem.batch_size, random_state=problem.seed,
+                )
+            last = algo.step()
+            return last.converged
+
+        notes = yield from stepwise(step, lambda: algo.centroids, budget)
+        notes["store_load_seconds"] = load
+        if last is not None:
+            notes["final_batch_size"] = int(last.batch_size)
+            notes["iterations"] = int(last.iteration)
+        return notes
+
+    return run
+
+
+def jit_warmup(train: np.ndarray, k: int, names: tuple[str, ...] = OURS) -> float:
+    """Run each of ``names`` once on a small problem (2,000 rows of ``train``, initial
+    batch 200, up to 8 steps) so numba compiles every kernel, and compute one energy;
+    returns the wall time of it all, in seconds."""
+    from engine import NestedBatchStore, energy, make_algorithm
+
+    t0 = time.perf_counter()
+    X = np.ascontiguousarray(train[: max(2000, 4 * k)], dtype=np.float32)
+    for name in names:
+        store = NestedBatchStore(X.shape[1], seed=0, capacity=X.shape[0])
+        store.append(X)
+        algo = make_algorithm(name, store, k, init=X[:k].copy(), batch_size=200, random_state=0)
+        for _ in range(8):
+            if algo.step().converged:
+                break
+        energy(X[:500], algo.centroids)
+    return time.perf_counter() - t0
