@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 ALGORITHMS = ("nmbatch", "nmbatch.deact", "mbatch", "mbatch.remove", "lloyd", "elkan")
+_NO_UPPER = np.empty(0, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class KMeansAlgorithm:
         self.S = np.zeros((k, d), dtype=np.float64)
         self.v = np.zeros(k, dtype=np.int64)
         self.sse = np.zeros(k, dtype=np.float64)
+        self.Q = np.zeros(k, dtype=np.float64)
         self.p = np.zeros(k, dtype=np.float64)
         self.counts = self.v.copy()
         self.iteration = 0
@@ -160,8 +162,10 @@ class KMeansAlgorithm:
                 f"(n_clusters) are needed before the first iteration"
             )
 
-    def _dense_pass(self, data, rows, remove, labels, dist2, lower) -> int:
+    def _dense_pass(self, data, rows, remove, labels, dist2, lower, upper=None) -> int:
         """Assign ``rows`` of ``data`` with BLAS distances in chunks; returns changes."""
+        if upper is None:
+            upper = _NO_UPPER
         C = self.centroids
         Ct = np.ascontiguousarray(C.T)
         cc = sqnorms(C)
@@ -174,7 +178,7 @@ class KMeansAlgorithm:
                 Xc = data[r]
             changed += assign_dense(
                 data, r, sqnorms(Xc), Xc @ Ct, C, cc, self._g_gemm, self._g,
-                remove, labels, dist2, lower, self.S, self.v, self.sse,
+                remove, labels, dist2, lower, upper, self.S, self.v, self.sse, self.Q,
             )
         return changed
 
@@ -207,7 +211,11 @@ class KMeansAlgorithm:
 class NestedMiniBatch(KMeansAlgorithm):
     """nmbatch (``bounds=True``), nmbatch.deact (``bounds=False``) and elkan (``full=True``).
 
-    Per-sample state lives in memory only: ``labels`` (a), ``dist2`` (d^2), ``lower`` (l).
+    Per-sample state lives in memory only: ``labels`` (a), ``upper`` (u, an upper bound on
+    d) and ``lower`` (l). ``sse(j)``, the sum of ``d(i)^2`` over the samples of ``j`` with
+    the centroids in force during the iteration, is computed exactly from the per-cluster
+    sums, ``sse(j) = Q(j) - 2 c(j).S(j) + v(j) ||c(j)||^2`` with ``Q(j) = sum ||x(i)||^2``,
+    so a sample whose bounds prove its label unchanged need not be read at all.
     """
 
     def __init__(
@@ -230,7 +238,8 @@ class NestedMiniBatch(KMeansAlgorithm):
         self._grow = False
         k = self.n_clusters
         self._labels = np.empty(0, dtype=np.int32)
-        self._dist2 = np.empty(0, dtype=np.float64)
+        self._dist2 = np.empty(0, dtype=np.float64)  # scratch of the BLAS path
+        self._upper = np.empty(0, dtype=np.float64)
         self._lower = np.empty((0, k), dtype=np.float32)
 
     def labels(self) -> np.ndarray:
@@ -255,7 +264,23 @@ class NestedMiniBatch(KMeansAlgorithm):
         if self.bounds:
             lower = np.zeros((cap, k), dtype=np.float32)
             lower[:old] = self._lower[:old]
-            self._lower = lower
+            upper = np.zeros(cap, dtype=np.float64)
+            upper[:old] = self._upper[:old]
+            self._lower, self._upper = lower, upper
+
+    def upper_bounds(self) -> np.ndarray:
+        """Upper bounds ``u(i)`` of the prefix rows: ``(b,)`` float64 copy."""
+        return self._upper[: self.batch_size].copy()
+
+    def _sse_from_sums(self) -> np.ndarray:
+        """``sse(j) = sum ||x(i) - c(j)||^2`` over the samples of ``j`` (clamped at 0)."""
+        C = self.centroids.astype(np.float64)
+        sse = self.Q - 2.0 * np.einsum("ij,ij->i", C, self.S) + self.v * np.einsum("ij,ij->i", C, C)
+        return np.maximum(sse, 0.0)
+
+    def _update_centroids(self) -> None:
+        self.sse = self._sse_from_sums()
+        super()._update_centroids()
 
     def _target_batch(self, n: int) -> int:
         if self.full or not self.initialized:
@@ -280,8 +305,8 @@ class NestedMiniBatch(KMeansAlgorithm):
             if self.bounds:
                 n_changed, n_dist = reassign_bounded(
                     data[:b_old], self.centroids, self.p, self._g,
-                    self._labels[:b_old], self._dist2[:b_old], self._lower[:b_old],
-                    self.S, self.v, self.sse,
+                    self._labels[:b_old], self._upper[:b_old], self._lower[:b_old],
+                    self.S, self.v, self.Q,
                 )
             else:
                 n_changed = self._dense_pass(
@@ -292,7 +317,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         if b > b_old:
             self._dense_pass(
                 data, np.arange(b_old, b, dtype=np.int64), False,
-                self._labels, self._dist2, self._lower,
+                self._labels, self._dist2, self._lower, self._upper if self.bounds else None,
             )
             n_dist += (b - b_old) * k
         self.batch_size = b
@@ -333,15 +358,19 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.S = np.zeros((k, self.dim), dtype=np.float64)
         self.v = np.zeros(k, dtype=np.int64)
         self.sse = np.zeros(k, dtype=np.float64)
+        self.Q = np.zeros(k, dtype=np.float64)
         self.p = np.zeros(k, dtype=np.float64)
         self.batch_size = 0
         self._labels = np.empty(0, dtype=np.int32)
         self._dist2 = np.empty(0, dtype=np.float64)
+        self._upper = np.empty(0, dtype=np.float64)
         self._lower = np.empty((0, k), dtype=np.float32)
         self._reserve(b)
         self._dense_pass(
-            data, np.arange(b, dtype=np.int64), False, self._labels, self._dist2, self._lower
+            data, np.arange(b, dtype=np.int64), False, self._labels, self._dist2, self._lower,
+            self._upper if self.bounds else None,
         )
+        self.sse = self._sse_from_sums()
         self.batch_size = b
         self.counts = self.v.copy()
         self.iteration = int(iteration)
@@ -380,6 +409,7 @@ class Lloyd(KMeansAlgorithm):
         self.S[:] = 0.0
         self.v[:] = 0
         self.sse[:] = 0.0
+        self.Q[:] = 0.0
         n_changed = self._dense_pass(
             data, np.arange(b, dtype=np.int64), False, self._labels, self._dist2, self._no_bounds
         )

@@ -50,6 +50,9 @@ __all__ = [
 UNIT_ROUNDOFF32 = 2.0**-24
 _DOWN = 1.0 - 2.0**-22  # float64 factor that makes float32 rounding land below the value
 _F64_ULP = 2.0**-53
+_UP = 1.0 + 2.0**-50  # float64 factor that keeps a rounded upper bound above its value
+_UP32 = 1.0 + 2.0**-22  # float64 factor: float32 rounding of value * _UP32 is >= value
+_DOWN32 = 1.0 - 2.0**-23  # exactly representable in float32
 
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
 
@@ -157,12 +160,7 @@ def sqnorms32(X: np.ndarray, out: np.ndarray) -> None:
     out : (m,) float64     OUT  within ``(d + 1)`` float64 ulps of the exact value
     """
     for q in range(X.shape[0]):
-        x = X[q]
-        s = 0.0
-        for t in range(x.shape[0]):
-            xt = np.float64(x[t])
-            s += xt * xt
-        out[q] = s
+        out[q] = _sqnorm(X[q])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -192,25 +190,37 @@ def _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s):
     return best, best_exact
 
 
-@numba.njit(cache=True, nogil=True)
-def reassign_bounded(X, C, p, g, labels, dist2, lower, S, v, sse):
-    """Revisit already-assigned samples with Elkan-style lower bounds (nmbatch lines 10-21).
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def _sqnorm(x: np.ndarray) -> float:
+    """``sum(x**2)`` of a ``(d,)`` float32 row, accumulated in float64 (vectorised)."""
+    s = 0.0
+    for t in range(x.shape[0]):
+        xt = np.float64(x[t])
+        s += xt * xt
+    return s
 
-    For each row ``i``: the bound update ``l(i, j) -= p(j)`` (fused, rounded down), the
-    removal of the old ``sse`` contribution, the exact distance to ``a(i)``, a distance to
-    every ``j`` whose bound does not exclude it, then the new contribution. ``S`` and ``v``
-    change only for samples whose label changed.
+
+@numba.njit(cache=True, nogil=True)
+def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
+    """Revisit already-assigned samples with Elkan-style bounds (nmbatch lines 10-21).
+
+    For each row ``i``: the bound update ``l(i, j) -= p(j)`` and ``u(i) += p(a(i))``
+    (fused, rounded safely). If ``u(i) < l(i, j)`` for every ``j != a(i)``, ``a(i)`` is
+    still the unique nearest centroid and the sample is not read at all. Otherwise: the
+    exact distance to ``a(i)``, a distance to every ``j`` whose bound does not exclude it,
+    and the nearest decided exactly. ``S``, ``v`` and ``Q`` change only for samples whose
+    label changed (one sample, one vote); ``sse`` follows from them (see ``cluster_sse``).
 
     X      : (n, d) float32   IN   samples (rows already in the batch)
     C      : (k, d) float32   IN   current centroids
     p      : (k,) float64     IN   distance moved by each centroid at the last update
     g      : float            IN   ``sqdist32_error(d)``
-    labels : (n,) int32       INOUT
-    dist2  : (n,) float64     INOUT
-    lower  : (n, k) float32   INOUT
+    labels : (n,) int32       INOUT  ``a(i)``
+    upper  : (n,) float64     INOUT  ``u(i) >= ||x(i) - c(a(i))||``
+    lower  : (n, k) float32   INOUT  ``l(i, j) <= ||x(i) - c(j)||``
     S      : (k, d) float64   INOUT
     v      : (k,) int64       INOUT
-    sse    : (k,) float64     INOUT
+    Q      : (k,) float64     INOUT  sum of ``||x(i)||^2`` over the samples of each cluster
 
     Returns ``(n_changed, n_distances)``.
     """
@@ -223,10 +233,29 @@ def reassign_bounded(X, C, p, g, labels, dist2, lower, S, v, sse):
     cand_s = np.empty(k, dtype=np.float64)
     n_changed = 0
     n_dist = 0
+    # p rounded up to float32, so that the float32 bound update stays below the truth:
+    # fl(fl(l - p32) * (1 - 2^-23)) <= l - p for l - p > 0 (and a negative bound is valid).
+    p32 = np.empty(k, dtype=np.float32)
+    for j in range(k):
+        p32[j] = np.float32(p[j] * _UP32)
+    down = np.float32(_DOWN32)
     for i in range(n):
-        x = X[i]
         li = lower[i]
         a = labels[i]
+        ub = (upper[i] + p[a]) * _UP
+        ub32 = np.float32(ub * _UP32)
+        # Branch-free (vectorised) bound update, counting bounds that do not exclude j.
+        for j in range(k):
+            li[j] = (li[j] - p32[j]) * down
+        n_open = 0
+        for j in range(k):
+            n_open += np.int32(li[j] <= ub32)
+        if li[a] <= ub32:
+            n_open -= 1
+        if n_open == 0:  # u(i) < l(i, j) for every j != a(i): a(i) is still the nearest
+            upper[i] = ub
+            continue
+        x = X[i]
         s_a = sqdist_safe(x, C[a])
         n_dist += 1
         best = a
@@ -236,11 +265,7 @@ def reassign_bounded(X, C, p, g, labels, dist2, lower, S, v, sse):
         cand_s[0] = s_a
         nc = 1
         for j in range(k):
-            if j == a:
-                continue
-            lj = _down32(np.float64(li[j]) - p[j])
-            if lj > u:
-                li[j] = lj
+            if j == a or li[j] > u:
                 continue
             s_j = sqdist_safe(x, C[j])
             n_dist += 1
@@ -254,14 +279,15 @@ def reassign_bounded(X, C, p, g, labels, dist2, lower, S, v, sse):
                 u = math.sqrt(best_s * g_hi)
         li[a] = _down32(math.sqrt(s_a * g_lo))
         best, s_new = _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
-        sse[a] -= dist2[i]
-        sse[best] += s_new
-        dist2[i] = s_new
+        upper[i] = math.sqrt(s_new * g_hi) * _UP
         if best != a:
             n_changed += 1
             labels[i] = best
             v[a] -= 1
             v[best] += 1
+            xx = _sqnorm(x)
+            Q[a] -= xx
+            Q[best] += xx
             for t in range(d):
                 xt = np.float64(x[t])
                 S[a, t] -= xt
@@ -270,7 +296,9 @@ def reassign_bounded(X, C, p, g, labels, dist2, lower, S, v, sse):
 
 
 @numba.njit(cache=True, nogil=True)
-def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, S, v, sse):
+def assign_dense(
+    X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper, S, v, sse, Q
+):
     """Assign rows from a BLAS product of all their distances; update sums (and bounds).
 
     ``||x - c||^2 = xx + cc - 2 x.c`` with the error of the float32 product bounded by
@@ -292,7 +320,8 @@ def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, low
     labels : (N,) int32       INOUT  ``-1`` for unassigned rows
     dist2  : (N,) float64     INOUT
     lower  : (N, k) float32 or (0, k)  OUT  tight bounds (skipped when it has 0 rows)
-    S, v, sse                 INOUT
+    upper  : (N,) float64 or (0,)      OUT  ``u(i)`` (skipped when it has 0 rows)
+    S, v, sse, Q              INOUT  ``Q``: sum of ``||x||^2`` per cluster
 
     Returns ``n_changed``: rows that had a label and now have another.
     """
@@ -302,6 +331,7 @@ def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, low
     g_lo = 1.0 - g
     g_hi = 1.0 / (1.0 - g)
     keep_bounds = lower.shape[0] > 0
+    keep_upper = upper.shape[0] > 0
     cand = np.empty(k, dtype=np.int64)
     cand_s = np.empty(k, dtype=np.float64)
     err = np.empty(k, dtype=np.float64)
@@ -336,6 +366,8 @@ def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, low
                 li[j] = _down32(math.sqrt(max(est[j] - err[j], 0.0)))
             for q2 in range(nc):
                 li[cand[q2]] = _down32(math.sqrt(cand_s[q2] * g_lo))
+        if keep_upper:
+            upper[i] = math.sqrt(s_new * g_hi) * _UP
         old = labels[i]
         if old >= 0 and old != best:
             n_changed += 1
@@ -345,6 +377,8 @@ def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, low
             if old != best:
                 v[old] -= 1
                 v[best] += 1
+                Q[old] -= xx[q]
+                Q[best] += xx[q]
                 for t in range(d):
                     xt = np.float64(x[t])
                     S[old, t] -= xt
@@ -352,6 +386,7 @@ def assign_dense(X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, low
         else:
             sse[best] += s_new
             v[best] += 1
+            Q[best] += xx[q]
             for t in range(d):
                 S[best, t] += np.float64(x[t])
         labels[i] = best

@@ -179,3 +179,15 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
             assert (low <= dist_used).all(), "a lower bound exceeds the distance it bounds"
             dist_new = np.sqrt(sqdist64_ref(X, algo.centroids))
             assert (low - algo.p[None, :] <= dist_new).all(), "l - p exceeds the new distance"
+
+    upper_bounds = getattr(algo, "upper_bounds", None)
+    if upper_bounds is not None and upper_bounds().shape[0]:
+        # u(i) bounds the distance to the sample's centroid among those used in the step.
+        d_own = np.sqrt(((X.astype(np.float64) - before.centroids[labels]) ** 2).sum(axis=1))
+        assert (upper_bounds() >= d_own).all(), "an upper bound is below the distance it bounds"
+    if getattr(algo, "name", "").startswith(("nmbatch", "elkan")):
+        # sse(j) = sum of ||x(i) - c(j)||^2 over the samples of j, centroids of the step.
+        resid = ((X.astype(np.float64) - before.centroids[labels].astype(np.float64)) ** 2).sum(1)
+        sse = np.bincount(labels, weights=resid, minlength=algo.n_clusters)
+        scale = max(float(((X.astype(np.float64)) ** 2).sum()), 1.0)
+        np.testing.assert_allclose(algo.sse, sse, rtol=1e-7, atol=1e-11 * scale)
