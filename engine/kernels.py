@@ -204,11 +204,12 @@ def _sqnorm(x: np.ndarray) -> float:
 def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
     """Revisit already-assigned samples with Elkan-style bounds (nmbatch lines 10-21).
 
-    For each row ``i``: the bound update ``l(i, j) -= p(j)`` and ``u(i) += p(a(i))``
-    (fused, rounded safely). If ``u(i) < l(i, j)`` for every ``j != a(i)``, ``a(i)`` is
-    still the unique nearest centroid and the sample is not read at all. Otherwise: the
-    exact distance to ``a(i)``, a distance to every ``j`` whose bound does not exclude it,
-    and the nearest decided exactly. ``S``, ``v`` and ``Q`` change only for samples whose
+    Pass 1, over every row ``i``: the bound update ``l(i, j) -= p(j)`` and
+    ``u(i) += p(a(i))`` (fused, rounded safely, vectorised). If ``u(i) < l(i, j)`` for
+    every ``j != a(i)``, ``a(i)`` is still the unique nearest centroid and the sample is
+    not read at all. Pass 2, over the other rows: the exact distance to ``a(i)``, a
+    distance to every ``j`` whose bound does not exclude it, and the nearest decided
+    exactly. ``S``, ``v`` and ``Q`` change only for samples whose
     label changed (one sample, one vote); ``sse`` follows from them (see ``cluster_sse``).
 
     X      : (n, d) float32   IN   samples (rows already in the batch)
@@ -239,35 +240,56 @@ def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
     for j in range(k):
         p32[j] = np.float32(p[j] * _UP32)
     down = np.float32(_DOWN32)
+    # Pass 1, sequential: the fused bound update of every row, and the list of rows whose
+    # bounds do not prove their label unchanged.
+    todo = np.empty(n, dtype=np.int64)
+    open_j = np.empty(k, dtype=np.int64)
+    n_todo = 0
     for i in range(n):
         li = lower[i]
         a = labels[i]
         ub = (upper[i] + p[a]) * _UP
         ub32 = np.float32(ub * _UP32)
-        # Branch-free (vectorised) bound update, counting bounds that do not exclude j.
-        for j in range(k):
+        for j in range(k):  # branch-free, vectorised
             li[j] = (li[j] - p32[j]) * down
         n_open = 0
         for j in range(k):
             n_open += np.int32(li[j] <= ub32)
         if li[a] <= ub32:
             n_open -= 1
-        if n_open == 0:  # u(i) < l(i, j) for every j != a(i): a(i) is still the nearest
-            upper[i] = ub
-            continue
+        upper[i] = ub
+        if n_open > 0:
+            todo[n_todo] = i
+            n_todo += 1
+    # Pass 2: distances for those rows only.
+    for t in range(n_todo):
+        i = todo[t]
+        li = lower[i]
+        a = labels[i]
         x = X[i]
-        s_a = sqdist_safe(x, C[a])
+        s_a = sqdist32(x, C[a])
+        if not (s_a >= _SAFE_LOW and s_a <= _SAFE_HIGH):
+            s_a = sqdist64(x, C[a])
         n_dist += 1
         best = a
         best_s = s_a
         u = math.sqrt(best_s * g_hi)
+        u32 = np.float32(u * _UP32)
+        # Branch-free gathering of the centroids whose bound does not exclude them.
+        n_open = 0
+        for j in range(k):
+            open_j[n_open] = j
+            n_open += np.int32(li[j] <= u32) & np.int32(j != a)
         cand[0] = a
         cand_s[0] = s_a
         nc = 1
-        for j in range(k):
-            if j == a or li[j] > u:
+        for q in range(n_open):
+            j = open_j[q]
+            if li[j] > u:  # excluded by a nearer centroid found meanwhile
                 continue
-            s_j = sqdist_safe(x, C[j])
+            s_j = sqdist32(x, C[j])
+            if not (s_j >= _SAFE_LOW and s_j <= _SAFE_HIGH):
+                s_j = sqdist64(x, C[j])
             n_dist += 1
             li[j] = _down32(math.sqrt(s_j * g_lo))
             cand[nc] = j
@@ -278,8 +300,11 @@ def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
                 best_s = s_j
                 u = math.sqrt(best_s * g_hi)
         li[a] = _down32(math.sqrt(s_a * g_lo))
-        best, s_new = _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
-        upper[i] = math.sqrt(s_new * g_hi) * _UP
+        if nc > 1:
+            best, s_new = _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
+            upper[i] = math.sqrt(s_new * g_hi) * _UP
+        else:
+            upper[i] = u * _UP
         if best != a:
             n_changed += 1
             labels[i] = best
