@@ -196,16 +196,14 @@ class KMeansAlgorithm:
 
     def _doubling_test(self, rho: float) -> bool:
         """``min_j sigma_C(j) / p(j) > rho`` over non-empty clusters, with the rules above."""
-        v = self.v
-        for j in range(self.n_clusters):
-            if v[j] == 0 or self.p[j] == 0.0:
-                continue
-            if v[j] == 1:
-                return False
-            sigma = np.sqrt(max(self.sse[j], 0.0) / (v[j] * (v[j] - 1.0)))
-            if not sigma / self.p[j] > rho:
-                return False
-        return True
+        v = self.v.astype(np.float64)
+        p = self.p
+        testing = (v > 0) & (p > 0.0)
+        if (testing & (v == 1)).any():
+            return False
+        vt = v[testing]
+        sigma = np.sqrt(np.maximum(self.sse[testing], 0.0) / (vt * (vt - 1.0)))
+        return bool((sigma / p[testing] > rho).all())
 
 
 class NestedMiniBatch(KMeansAlgorithm):
