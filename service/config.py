@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "default_worker_threads"]
@@ -29,8 +29,14 @@ def default_worker_threads() -> int:
 class Settings(BaseSettings):
     """Service settings; environment variable ``NMBATCH_<FIELD>`` sets field ``<field>``."""
 
+    # hide_input_in_errors: a refused value (an API key too short ...) is never echoed in
+    # the error message, which ends up in logs.
     model_config = SettingsConfigDict(
-        env_prefix="NMBATCH_", env_ignore_empty=True, extra="ignore", frozen=True
+        env_prefix="NMBATCH_",
+        env_ignore_empty=True,
+        extra="ignore",
+        frozen=True,
+        hide_input_in_errors=True,
     )
 
     # -- model ---------------------------------------------------------------------------
@@ -57,17 +63,36 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address uvicorn binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port uvicorn listens on.")
     max_body_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted (413 above); enforced by Content-Length and "
+        "while the body streams in.",
     )
     max_vectors: int = Field(100_000, ge=1, description="Most vectors in one request (413 above).")
+    max_dim: int = Field(
+        65_536,
+        ge=1,
+        le=1_000_000,
+        description="Largest dimension the first batch may fix when NMBATCH_DIM is unset "
+        "(422 above).",
+    )
+    body_timeout_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Longest time to receive a whole request body (408 after it); stops clients "
+        "that trickle a body from holding a request open.",
+    )
     log_level: str = Field("info", description="uvicorn log level.")
-    api_key: str | None = Field(
+    api_key: SecretStr | None = Field(
         None,
         min_length=16,
-        description="When set, writes need 'Authorization: Bearer <key>' (never logged).",
+        description="When set, writes need 'Authorization: Bearer <key>' (never logged or shown "
+        "in the settings' repr).",
     )
     api_key_reads: bool = Field(
-        False, description="With api_key set, reads (centroids, assign, stats) need it too."
+        False,
+        description="With api_key set, reads (centroids, assign, stats, metrics) need it too; "
+        "healthz and readyz stay open.",
     )
     idempotency_seconds: float = Field(
         86_400.0, gt=0, description="How long an Idempotency-Key of POST /samples is kept."
@@ -75,7 +100,11 @@ class Settings(BaseSettings):
 
     # -- Redis ---------------------------------------------------------------------------
     redis_url: str | None = Field(
-        None, description="Redis to use; unset: start an embedded redis-server child."
+        None,
+        repr=False,  # may hold a password
+        description="Redis to use, e.g. redis://:password@host:6379/0, or with TLS "
+        "rediss://:password@host:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.crt; "
+        "unset: start an embedded redis-server child.",
     )
     data_dir: Path = Field(
         Path("./data"), description="Data folder of the embedded Redis (append-only file)."

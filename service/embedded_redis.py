@@ -99,6 +99,18 @@ def running_redis_pid(pidfile: Path) -> int | None:
     return pid if b"redis-server" in cmdline else None
 
 
+def _orphaned(pid: int) -> bool:
+    """True if process ``pid`` lost its parent (adopted by init), as far as /proc tells."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("PPid:"):
+            return line.split()[1] in ("0", "1")
+    return False
+
+
 class EmbeddedRedis:
     """A ``redis-server`` child with append-only persistence in ``data_dir``.
 
@@ -109,8 +121,9 @@ class EmbeddedRedis:
         (``redis.pid``); created if missing.
     port : int
         TCP port on ``host``; 0 picks a free one.
-    appendfsync : {"everysec", "always"}
-        fsync policy of the append-only file.
+    appendfsync : {"everysec", "always", "no"}
+        fsync policy of the append-only file (``NMBATCH_APPENDFSYNC`` for the service);
+        checked with ``CONFIG GET`` once the server answers.
     binary : path or None
         ``redis-server`` to run; default :func:`find_redis_server`.
 
@@ -131,6 +144,8 @@ class EmbeddedRedis:
         self.host = host
         self.requested_port = int(port)
         self.port: int | None = None
+        if appendfsync not in ("everysec", "always", "no"):
+            raise ValueError(f"appendfsync must be everysec, always or no, not {appendfsync!r}")
         self.appendfsync = appendfsync
         self.binary = Path(binary) if binary is not None else None
         self.start_timeout = start_timeout
@@ -165,6 +180,12 @@ class EmbeddedRedis:
         binary = self.binary or find_redis_server()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         stale = running_redis_pid(self.pid_path)
+        deadline = time.monotonic() + 5.0
+        while stale is not None and _orphaned(stale) and time.monotonic() < deadline:
+            # Left by a service that died (kill -9): told to stop, it is finishing its
+            # append-only file. Give it a moment rather than refusing to start.
+            time.sleep(0.05)
+            stale = running_redis_pid(self.pid_path)
         if stale is not None:
             # Two servers on one append-only file would corrupt it.
             raise EmbeddedRedisError(
@@ -234,8 +255,18 @@ class EmbeddedRedis:
                         f"on port {port}: {self._log_tail()}"
                     )
                 time.sleep(0.02)
+            applied = _decoded(client.config_get("append*"))
+        except BaseException:
+            _terminate(process, 5.0)
+            raise
         finally:
             client.close()
+        wanted = {"appendonly": "yes", "appendfsync": self.appendfsync}
+        if any(applied.get(name) != value for name, value in wanted.items()):
+            _terminate(process, 5.0)
+            raise EmbeddedRedisError(
+                f"redis-server on port {port} runs with {applied} instead of {wanted}"
+            )
         self.process, self.port = process, port
         log.info("embedded redis-server %s (pid %d) on %s", binary, process.pid, self.url)
 
@@ -268,6 +299,14 @@ class EmbeddedRedis:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _decoded(config: dict) -> dict[str, str]:
+    """A ``CONFIG GET`` reply with str keys and values."""
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in config.items()
+    }
 
 
 def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:

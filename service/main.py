@@ -3,35 +3,62 @@
 The lifespan owns every long-lived thing, in this order on start and reversed on exit:
 the embedded ``redis-server`` (only when ``NMBATCH_REDIS_URL`` is unset), the Redis
 clients, the start-up checks (a ``k`` or dimension that contradicts Redis stops here),
-the restored snapshot (published at once, so ``GET /centroids`` answers before the log
-replay ends), and the worker thread. On exit the worker writes a last snapshot.
+the worker lease and the restored snapshot (published at once, so ``GET /centroids``
+answers before the log replay ends), and the worker thread. On exit the worker writes a
+last snapshot and releases the lease.
+
+Redis faults: every client has short socket timeouts and no automatic retries (a retried
+transaction could log a batch twice, and a request must fail fast rather than hang), and
+a Redis error that means "unavailable" (connection refused or lost, timeout, loading,
+read-only, MISCONF) becomes a ``503`` problem with ``Retry-After`` in every route.
+Requests that need no Redis (``GET /centroids``, ``/assign``) go on answering from memory.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 
 from service.config import Settings
 from service.context import ServiceContext
 from service.embedded_redis import EmbeddedRedis
 from service.metrics import RequestTimingMiddleware, ServiceMetrics
-from service.problems import install_problem_handlers
-from service.redis_log import AsyncSampleLog, ModelConfigError, ModelRepository
+from service.problems import install_problem_handlers, problem_response
+from service.redis_log import (
+    AsyncSampleLog,
+    ModelConfigError,
+    ModelRepository,
+    WorkerLease,
+    redis_unavailable,
+)
 from service.routes import assign, centroids, health, samples, stats
-from service.state import ModelBoard, PublishedModel
+from service.state import ModelBoard
 from service.worker import Worker
 
 __all__ = ["StartupError", "create_app"]
 
 log = logging.getLogger("service")
+
+REQUEST_SOCKET_TIMEOUT = 5.0
+"""Seconds a request handler waits for a Redis reply before answering 503."""
+CONNECT_TIMEOUT = 2.0
+"""Seconds to open a connection to Redis."""
+WORKER_SOCKET_TIMEOUT = 10.0
+"""Seconds the worker waits for a Redis reply (log pages of up to 32 MiB)."""
+LEASE_SOCKET_TIMEOUT = 2.0
+"""Seconds the lease connection waits for a reply (it renews every third of the expiry)."""
 
 
 class StartupError(RuntimeError):
@@ -66,6 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.context = None
     install_problem_handlers(app)
+    app.add_exception_handler(redis.RedisError, _redis_error_handler(settings, metrics))
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
     for module in (samples, centroids, assign, stats, health):
         app.include_router(module.router)
@@ -91,16 +119,41 @@ async def _start(
         log.info("embedded Redis at %s, data in %s", url, embedded.data_dir)
 
     # Request handlers use the async client; the synchronous one serves the start-up checks
-    # and then the worker thread only.
-    async_client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=5.0)
+    # and then the worker thread; the lease has a connection of its own (its CLIENT ID
+    # names the holder). No retries: see the module docstring.
+    async_client = redis.asyncio.Redis.from_url(
+        url,
+        socket_timeout=REQUEST_SOCKET_TIMEOUT,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        retry=AsyncRetry(NoBackoff(), 0),
+    )
     stack.push_async_callback(async_client.aclose)
-    sync_client = redis.Redis.from_url(url, socket_timeout=30.0, socket_connect_timeout=5.0)
+    # The worker's operations are idempotent (reads, a snapshot write refusing an equal
+    # version, a max() reservation, compare-and-set lease scripts): one immediate retry
+    # on a broken connection (a socket Redis closed when it restarted) is safe.
+    reconnect_once = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+    sync_client = redis.Redis.from_url(
+        url,
+        socket_timeout=WORKER_SOCKET_TIMEOUT,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        retry=reconnect_once,
+    )
     stack.callback(sync_client.close)
+    lease_client = redis.Redis.from_url(
+        url,
+        socket_timeout=min(LEASE_SOCKET_TIMEOUT, settings.worker_lock_seconds / 3),
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        retry=reconnect_once,
+        single_connection_client=True,
+    )
+    stack.callback(lease_client.close)
 
     repository = ModelRepository(sync_client, settings.model)
     try:
         dim = await run_in_threadpool(repository.check_meta, settings.k, settings.dim)
         snapshot = await run_in_threadpool(repository.read_snapshot)
+        if embedded is None:
+            await run_in_threadpool(_warn_without_persistence, sync_client, url)
     except ModelConfigError as exc:
         log.error("start-up refused: %s", exc)
         raise StartupError(str(exc)) from None
@@ -109,35 +162,32 @@ async def _start(
         raise StartupError(f"Redis at {_safe_url(url)} is unusable: {exc}") from None
 
     board = ModelBoard()
-    if snapshot is not None:
-        board.publish(
-            PublishedModel.build(
-                version=snapshot.version,
-                centroids=snapshot.centroids,
-                counts=snapshot.counts,
-                n_samples=snapshot.n_samples,
-                batch_size=snapshot.batch_size,
-                iteration=snapshot.iteration,
-                converged=snapshot.converged,
-                updated_at=snapshot.updated_at,
-            )
-        )
-        metrics.centroid_version.set(snapshot.version)
-        log.info(
-            "restored snapshot version %d (b = %d, iteration %d)",
-            snapshot.version,
-            snapshot.batch_size,
-            snapshot.iteration,
-        )
-
     worker = Worker(
         settings,
         repository,
         board,
         metrics,
+        WorkerLease(lease_client, settings.model, settings.worker_lock_seconds),
         snapshot=snapshot,
         dim=dim,
     )
+    try:
+        # Takes the lease if free and publishes the snapshot (renumbered above every
+        # version a crashed worker may have shown), before the first request.
+        await run_in_threadpool(worker.begin)
+    except redis.RedisError as exc:
+        log.error("start-up refused: Redis at %s unusable: %s", _safe_url(url), exc)
+        raise StartupError(f"Redis at {_safe_url(url)} is unusable: {exc}") from None
+    if snapshot is not None:
+        model = board.model
+        log.info(
+            "restored snapshot version %d (b = %d, iteration %d), served as version %d; role %s",
+            snapshot.version,
+            snapshot.batch_size,
+            snapshot.iteration,
+            model.version if model is not None else snapshot.version,
+            worker.role,
+        )
     worker.start()
     stack.push_async_callback(run_in_threadpool, worker.stop)
 
@@ -150,6 +200,56 @@ async def _start(
         dim=dim,
         embedded_redis=embedded,
     )
+
+
+def _warn_without_persistence(client: redis.Redis, url: str) -> None:
+    """Log a warning if the Redis at ``url`` keeps no append-only file."""
+    try:
+        config = client.config_get("appendonly")
+    except redis.ResponseError:  # CONFIG disabled (managed Redis): nothing to check
+        return
+    if config.get("appendonly", config.get(b"appendonly")) in ("no", b"no"):
+        log.warning(
+            "Redis at %s runs without appendonly: accepted samples are lost if it restarts; "
+            "run it with --appendonly yes",
+            _safe_url(url),
+        )
+
+
+def _redis_error_handler(
+    settings: Settings, metrics: ServiceMetrics
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The exception handler of every Redis error raised while handling a request.
+
+    Redis unavailable (down, timing out, loading its data, refusing writes): ``503``
+    ``storage-unavailable`` with ``Retry-After`` (``NMBATCH_REDIS_RETRY_SECONDS``). A
+    request that wrote to Redis got no ``2xx``: its samples are not acknowledged. Any
+    other Redis error is a fault of the service: ``500``.
+    """
+    retry_after = str(max(1, math.ceil(settings.redis_retry_seconds)))
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        if redis_unavailable(exc):
+            metrics.redis_errors.labels("request").inc()
+            log.warning("Redis unavailable on %s %s: %s", request.method, request.url.path, exc)
+            return problem_response(
+                503,
+                "urn:nmbatch:problem:storage-unavailable",
+                "Storage unavailable",
+                f"Redis is unavailable ({type(exc).__name__}); nothing from this request is "
+                f"acknowledged: retry in {retry_after} s",
+                headers={"Retry-After": retry_after},
+                retry_after=int(retry_after),
+            )
+        log.error("Redis error on %s %s", request.method, request.url.path, exc_info=exc)
+        return problem_response(
+            500,
+            "urn:nmbatch:problem:storage-error",
+            "Storage error",
+            f"Redis refused the operation ({type(exc).__name__}: {exc})"[:300],
+        )
+
+    return handle
 
 
 def _safe_url(url: str) -> str:

@@ -68,6 +68,23 @@ class ServiceMetrics:
             "Seconds since the last snapshot was written to Redis (-1: none yet)",
             registry=r,
         )
+        self.redis_up = Gauge(
+            "nmbatch_redis_up",
+            "1 while the worker thread reaches Redis, 0 while it backs off",
+            registry=r,
+        )
+        self.redis_up.set(1)
+        self.redis_errors = Counter(
+            "nmbatch_redis_unavailable",
+            "Redis calls that failed because Redis was unavailable, by caller",
+            ["where"],
+            registry=r,
+        )
+        self.is_worker = Gauge(
+            "nmbatch_is_worker",
+            "1 if this process is the model's worker (holds the lease), 0 if standby",
+            registry=r,
+        )
         self._last_snapshot: float | None = None
         self.snapshot_age.set_function(self._snapshot_age)
         self.request_seconds = Histogram(

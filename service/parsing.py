@@ -3,20 +3,31 @@
 Accepted bodies:
 
 - ``application/json``: ``{"vectors": [[x11, x12, ...], ...]}`` (parsed with orjson);
-- ``application/x-npy``: one 2-D real numeric array in NumPy's ``.npy`` format (read with
-  ``allow_pickle=False``, its header checked against the body length before any memory
-  is allocated);
+- ``application/x-npy``: one 2-D real numeric array in NumPy's ``.npy`` format (its
+  header is read and checked, dtype, shape and length against the body, before any
+  memory is allocated; object dtypes and pickles are refused, nothing is ever unpickled);
 - ``application/octet-stream``: raw little-endian ``float32``, row-major, ``n * d``
   values (only when the dimension ``d`` is known).
 
 Rejected, with a problem naming the fault: malformed bodies (400), other content types
 (415), too many vectors (413), and with 422 booleans, strings, nulls, object or complex
-arrays, ragged or non-2-D arrays, empty arrays, a wrong dimension, NaN or infinity. The
-final conversion is the engine's own check (:func:`engine._validation.as_float32_matrix`),
-so the service never logs a sample the store would refuse.
+arrays, ragged or non-2-D arrays, empty arrays, a wrong dimension, a dimension above
+``max_dim`` (when the model has none yet), NaN or infinity. The final conversion is the
+engine's own check (:func:`engine._validation.as_float32_matrix`), so the service never
+logs a sample the store would refuse.
 
-These functions are synchronous and may take long on big bodies: call them through
-``run_in_threadpool`` from async code.
+Resources: :func:`read_body` refuses a body above ``max_bytes`` from its
+``Content-Length`` before reading anything, and again while it streams in (chunked
+bodies, lying lengths), and gives up on a body that takes longer than its timeout (408).
+A JSON body is refused before it is decoded when it holds more ``[`` than ``max_vectors
++ 1`` (every vector needs one), so a body of many tiny vectors cannot make millions of
+Python lists; decoding is bounded by orjson's nesting limit (1024). Memory per request
+stays within a small multiple of ``max_body_bytes`` (JSON values become Python floats
+first: about 8 bytes per 2 bytes of body in the worst case, ``.npy`` and raw bodies are
+used in place).
+
+:func:`parse_vectors` and :func:`parse_query_vector` are synchronous and may take long
+on big bodies: call them through ``run_in_threadpool`` from async code.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from __future__ import annotations
 import io
 import math
 
+import anyio
 import numpy as np
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -34,6 +46,7 @@ from service.problems import ProblemError
 __all__ = [
     "JSON",
     "NPY",
+    "NPY_HEADER_MAX",
     "OCTET",
     "SUPPORTED_BODY_TYPES",
     "media_type",
@@ -46,6 +59,10 @@ JSON = "application/json"
 NPY = "application/x-npy"
 OCTET = "application/octet-stream"
 SUPPORTED_BODY_TYPES = (JSON, NPY, OCTET)
+NPY_HEADER_MAX = 16 * 1024
+"""Most bytes read for a ``.npy`` preamble and header (numpy refuses headers over 10,000)."""
+
+Body = bytes | bytearray
 
 
 def media_type(content_type: str | None) -> str:
@@ -53,10 +70,18 @@ def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";", 1)[0].strip().lower()
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, or a 413 problem as soon as it exceeds ``max_bytes``.
+async def read_body(request: Request, max_bytes: int, timeout: float | None = None) -> bytearray:
+    """The request body, or a problem as soon as it is known to be unacceptable.
 
-    A ``Content-Length`` above the limit is refused before anything is read.
+    - 413 ``body-too-large``: a ``Content-Length`` above ``max_bytes`` is refused before
+      anything is read; without one (chunked) or if it lies, the bytes are counted as they
+      arrive and the body is refused at the first chunk past the limit (never buffered).
+    - 408 ``body-timeout``: the whole body has not arrived ``timeout`` seconds after the
+      handler started reading it (a total deadline, not an idle one, so a client that
+      trickles a byte now and then is cut off too). None: no deadline.
+    - 400 ``malformed-body``: the client went away before the end of the body.
+
+    Both 413 and 408 carry ``Connection: close``: the rest of the body is never read.
     """
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -66,55 +91,76 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             raise ProblemError(400, "malformed-body", "Content-Length is not an integer") from None
         if length > max_bytes:
             raise _too_large(length, max_bytes)
-    chunks: list[bytes] = []
-    size = 0
+    body = bytearray()
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise _too_large(size, max_bytes, at_least=True)
-            chunks.append(chunk)
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                if len(body) + len(chunk) > max_bytes:
+                    raise _too_large(len(body) + len(chunk), max_bytes, received=True)
+                body += chunk
+    except TimeoutError:
+        raise ProblemError(
+            408,
+            "body-timeout",
+            f"the request body did not arrive within {timeout:g} s "
+            f"(NMBATCH_BODY_TIMEOUT_SECONDS); {len(body)} bytes were received",
+            title="Request Timeout",
+            headers={"Connection": "close"},
+            limit_seconds=timeout,
+        ) from None
     except ClientDisconnect:
         raise ProblemError(400, "malformed-body", "the client closed the connection") from None
-    return b"".join(chunks)
+    return body
 
 
-def _too_large(size: int, limit: int, *, at_least: bool = False) -> ProblemError:
-    more = "at least " if at_least else ""
+def _too_large(size: int, limit: int, *, received: bool = False) -> ProblemError:
+    """413: ``size`` is the declared length, or (``received``) the bytes read so far."""
+    more = "at least " if received else ""
     return ProblemError(
         413,
         "body-too-large",
         f"the body has {more}{size} bytes; the limit is {limit} bytes (NMBATCH_MAX_BODY_BYTES): "
         "send the vectors in several requests",
+        headers={"Connection": "close"},
         limit=limit,
+        received_bytes=size if received else 0,
     )
 
 
 def parse_vectors(
-    body: bytes, content_type: str, *, dim: int | None, max_vectors: int
+    body: Body,
+    content_type: str,
+    *,
+    dim: int | None,
+    max_vectors: int,
+    max_dim: int | None = None,
 ) -> np.ndarray:
     """Parse a body of one of :data:`SUPPORTED_BODY_TYPES` into vectors.
 
     Parameters
     ----------
-    body : bytes
-        The raw request body.
+    body : bytes-like
+        The raw request body (not modified; the result may share its memory).
     content_type : str
         Its ``Content-Type`` header (parameters are ignored).
     dim : int or None
         Required number of coordinates; None accepts any (but octet-stream needs it).
     max_vectors : int
         Most vectors accepted (413 above).
+    max_dim : int or None
+        With ``dim`` None, most coordinates per vector (422 ``dimension-too-large``
+        above); checked before the values are decoded.
 
     Returns
     -------
     ndarray of shape (n, d), float32, C-contiguous, finite, with ``n >= 1``.
     """
     kind = media_type(content_type)
+    limit_dim = max_dim if dim is None else None
     if kind == JSON:
-        raw = _json_vectors(body)
+        raw = _json_vectors(body, max_vectors, limit_dim)
     elif kind == NPY:
-        raw = _npy_array(body, max_vectors)
+        raw = _npy_array(body, max_vectors, dim, limit_dim)
     elif kind == OCTET:
         raw = _octet_matrix(body, dim)
     else:
@@ -125,7 +171,7 @@ def parse_vectors(
             f"{shown} is not accepted; send {', '.join(SUPPORTED_BODY_TYPES)}",
             accepted=list(SUPPORTED_BODY_TYPES),
         )
-    return _checked_matrix(raw, dim=dim, max_vectors=max_vectors)
+    return _checked_matrix(raw, dim=dim, max_vectors=max_vectors, max_dim=limit_dim)
 
 
 def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
@@ -148,7 +194,18 @@ def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
 
 
 # -- decoders: body -> array of any dtype/shape ------------------------------------------
-def _json_vectors(body: bytes) -> np.ndarray:
+def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarray:
+    # Each vector needs its own "[": far more of them means too many vectors (or nesting
+    # no matrix has), found without building one Python object.
+    brackets = body.count(b"[")
+    if brackets > max_vectors + 1:
+        raise ProblemError(
+            413,
+            "too-many-vectors",
+            f"the JSON body opens {brackets} lists; at most {max_vectors} vectors are accepted "
+            "in one request (NMBATCH_MAX_VECTORS)",
+            limit=max_vectors,
+        )
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -165,6 +222,10 @@ def _json_vectors(body: bytes) -> np.ndarray:
         raise ProblemError(
             422, "not-a-matrix", f"vectors must be a list of lists, got {type(vectors).__name__}"
         )
+    if len(vectors) > max_vectors:
+        raise _too_many(len(vectors), max_vectors)
+    if max_dim is not None and vectors and isinstance(vectors[0], list):
+        _check_max_dim(len(vectors[0]), max_dim)
     # Booleans would silently become 0/1 in numpy; the byte test keeps the scan rare.
     if (b"true" in body or b"false" in body) and _contains_bool(vectors):
         raise ProblemError(
@@ -190,30 +251,38 @@ def _contains_bool(vectors: list[object]) -> bool:
     return False
 
 
-def _npy_array(body: bytes, max_vectors: int) -> np.ndarray:
-    stream = io.BytesIO(body)
+def _npy_array(body: Body, max_vectors: int, dim: int | None, max_dim: int | None) -> np.ndarray:
+    # Only the preamble and header are copied; the data is used in place.
+    stream = io.BytesIO(bytes(body[:NPY_HEADER_MAX]))
     try:
         version = np.lib.format.read_magic(stream)
         if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
         elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
         else:
             raise ValueError(f"npy format version {version} is not supported (1.0 and 2.0 are)")
-    except ValueError as exc:
+    except Exception as exc:  # numpy's header parser raises ValueError, TokenError, ...
         raise ProblemError(
-            400, "malformed-body", f"the body is not a valid .npy array: {exc}"
+            400, "malformed-body", f"the body is not a valid .npy array: {exc}"[:500]
         ) from None
-    _check_dtype(dtype)
+    _check_dtype(dtype)  # object dtypes (pickles) stop here, before any data is touched
     if len(shape) != 2:
         raise ProblemError(
             422, "not-a-matrix", f"the array must be 2-D (n_vectors, dim), got shape {shape}"
         )
+    if min(shape) < 0:
+        raise ProblemError(400, "malformed-body", f"the .npy header declares shape {shape}")
     if shape[0] > max_vectors:
         raise _too_many(shape[0], max_vectors)
-    # The header promises shape * itemsize bytes; check before np.load allocates them.
+    if max_dim is not None:
+        _check_max_dim(shape[1], max_dim)
+    if dim is not None and shape[1] != dim:
+        raise _wrong_dim(shape[1], dim)
+    # The header promises shape * itemsize bytes; check before anything is allocated.
+    offset = stream.tell()
     expected = math.prod(shape) * dtype.itemsize
-    available = len(body) - stream.tell()
+    available = len(body) - offset
     if expected != available:
         raise ProblemError(
             400,
@@ -221,15 +290,14 @@ def _npy_array(body: bytes, max_vectors: int) -> np.ndarray:
             f"the .npy header declares shape {shape} of {dtype} ({expected} bytes of data) "
             f"but the body carries {available} bytes of data",
         )
-    try:
-        return np.load(io.BytesIO(body), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ProblemError(
-            400, "malformed-body", f"the body is not a valid .npy array: {exc}"
-        ) from None
+    count = math.prod(shape)
+    data = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
+    if fortran_order:
+        return data.reshape(shape[::-1]).transpose()
+    return data.reshape(shape)
 
 
-def _octet_matrix(body: bytes, dim: int | None) -> np.ndarray:
+def _octet_matrix(body: Body, dim: int | None) -> np.ndarray:
     if dim is None:
         raise ProblemError(
             409,
@@ -263,6 +331,28 @@ def _check_dtype(dtype: np.dtype) -> None:
         )
 
 
+def _check_max_dim(d: int, limit: int) -> None:
+    if d > limit:
+        raise ProblemError(
+            422,
+            "dimension-too-large",
+            f"vectors have {d} coordinates; a model's dimension may be at most {limit} "
+            "(NMBATCH_MAX_DIM, or set NMBATCH_DIM)",
+            max_dim=limit,
+            got_dim=int(d),
+        )
+
+
+def _wrong_dim(d: int, dim: int) -> ProblemError:
+    return ProblemError(
+        422,
+        "wrong-dimension",
+        f"vectors have {d} coordinates, but this model's dimension is {dim}",
+        expected_dim=dim,
+        got_dim=int(d),
+    )
+
+
 def _too_many(n: int, limit: int) -> ProblemError:
     return ProblemError(
         413,
@@ -272,7 +362,9 @@ def _too_many(n: int, limit: int) -> ProblemError:
     )
 
 
-def _checked_matrix(array: np.ndarray, *, dim: int | None, max_vectors: int) -> np.ndarray:
+def _checked_matrix(
+    array: np.ndarray, *, dim: int | None, max_vectors: int, max_dim: int | None = None
+) -> np.ndarray:
     _check_dtype(array.dtype)
     if array.size == 0:
         raise ProblemError(
@@ -287,14 +379,10 @@ def _checked_matrix(array: np.ndarray, *, dim: int | None, max_vectors: int) -> 
         )
     if array.shape[0] > max_vectors:
         raise _too_many(array.shape[0], max_vectors)
+    if max_dim is not None:
+        _check_max_dim(array.shape[1], max_dim)
     if dim is not None and array.shape[1] != dim:
-        raise ProblemError(
-            422,
-            "wrong-dimension",
-            f"vectors have {array.shape[1]} coordinates, but this model's dimension is {dim}",
-            expected_dim=dim,
-            got_dim=int(array.shape[1]),
-        )
+        raise _wrong_dim(array.shape[1], dim)
     with np.errstate(over="ignore", invalid="ignore"):
         finite = bool(np.isfinite(array).all()) if array.dtype.kind == "f" else True
     if not finite:

@@ -167,9 +167,21 @@ def _from_redis_error(request: Request, exc: Exception) -> Response:
     )
 
 
+def _from_unexpected_error(request: Request, exc: Exception) -> Response:
+    # A bug, not the client's fault: logged with its traceback, answered without details.
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return problem_response(
+        500,
+        _TYPE_PREFIX + "internal-error",
+        "Internal Server Error",
+        "the service met an unexpected error; it has been logged",
+    )
+
+
 def install_problem_handlers(app: FastAPI) -> None:
-    """Make every error of ``app`` a problem details response."""
+    """Make every error of ``app`` a problem details response (also unexpected ones: 500)."""
     app.add_exception_handler(ProblemError, _from_problem_error)
     app.add_exception_handler(StarletteHTTPException, _from_http_exception)
     app.add_exception_handler(RequestValidationError, _from_validation_error)
     app.add_exception_handler(redis.RedisError, _from_redis_error)
+    app.add_exception_handler(Exception, _from_unexpected_error)

@@ -79,6 +79,10 @@ class Readiness(BaseModel):
     ready: bool
     redis: str = Field(description="'ok' or the error met.")
     worker: str = Field(description="Worker phase: replaying, iterating, converged, ...")
+    role: str = Field(
+        description="'worker' (this process runs the model's iterations) or 'standby' "
+        "(it serves the worker's snapshots and takes over if the worker dies)."
+    )
 
 
 class DoublingOut(BaseModel):
@@ -94,6 +98,7 @@ class Stats(BaseModel):
     """The algorithm's course, in the paper's names."""
 
     phase: str = Field(description="Worker phase: replaying, iterating, converged, ...")
+    role: str = Field(description="'worker' or 'standby' (see /readyz).")
     version: int | None = Field(description="Published centroid version (None: none yet).")
     b: int = Field(description="Nested batch (prefix) size.")
     N: int = Field(description="Samples in the worker's store.")

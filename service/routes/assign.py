@@ -1,9 +1,15 @@
-"""``GET /assign`` (one vector in the query) and ``POST /assign`` (a batch)."""
+"""``GET /assign`` (one vector in the query) and ``POST /assign`` (a batch).
+
+Reads: they need the API key only with ``NMBATCH_API_KEY_READS=true``
+(:mod:`service.security`). The nearest-centroid search runs off the event loop once it
+touches more than a few ten thousand numbers (``k * d`` for one vector).
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -12,15 +18,18 @@ from service.parsing import parse_query_vector, parse_vectors, read_body
 from service.problems import problem_responses
 from service.routes.samples import VECTORS_BODY
 from service.schemas import AssignMany, AssignOne
+from service.security import OPTIONAL_KEY, require_read_key
+from service.state import PublishedModel
 
-router = APIRouter(tags=["assign"])
+router = APIRouter(tags=["assign"], dependencies=[Depends(require_read_key)])
 
 
 @router.get(
     "/assign",
     response_model=AssignOne,
     summary="Nearest centroid of one vector",
-    responses=problem_responses(409, 422, 503),
+    openapi_extra=OPTIONAL_KEY,
+    responses=problem_responses(401, 409, 422, 503),
 )
 async def get_assign(
     context: Context,
@@ -30,7 +39,7 @@ async def get_assign(
 ) -> AssignOne:
     model = await context.require_model()
     X = parse_query_vector(vector, dim=model.dim)
-    labels, distances = assign(model, X)
+    labels, distances = await off_loop(model.centroids.size, assign, model, X)
     return AssignOne(version=model.version, cluster=int(labels[0]), distance=float(distances[0]))
 
 
@@ -39,14 +48,14 @@ async def get_assign(
     response_model=AssignMany,
     summary="Nearest centroid of each vector of a batch",
     description="Same bodies as `POST /samples`; nothing is stored.",
-    openapi_extra=VECTORS_BODY,
-    responses=problem_responses(400, 409, 413, 415, 422, 503),
+    openapi_extra=VECTORS_BODY | OPTIONAL_KEY,
+    responses=problem_responses(400, 401, 408, 409, 413, 415, 422, 503),
 )
 async def post_assign(request: Request, context: Context) -> Response:
     settings = context.settings
     # The model is taken once: every vector of the batch uses the same version.
     model = await context.require_model()
-    body = await read_body(request, settings.max_body_bytes)
+    body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
     X = await run_in_threadpool(
         parse_vectors,
         body,
@@ -54,8 +63,14 @@ async def post_assign(request: Request, context: Context) -> Response:
         dim=model.dim,
         max_vectors=settings.max_vectors,
     )
-    labels, distances = await off_loop(X.size * model.k, assign, model, X)
+    del body
+    # Search and serialisation (100,000 labels and distances) both off the event loop.
+    document = await off_loop(X.size * model.k, assign_json, model, X)
+    return Response(document, media_type="application/json")
+
+
+def assign_json(model: PublishedModel, X: np.ndarray) -> bytes:
+    """The :class:`AssignMany` document of ``X`` (``(n, d)`` float32) under ``model``."""
+    labels, distances = assign(model, X)
     payload = {"version": model.version, "clusters": labels, "distances": distances}
-    return Response(
-        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
-    )
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)

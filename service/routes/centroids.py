@@ -7,16 +7,17 @@ from datetime import UTC, datetime
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from service.context import Context, off_loop
 from service.parsing import NPY
 from service.problems import problem_responses
 from service.schemas import Centroids
+from service.security import OPTIONAL_KEY, require_read_key
 from service.state import PublishedModel
 
-router = APIRouter(tags=["centroids"])
+router = APIRouter(tags=["centroids"], dependencies=[Depends(require_read_key)])
 
 
 def iso_time(unix: float) -> str:
@@ -78,6 +79,7 @@ def wants_npy(accept: str | None) -> bool:
     "/centroids",
     response_model=Centroids,
     summary="Current centroids",
+    openapi_extra=OPTIONAL_KEY,
     description=(
         "JSON by default; `Accept: application/x-npy` gives the (k, d) float32 array. "
         "`ETag` is the version: send it in `If-None-Match` to get `304` while unchanged."
@@ -85,7 +87,7 @@ def wants_npy(accept: str | None) -> bool:
     responses={
         200: {"content": {NPY: {"schema": {"type": "string", "format": "binary"}}}},
         304: {"description": "Not modified (same version)"},
-        **problem_responses(409, 503),
+        **problem_responses(401, 409, 503),
     },
 )
 async def get_centroids(request: Request, context: Context) -> Response:

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from service.context import Context
+from service.problems import problem_responses
 from service.routes.centroids import iso_time
 from service.schemas import DoublingOut, Stats
+from service.security import OPTIONAL_KEY, require_read_key
 
-router = APIRouter(tags=["monitoring"])
+router = APIRouter(tags=["monitoring"], dependencies=[Depends(require_read_key)])
 
 
-@router.get("/stats", response_model=Stats, summary="Algorithm statistics")
+@router.get(
+    "/stats",
+    response_model=Stats,
+    summary="Algorithm statistics",
+    openapi_extra=OPTIONAL_KEY,
+    responses=problem_responses(401, 503),
+)
 async def get_stats(context: Context) -> Stats:
     stats = context.board.stats
     model = context.board.model
     return Stats(
         phase=stats.phase,
+        role=context.worker.role,
         version=model.version if model is not None else None,
         b=stats.batch_size,
         N=stats.n_samples,

@@ -1,0 +1,40 @@
+"""Fixtures of the hardening tests: settings for a small model on the session's Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hardening_helpers import SettingsFactory, TestClient
+
+from service.config import Settings
+from service.main import create_app
+
+
+@pytest.fixture
+def make_settings(redis_url: str, model_name: str) -> SettingsFactory:
+    """Settings for a small, quick model on the test Redis; keywords override."""
+
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "redis_url": redis_url,
+            "model": model_name,
+            "k": 3,
+            "batch_size": 32,
+            "seed": 0,
+            "snapshot_seconds": 0.2,
+            "poll_seconds": 0.05,
+            "worker_threads": 1,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    return make
+
+
+@pytest.fixture
+def client(make_settings: SettingsFactory) -> Iterator[TestClient]:
+    """The app with default limits, lifespan started."""
+    with TestClient(create_app(make_settings())) as test_client:
+        yield test_client

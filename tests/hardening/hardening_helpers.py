@@ -1,0 +1,175 @@
+"""Helpers of the hardening tests: a uvicorn server in a thread, raw HTTP over a socket,
+bodies, and the state of the Redis log (what "nothing was stored" is checked against)."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import uvicorn
+
+from service.config import Settings
+from service.embedded_redis import free_port
+from service.main import create_app
+from service.redis_log import ModelKeys, decode_chunk
+
+with warnings.catch_warnings():
+    # This starlette warns that its TestClient will move from httpx to httpx2.
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+__all__ = [
+    "PROBLEM",
+    "LiveServer",
+    "SettingsFactory",
+    "TestClient",
+    "assert_problem",
+    "live_server",
+    "log_state",
+    "logged_samples",
+    "npy_bytes",
+    "raw_exchange",
+    "read_response",
+    "wait_until",
+]
+
+PROBLEM = "application/problem+json"
+SettingsFactory = Callable[..., Settings]
+
+
+def npy_bytes(X: np.ndarray, allow_pickle: bool = False) -> bytes:
+    """``X`` in .npy format."""
+    out = io.BytesIO()
+    np.save(out, X, allow_pickle=allow_pickle)
+    return out.getvalue()
+
+
+def log_state(client: redis.Redis, model: str) -> tuple[int, int, bytes | None]:
+    """(entries in the log stream, samples counted in the meta record, stored dimension)."""
+    keys = ModelKeys(model)
+    counted, dim = client.hmget(keys.meta, ["n_samples", "dim"])
+    return int(client.xlen(keys.log)), int(counted or 0), dim
+
+
+def logged_samples(client: redis.Redis, model: str) -> np.ndarray:
+    """Every sample in the model's Redis log, in log order, ``(N, d)`` float32."""
+    entries = client.xrange(ModelKeys(model).log)
+    if not entries:
+        return np.empty((0, 0), dtype=np.float32)
+    return np.concatenate([decode_chunk(fields) for _, fields in entries])
+
+
+def assert_problem(response: Any, status: int, slug: str | None = None) -> dict[str, Any]:
+    """``response`` is a problem details answer with ``status`` (and type ``slug``)."""
+    assert response.status_code == status, response.text[:500]
+    assert response.headers["content-type"] == PROBLEM
+    problem = response.json()
+    assert problem["status"] == status and problem["title"] and problem["detail"]
+    if slug is not None:
+        assert problem["type"] == f"urn:nmbatch:problem:{slug}", problem
+    return problem
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(0.02)
+
+
+# -- a real server on a real socket ----------------------------------------------------------
+@dataclass
+class LiveServer:
+    """A uvicorn server running the app in a thread, on 127.0.0.1:``port``."""
+
+    host: str
+    port: int
+    settings: Settings
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@contextmanager
+def live_server(settings: Settings) -> Iterator[LiveServer]:
+    """Run ``create_app(settings)`` under uvicorn (h11, lifespan on) in a thread."""
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        lifespan="on",
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), 60, "uvicorn to start")
+        if not server.started:
+            pytest.fail("uvicorn did not start (see the log)")
+        yield LiveServer("127.0.0.1", port, settings)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def read_response(sock: socket.socket, timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    """Read one HTTP/1.1 response (status, lower-case headers, body) from ``sock``.
+
+    The body is read by ``Content-Length``, or to the end of the connection. Fails the
+    test if nothing complete arrives within ``timeout`` seconds (a hung server).
+    """
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        if not head:
+            pytest.fail("the server closed the connection without an answer")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", -1))
+        while length < 0 or len(body) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    except TimeoutError:
+        pytest.fail(f"no complete answer within {timeout} s: got {data[:200]!r}")
+    return status, headers, body if length < 0 else body[:length]
+
+
+def raw_exchange(
+    server: LiveServer, request: bytes, timeout: float = 30.0
+) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` bytes on a new connection and read the answer."""
+    with socket.create_connection((server.host, server.port), timeout=timeout) as sock:
+        sock.sendall(request)
+        return read_response(sock, timeout)

@@ -1,0 +1,186 @@
+"""Idempotency-Key on POST /samples: a retry is acknowledged again and stored once, a
+reused key with other vectors is refused, concurrent duplicates store once, keys expire."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import httpx
+import numpy as np
+import pytest
+import redis
+from hardening_helpers import (
+    SettingsFactory,
+    TestClient,
+    assert_problem,
+    live_server,
+    log_state,
+    logged_samples,
+    npy_bytes,
+    wait_until,
+)
+
+from service.idempotency import append_once, record_key
+from service.main import create_app
+from service.redis_log import CHUNK_BYTES
+
+NPY = {"content-type": "application/x-npy"}
+
+
+def key(value: str) -> dict[str, str]:
+    return {"Idempotency-Key": value}
+
+
+def test_a_retry_is_answered_again_and_stored_once(
+    client: TestClient, redis_client: redis.Redis, model_name: str
+) -> None:
+    X = [[0.5, 1.0], [2.0, -3.25]]
+    client.post("/samples", json={"vectors": [[9.0, 9.0]]})
+    first = client.post("/samples", json={"vectors": X}, headers=key("retry-1"))
+    assert first.status_code == 202 and first.json() == {"accepted": 2, "n_samples": 3}
+    assert "idempotent-replayed" not in first.headers
+    # Meanwhile somebody else stores a sample: the replay still gives the first answer.
+    client.post("/samples", json={"vectors": [[7.0, 7.0]]})
+    state = log_state(redis_client, model_name)
+    again = client.post("/samples", json={"vectors": X}, headers=key("retry-1"))
+    assert again.status_code == 202 and again.json() == first.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    # The same vectors in another encoding are the same request.
+    as_npy = client.post("/samples", content=npy_bytes(np.float64(X)), headers=NPY | key("retry-1"))
+    assert as_npy.status_code == 202 and as_npy.json() == first.json()
+    assert log_state(redis_client, model_name) == state == (3, 4, b"2")
+    np.testing.assert_array_equal(
+        logged_samples(redis_client, model_name), np.float32([[9, 9], *X, [7, 7]])
+    )
+
+
+def test_the_same_key_with_other_vectors_is_a_409_and_stores_nothing(
+    client: TestClient, redis_client: redis.Redis, model_name: str
+) -> None:
+    assert client.post("/samples", json={"vectors": [[1.0, 2.0]]}, headers=key("k")).is_success
+    state = log_state(redis_client, model_name)
+    for other in ([[1.0, 2.5]], [[1.0, 2.0], [1.0, 2.0]]):
+        response = client.post("/samples", json={"vectors": other}, headers=key("k"))
+        assert_problem(response, 409, "idempotency-key-reused")
+    assert log_state(redis_client, model_name) == state == (1, 1, b"2")
+    # Another key stores the same vectors again: keys, not bodies, say what is a retry.
+    response = client.post("/samples", json={"vectors": [[1.0, 2.0]]}, headers=key("k2"))
+    assert response.json() == {"accepted": 1, "n_samples": 2}
+
+
+def test_a_refused_request_leaves_its_key_free(
+    client: TestClient, redis_client: redis.Redis, model_name: str
+) -> None:
+    client.post("/samples", json={"vectors": [[1.0, 2.0]]})
+    bad = client.post("/samples", json={"vectors": [[1.0, "x"]]}, headers=key("fix-me"))
+    assert_problem(bad, 422, "non-numeric")
+    assert not redis_client.exists(record_key(model_name, "fix-me"))
+    good = client.post("/samples", json={"vectors": [[3.0, 4.0]]}, headers=key("fix-me"))
+    assert good.json() == {"accepted": 1, "n_samples": 2}
+
+
+@pytest.mark.parametrize(
+    "bad_key",
+    ["x" * 256, "has space", "tab\there", "", "caf\xe9"],
+    ids=["256 chars", "space", "control char", "empty", "non-ASCII"],
+)
+def test_an_invalid_key_is_refused_before_the_body_is_read(
+    client: TestClient, redis_client: redis.Redis, model_name: str, bad_key: str
+) -> None:
+    response = client.post(
+        "/samples",
+        json={"vectors": [[1.0, 2.0]]},
+        headers={"Idempotency-Key": bad_key.encode("latin-1")},
+    )
+    problem = assert_problem(response, 422, "invalid-request")
+    assert "Idempotency-Key" in problem["detail"]
+    assert log_state(redis_client, model_name) == (0, 0, None)
+    ok = client.post("/samples", json={"vectors": [[1.0, 2.0]]}, headers=key("y" * 255))
+    assert ok.status_code == 202
+
+
+def test_entries_are_those_of_the_plain_path_and_the_worker_reads_them(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    d = 64
+    rows = 2 * (CHUNK_BYTES // (4 * d)) + 5  # three log entries
+    X = np.random.default_rng(1).normal(size=(rows, d)).astype(np.float32)
+    with TestClient(create_app(make_settings(k=3, batch_size=5000))) as client:
+        response = client.post("/samples", content=npy_bytes(X), headers=NPY | key("big"))
+        assert response.json() == {"accepted": rows, "n_samples": rows}
+        assert log_state(redis_client, model_name) == (3, rows, b"64")
+        np.testing.assert_array_equal(logged_samples(redis_client, model_name), X)
+
+        def consumed() -> bool:
+            doc = client.get("/centroids")
+            return doc.status_code == 200 and doc.json()["n_samples"] == rows
+
+        wait_until(consumed, what="the worker to read the entries")
+
+
+def test_concurrent_duplicates_store_once_over_http(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    X = np.random.default_rng(2).normal(size=(500, 8)).round(3).tolist()
+    with live_server(make_settings()) as server:
+        httpx.post(f"{server.base_url}/samples", json={"vectors": [[0.0] * 8]}, timeout=30)
+
+        def send(_: int) -> httpx.Response:
+            return httpx.post(
+                f"{server.base_url}/samples",
+                json={"vectors": X},
+                headers=key("concurrent"),
+                timeout=30,
+            )
+
+        def warm(_: int) -> int:  # opens several Redis connections in the server
+            return httpx.get(f"{server.base_url}/stats", timeout=30).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(warm, range(32))) == {200}
+            responses = list(pool.map(send, range(16)))
+    assert {r.status_code for r in responses} == {202}
+    assert {r.text for r in responses} == {'{"accepted":500,"n_samples":501}'}
+    assert sum("idempotent-replayed" not in r.headers for r in responses) == 1
+    assert log_state(redis_client, model_name)[1] == 501
+
+
+def test_concurrent_duplicates_store_once_in_one_event_loop(
+    client: TestClient, redis_client: redis.Redis, model_name: str
+) -> None:
+    """The check and the append are one step: 20 interleaved calls, one append."""
+    client.post("/samples", json={"vectors": [[0.0, 0.0]]})
+    context = client.app.state.context
+    X = np.float32([[1.0, 2.0], [3.0, 4.0]])
+
+    async def race() -> list:
+        # Twenty open connections first, so no call waits for one and all interleave.
+        pool = context.sample_log.client.connection_pool
+        connections = [await pool.get_connection() for _ in range(20)]
+        for connection in connections:
+            await pool.release(connection)
+        return await asyncio.gather(*(append_once(context, X, "race") for _ in range(20)))
+
+    outcomes = client.portal.call(race)
+    assert sum(o.stored for o in outcomes) == 1
+    assert {(o.accepted, o.n_samples) for o in outcomes} == {(2, 3)}
+    assert log_state(redis_client, model_name) == (2, 3, b"2")
+
+
+def test_keys_expire_after_idempotency_seconds(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    with TestClient(create_app(make_settings(idempotency_seconds=0.5))) as client:
+        client.post("/samples", json={"vectors": [[1.0, 2.0]]}, headers=key("short-lived"))
+        record = record_key(model_name, "short-lived")
+        assert 0 < redis_client.pttl(record) <= 500
+        wait_until(lambda: not redis_client.exists(record), 10, "the key to expire")
+        response = client.post(
+            "/samples", json={"vectors": [[5.0, 6.0]]}, headers=key("short-lived")
+        )
+        assert response.json() == {"accepted": 1, "n_samples": 2}
+    with TestClient(create_app(make_settings())) as client:
+        client.post("/samples", json={"vectors": [[1.0, 2.0]]}, headers=key("long-lived"))
+        ttl = redis_client.pttl(record_key(model_name, "long-lived"))
+        assert 86_000_000 < ttl <= 86_400_000

@@ -1,0 +1,81 @@
+"""Property-based fuzzing of the OpenAPI contract with schemathesis, against the ASGI app.
+
+Every operation of ``/openapi.json`` gets requests generated from its schema, valid ones
+and invalid ones (schemathesis' positive and negative modes: wrong types, missing or
+malformed parameters and bodies, odd headers). Each answer must not be a ``5xx`` (nor
+crash the app), and must keep the documented contract: a documented status code, the
+documented content type, headers and response schema (problem details for errors). The
+model is seeded first, so ``/centroids`` and ``/assign`` answer with centroids, not
+only with 409.
+
+Bounded: ``EXAMPLES`` per operation and mode, derandomized, no example database.
+(schemathesis' own pytest loader, ``from_fixture``, does not run under pytest 9, so the
+strategies are driven by plain ``hypothesis.given``.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hardening_helpers import SettingsFactory, TestClient, wait_until
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from service.config import Settings
+from service.main import create_app
+
+EXAMPLES = 60
+SEED = [[0.0], [1.0], [10.0], [11.0], [20.0], [21.0]]  # dimension 1: many bodies fit
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+
+# The operations, read from an app that is never started (nothing connects to Redis).
+_DOCUMENT = create_app(Settings(redis_url="redis://127.0.0.1:1/0")).openapi()
+# Negative mode needs something to make invalid: parameters or a body.
+CASES = [
+    (method.upper(), path, mode)
+    for path, ops in _DOCUMENT["paths"].items()
+    for method, op in ops.items()
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    if mode is GenerationMode.POSITIVE or "parameters" in op or "requestBody" in op
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "mode"), CASES, ids=[f"{m} {p} {g.value}" for m, p, g in CASES]
+)
+def test_every_generated_request_is_answered_within_the_contract(
+    make_settings: SettingsFactory, method: str, path: str, mode: GenerationMode
+) -> None:
+    settings_ = make_settings(max_vectors=1000, max_body_bytes=256 * 1024)
+    with TestClient(create_app(settings_)) as client:  # seed, then stop: the snapshot stays
+        assert client.post("/samples", json={"vectors": SEED}).status_code == 202
+        wait_until(lambda: client.get("/centroids").status_code == 200, what="centroids")
+    # schemathesis runs this app's lifespan itself, and ends it after the test.
+    schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(settings_))
+    operation = schema[path][method]
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def fuzz(case: schemathesis.Case) -> None:
+        case.call_and_validate(checks=CHECKS)
+
+    fuzz()
