@@ -176,8 +176,11 @@ class KMeansAlgorithm:
                 Xc = data[r[0] : r[-1] + 1]  # contiguous rows: no gather copy
             else:
                 Xc = data[r]
+            # A product that overflows float32 is treated as unknown by the kernel.
+            with np.errstate(over="ignore", invalid="ignore"):
+                dots = Xc @ Ct
             changed += assign_dense(
-                data, r, sqnorms(Xc), Xc @ Ct, C, cc, self._g_gemm, self._g,
+                data, r, sqnorms(Xc), dots, C, cc, self._g_gemm, self._g,
                 remove, labels, dist2, lower, upper, self.S, self.v, self.sse, self.Q,
             )
         return changed

@@ -46,8 +46,10 @@ def nearest(X: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarra
     Ct = np.ascontiguousarray(C.T)
     for start in range(0, n, CHUNK_ROWS):
         Xc = X[start : start + CHUNK_ROWS]
+        with np.errstate(over="ignore", invalid="ignore"):  # huge values: see _gemm_estimate
+            dots = Xc @ Ct
         nearest_dense(
-            Xc, sqnorms(Xc), Xc @ Ct, C, cc, g,
+            Xc, sqnorms(Xc), dots, C, cc, g,
             labels[start : start + CHUNK_ROWS], sqdist[start : start + CHUNK_ROWS],
         )
     return labels, sqdist

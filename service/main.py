@@ -139,13 +139,17 @@ async def _start(
         retry=reconnect_once,
     )
     stack.callback(sync_client.close)
-    lease_client = redis.Redis.from_url(
-        url,
-        socket_timeout=min(LEASE_SOCKET_TIMEOUT, settings.worker_lock_seconds / 3),
-        socket_connect_timeout=CONNECT_TIMEOUT,
-        retry=reconnect_once,
-        single_connection_client=True,
-    )
+    try:  # a single-connection client connects here: a bad password or certificate fails
+        lease_client = redis.Redis.from_url(
+            url,
+            socket_timeout=min(LEASE_SOCKET_TIMEOUT, settings.worker_lock_seconds / 3),
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            retry=reconnect_once,
+            single_connection_client=True,
+        )
+    except redis.RedisError as exc:
+        log.error("start-up refused: Redis at %s unusable: %s", _safe_url(url), exc)
+        raise StartupError(f"Redis at {_safe_url(url)} is unusable: {exc}") from None
     stack.callback(lease_client.close)
 
     repository = ModelRepository(sync_client, settings.model)
