@@ -117,8 +117,10 @@ def sqdist_safe(x: np.ndarray, c: np.ndarray) -> float:
 
 
 @numba.njit(cache=True, nogil=True)
-def _gemm_estimate(xx, cc, dot, nx, g_gemm, d):
+def _gemm_estimate(xx, cc, dot, nx, nc, g_gemm, d):
     """``(estimate, error)`` of ``||x - c||^2`` from a float32 BLAS dot product.
+
+    ``nx = sqrt(xx)`` and ``nc = sqrt(cc)`` are the norms of the sample and the centroid.
 
     The error covers the float32 product (``2 gamma_d ||x|| ||c||``), float32 underflow
     of its terms, and float64 rounding; a non-finite product gives an infinite error.
@@ -129,7 +131,7 @@ def _gemm_estimate(xx, cc, dot, nx, g_gemm, d):
     est = xx + cc - 2.0 * dot64
     # float64 terms: xx and cc are sums of d squares, each within (d + 1) ulps.
     err = (
-        2.0 * g_gemm * nx * math.sqrt(cc)
+        2.0 * g_gemm * nx * nc
         + (d + 8) * _F64_ULP * (xx + cc)
         + (d + 1) * 2.0**-148
     )
@@ -361,6 +363,7 @@ def assign_dense(
     cand_s = np.empty(k, dtype=np.float64)
     err = np.empty(k, dtype=np.float64)
     est = np.empty(k, dtype=np.float64)
+    norm_c = np.sqrt(cc)
     n_changed = 0
     for q in range(m):
         i = rows[q]
@@ -368,7 +371,7 @@ def assign_dense(
         nx = math.sqrt(xx[q])
         top = np.inf
         for j in range(k):
-            est[j], err[j] = _gemm_estimate(xx[q], cc[j], dots[q, j], nx, g_gemm, d)
+            est[j], err[j] = _gemm_estimate(xx[q], cc[j], dots[q, j], nx, norm_c[j], g_gemm, d)
             if est[j] + err[j] < top:
                 top = est[j] + err[j]
         # Candidates whose lower estimate does not exceed the best upper estimate.
@@ -387,8 +390,8 @@ def assign_dense(
         best, s_new = _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
         if keep_bounds:
             li = lower[i]
-            for j in range(k):
-                li[j] = _down32(math.sqrt(max(est[j] - err[j], 0.0)))
+            for j in range(k):  # branch-free _down32 (vectorised)
+                li[j] = np.float32(min(math.sqrt(max(est[j] - err[j], 0.0)) * _DOWN, _FLT_MAX))
             for q2 in range(nc):
                 li[cand[q2]] = _down32(math.sqrt(cand_s[q2] * g_lo))
         if keep_upper:
@@ -437,11 +440,12 @@ def nearest_dense(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out):
     d = X.shape[1]
     err = np.empty(k, dtype=np.float64)
     est = np.empty(k, dtype=np.float64)
+    norm_c = np.sqrt(cc)
     for q in range(m):
         nx = math.sqrt(xx[q])
         top = np.inf
         for j in range(k):
-            est[j], err[j] = _gemm_estimate(xx[q], cc[j], dots[q, j], nx, g_gemm, d)
+            est[j], err[j] = _gemm_estimate(xx[q], cc[j], dots[q, j], nx, norm_c[j], g_gemm, d)
             if est[j] + err[j] < top:
                 top = est[j] + err[j]
         best = -1
