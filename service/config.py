@@ -83,6 +83,10 @@ class Settings(BaseSettings):
         "that trickle a body from holding a request open.",
     )
     log_level: str = Field("info", description="uvicorn log level.")
+    access_log: bool = Field(
+        True,
+        description="uvicorn's access log, one line per request; turn it off under heavy load.",
+    )
     api_key: SecretStr | None = Field(
         None,
         min_length=16,

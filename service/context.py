@@ -8,6 +8,7 @@ operations; they hold no state of their own.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated, TypeVar
 
 import numpy as np
@@ -18,16 +19,20 @@ from engine import nearest
 from service.config import Settings
 from service.embedded_redis import EmbeddedRedis
 from service.metrics import ServiceMetrics
+from service.parsing import NPY, OCTET, media_type, parse_vectors
 from service.problems import ProblemError
 from service.redis_log import AsyncSampleLog, encode_chunks
 from service.state import ModelBoard, PublishedModel
 from service.worker import Worker
 
-__all__ = ["Context", "ServiceContext", "assign", "get_context", "off_loop"]
+__all__ = ["Context", "ServiceContext", "assign", "get_context", "off_loop", "parse_body"]
 
 T = TypeVar("T")
 
 _INLINE_VALUES = 65_536  # numpy work on fewer values runs on the event loop
+_INLINE_BINARY_BYTES = 4 << 20  # .npy / raw bodies up to this size are parsed on the loop
+_INLINE_JSON_BYTES = 16 << 10  # JSON bodies up to this size are parsed on the loop
+_COPY_WEIGHT = 16  # a plain copy costs about 1/16 of the numpy work off_loop counts
 
 
 async def off_loop(values: int, fn: Callable[..., T], *args: object) -> T:
@@ -39,6 +44,25 @@ async def off_loop(values: int, fn: Callable[..., T], *args: object) -> T:
     if values <= _INLINE_VALUES:
         return fn(*args)
     return await run_in_threadpool(fn, *args)
+
+
+async def parse_body(
+    body: bytes | bytearray, content_type: str, **limits: int | None
+) -> np.ndarray:
+    """:func:`service.parsing.parse_vectors` of a request body, on or off the event loop.
+
+    Binary bodies (``.npy``, raw ``float32``) are parsed in place by a few numpy calls
+    over the bytes (about 40 microseconds per 512 KiB), less than a hop to the thread pool
+    and back costs (two thread wake-ups, and the GIL handed over twice): they are parsed
+    on the loop up to 4 MiB. JSON builds a Python float per number (about 8 ms per
+    1,000 x 128 vectors): above 16 KiB it goes to the thread pool, so the loop keeps
+    serving other requests meanwhile. ``limits`` are ``parse_vectors``'s keywords.
+    """
+    kind = media_type(content_type)
+    inline = _INLINE_BINARY_BYTES if kind in (NPY, OCTET) else _INLINE_JSON_BYTES
+    if len(body) <= inline:
+        return parse_vectors(body, content_type, **limits)
+    return await run_in_threadpool(partial(parse_vectors, body, content_type, **limits))
 
 
 def assign(model: PublishedModel, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,8 +119,10 @@ class ServiceContext:
                     expected_dim=stored,
                     got_dim=d,
                 )
-        entries = await off_loop(X.size, encode_chunks, X)
-        total = await self.sample_log.append(entries, X.shape[0])
+        entries = await off_loop(X.size // _COPY_WEIGHT, encode_chunks, X)
+        # This process's worker takes the rows from memory rather than from Redis.
+        rows = X if self.worker.role == "worker" else None
+        total = await self.sample_log.append(entries, X.shape[0], rows)
         self.metrics.samples_ingested.inc(X.shape[0])
         self.worker.notify()
         return total
@@ -131,8 +157,12 @@ class ServiceContext:
         )
 
 
-def get_context(request: Request) -> ServiceContext:
-    """FastAPI dependency: the app's :class:`ServiceContext`."""
+async def get_context(request: Request) -> ServiceContext:
+    """FastAPI dependency: the app's :class:`ServiceContext`.
+
+    ``async`` on purpose: FastAPI runs a plain ``def`` dependency in the thread pool,
+    a hop to another thread and back on every request for one attribute read.
+    """
     return request.app.state.context
 
 

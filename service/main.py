@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
@@ -34,10 +36,12 @@ from starlette.responses import Response
 from service.config import Settings
 from service.context import ServiceContext
 from service.embedded_redis import EmbeddedRedis
+from service.fastpath import AssignFastPath
 from service.metrics import RequestTimingMiddleware, ServiceMetrics
 from service.problems import install_problem_handlers, problem_response
 from service.redis_log import (
     AsyncSampleLog,
+    LocalEntries,
     ModelConfigError,
     ModelRepository,
     WorkerLease,
@@ -57,6 +61,10 @@ CONNECT_TIMEOUT = 2.0
 """Seconds to open a connection to Redis."""
 WORKER_SOCKET_TIMEOUT = 10.0
 """Seconds the worker waits for a Redis reply (log pages of up to 32 MiB)."""
+WORKER_NICE = 10
+"""Scheduling niceness of the worker thread: the HTTP side wins the CPU when both want it."""
+WORKER_READ_BYTES = 4 << 20
+"""Receive buffer of the worker's Redis connection (bytes read per ``recv``)."""
 LEASE_SOCKET_TIMEOUT = 2.0
 """Seconds the lease connection waits for a reply (it renews every third of the expiry)."""
 
@@ -94,6 +102,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.context = None
     install_problem_handlers(app)
     app.add_exception_handler(redis.RedisError, _redis_error_handler(settings, metrics))
+    # Inside the timing middleware: fast-path answers are timed and labelled as well.
+    app.add_middleware(AssignFastPath, settings=settings)
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
     for module in (samples, centroids, assign, stats, health):
         app.include_router(module.router)
@@ -137,6 +147,10 @@ async def _start(
         socket_timeout=WORKER_SOCKET_TIMEOUT,
         socket_connect_timeout=CONNECT_TIMEOUT,
         retry=reconnect_once,
+        # Log pages are MiBs: a big receive buffer means few recv calls, each of which
+        # needs the GIL back (with 64 KiB reads the worker queues for the GIL behind
+        # the event loop hundreds of times per page and falls behind the ingestion).
+        socket_read_size=WORKER_READ_BYTES,
     )
     stack.callback(sync_client.close)
     try:  # a single-connection client connects here: a bad password or certificate fails
@@ -152,7 +166,9 @@ async def _start(
         raise StartupError(f"Redis at {_safe_url(url)} is unusable: {exc}") from None
     stack.callback(lease_client.close)
 
-    repository = ModelRepository(sync_client, settings.model)
+    # Entries appended here reach this process's worker in memory (see LocalEntries).
+    local_entries = LocalEntries()
+    repository = ModelRepository(sync_client, settings.model, local_entries)
     try:
         dim = await run_in_threadpool(repository.check_meta, settings.k, settings.dim)
         snapshot = await run_in_threadpool(repository.read_snapshot)
@@ -194,16 +210,41 @@ async def _start(
         )
     worker.start()
     stack.push_async_callback(run_in_threadpool, worker.stop)
+    _tune_worker_thread(settings.model, WORKER_NICE)
 
     return ServiceContext(
         settings=settings,
-        sample_log=AsyncSampleLog(async_client, settings.model),
+        sample_log=AsyncSampleLog(async_client, settings.model, local_entries),
         board=board,
         metrics=metrics,
         worker=worker,
         dim=dim,
         embedded_redis=embedded,
     )
+
+
+def _tune_worker_thread(model: str, nice: int) -> None:
+    """Give the worker thread of ``model`` the niceness ``nice`` and the OS name (Linux).
+
+    The worker's kernels run without the GIL and would take a whole core; on a small
+    machine the event loop thread must win the CPU whenever it has a request to serve
+    (a loop thread preempted while holding the GIL stalls every thread). Threads the
+    worker starts later inherit the value. The OS thread name ``nmbatch-worker`` shows
+    it in ``top -H`` and ``/proc``. Elsewhere, or if refused, nothing changes.
+    """
+    if not hasattr(os, "setpriority"):
+        return
+    for thread in threading.enumerate():
+        tid = thread.native_id
+        if thread.name != f"nmbatch-worker-{model}" or tid is None:
+            continue
+        try:
+            if nice > 0:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            with open(f"/proc/self/task/{tid}/comm", "w") as comm:
+                comm.write("nmbatch-worker")
+        except OSError as exc:
+            log.warning("could not lower the worker thread's priority: %s", exc)
 
 
 def _warn_without_persistence(client: redis.Redis, url: str) -> None:

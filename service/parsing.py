@@ -41,6 +41,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 
 from engine._validation import as_float32_matrix
+from service.jsonfast import parse_json_matrix
 from service.problems import ProblemError
 
 __all__ = [
@@ -206,6 +207,15 @@ def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarr
             "in one request (NMBATCH_MAX_VECTORS)",
             limit=max_vectors,
         )
+    # The common form, read without Python floats and without holding the GIL; any
+    # other body (or a number not converted exactly there) takes the orjson path.
+    fast = parse_json_matrix(body)
+    if (
+        fast is not None
+        and fast.shape[0] <= max_vectors
+        and (max_dim is None or fast.shape[1] <= max_dim)
+    ):
+        return fast
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

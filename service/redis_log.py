@@ -35,14 +35,24 @@ reserved since.
 :class:`AsyncSampleLog` is what request handlers use (``redis.asyncio``);
 :class:`ModelRepository` is the synchronous side used by the worker thread and at
 start-up; :class:`WorkerLease` is the lease.
+
+Entries appended by this process are also handed to its worker in memory
+(:class:`LocalEntries`): reading every sample back from Redis costs Redis more than
+storing it (it sends a reply of many MiB in 64 KiB pieces per event-loop turn, between
+the writes it serves), so a worker reading the log back falls behind a fast stream. The
+log stays the one source of truth: :meth:`ModelRepository.read_log` serves a local
+entry only after Redis confirms (an exclusive ``XRANGE`` of the gap, empty) that no
+other entry lies between the last one consumed and it; otherwise it reads Redis as
+before. Entries written by other processes, or not handed over, are read from Redis.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +63,7 @@ __all__ = [
     "CHUNK_BYTES",
     "AsyncSampleLog",
     "LeaseLostError",
+    "LocalEntries",
     "LogChunk",
     "ModelConfigError",
     "ModelKeys",
@@ -154,6 +165,80 @@ def _entry_id(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
+def _id_key(entry_id: str) -> tuple[int, int]:
+    """A stream id ``"<ms>-<seq>"`` as a tuple that sorts like Redis sorts ids."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class LocalEntries:
+    """Log entries this process appended, kept for its worker so it need not read them back.
+
+    Request handlers :meth:`put` the rows of each entry they appended (with the id Redis
+    gave it); the worker's :meth:`ModelRepository.read_log` takes them in id order once
+    Redis confirmed there is no other entry in between. Entries the worker has passed
+    are dropped at each read; so are entries older than ``max_age`` seconds (a worker
+    that is away or standing by) and entries beyond ``max_bytes`` (never put): the
+    worker then reads them from Redis, as any entry of another process. Thread-safe.
+
+    Parameters
+    ----------
+    max_bytes : int
+        Most bytes of rows held.
+    max_age : float
+        Seconds after which an entry is dropped.
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20, max_age: float = 30.0) -> None:
+        self.max_bytes = int(max_bytes)
+        self.max_age = float(max_age)
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[int, int], tuple[str, np.ndarray, float]] = {}
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of rows held."""
+        return self._bytes
+
+    def put(self, entry_ids: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+        """Hold ``arrays[i]`` (``(n_i, d)`` float32, never modified) as entry ``entry_ids[i]``."""
+        now = time.monotonic()
+        size = sum(a.nbytes for a in arrays)
+        with self._lock:
+            self._drop_old(now)
+            if self._bytes + size > self.max_bytes:
+                return
+            for entry_id, X in zip(entry_ids, arrays, strict=True):
+                self._entries[_id_key(entry_id)] = (entry_id, X, now)
+            self._bytes += size
+
+    def after(self, after_id: str, limit: int) -> list[tuple[str, np.ndarray]]:
+        """Up to ``limit`` held entries with ids above ``after_id``, in id order.
+
+        Entries at or below ``after_id`` (consumed) are dropped.
+        """
+        floor = _id_key(after_id)
+        with self._lock:
+            self._drop_old(time.monotonic())
+            passed = [key for key in self._entries if key <= floor]
+            for key in passed:
+                self._bytes -= self._entries.pop(key)[1].nbytes
+            keys = sorted(self._entries)[:limit]
+            return [self._entries[key][:2] for key in keys]
+
+    def _drop_old(self, now: float) -> None:
+        if not self._entries:
+            return
+        limit = now - self.max_age
+        old = [key for key, (_, _, at) in self._entries.items() if at < limit]
+        for key in old:
+            self._bytes -= self._entries.pop(key)[1].nbytes
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """A persisted state of the model.
@@ -236,9 +321,12 @@ class ModelRepository:
     (``decode_responses=False``).
     """
 
-    def __init__(self, client: redis.Redis, model: str) -> None:
+    def __init__(
+        self, client: redis.Redis, model: str, local: LocalEntries | None = None
+    ) -> None:
         self.client = client
         self.keys = ModelKeys(model)
+        self.local = local
 
     def check_meta(self, k: int, dim: int | None) -> int | None:
         """Record ``k`` (and ``dim`` when given) or check them against what Redis holds.
@@ -283,12 +371,43 @@ class ModelRepository:
         return int(self.client.xlen(self.keys.log))
 
     def read_log(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
-        """Up to ``max_entries`` log entries after ``after_id`` (``"0-0"``: from the start)."""
+        """Up to ``max_entries`` log entries after ``after_id`` (``"0-0"``: from the start).
+
+        The entries come in log order, with no gap after ``after_id``: from
+        :attr:`local` when Redis confirms the next ones are those, else from Redis.
+        """
+        if self.local is not None:
+            chunks = self._read_local(after_id, max_entries)
+            if chunks:
+                return chunks
         reply = self.client.xread({self.keys.log: after_id}, count=max_entries)
         if not reply:
             return []
         _, entries = reply[0]
         return [LogChunk(_entry_id(eid), decode_chunk(fields)) for eid, fields in entries]
+
+    def _read_local(self, after_id: str, max_entries: int) -> list[LogChunk]:
+        """The longest run of held entries that directly follows ``after_id`` in the log.
+
+        One round trip: for each held entry, an exclusive ``XRANGE`` from the previous one
+        must be empty (nothing of another writer, nor an entry not handed over, between).
+        """
+        assert self.local is not None
+        pending = self.local.after(after_id, max_entries)
+        if not pending:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            previous = after_id
+            for entry_id, _ in pending:
+                pipe.xrange(self.keys.log, f"({previous}", f"({entry_id}", count=1)
+                previous = entry_id
+            gaps = pipe.execute()
+        chunks = []
+        for (entry_id, X), gap in zip(pending, gaps, strict=True):
+            if gap:
+                break
+            chunks.append(LogChunk(entry_id, X))
+        return chunks
 
     def iter_log(self, after_id: str = "0-0", max_entries: int = 256) -> Iterator[LogChunk]:
         """All log entries after ``after_id``, in order, read in pages."""
@@ -517,20 +636,38 @@ class WorkerLease:
 class AsyncSampleLog:
     """What request handlers need: append samples, fix the dimension, count samples."""
 
-    def __init__(self, client: redis.asyncio.Redis, model: str) -> None:
+    def __init__(
+        self, client: redis.asyncio.Redis, model: str, local: LocalEntries | None = None
+    ) -> None:
         self.client = client
         self.keys = ModelKeys(model)
+        self.local = local
 
-    async def append(self, entries: list[dict[str, bytes | int]], n_rows: int) -> int:
+    async def append(
+        self,
+        entries: list[dict[str, bytes | int]],
+        n_rows: int,
+        rows: np.ndarray | None = None,
+    ) -> int:
         """Append encoded entries (:func:`encode_chunks`) in one transaction.
 
-        Returns the total number of samples in the log afterwards.
+        ``rows``: the ``(n_rows, d)`` float32 matrix the entries encode (not modified
+        afterwards); given, and with :attr:`local` set, the entries are also handed to
+        the worker in memory. Returns the total number of samples in the log afterwards.
         """
         async with self.client.pipeline(transaction=True) as pipe:
             for fields in entries:
                 pipe.xadd(self.keys.log, fields)
             pipe.hincrby(self.keys.meta, "n_samples", n_rows)
             reply = await pipe.execute()
+        if rows is not None and self.local is not None:
+            ids = [_entry_id(raw) for raw in reply[:-1]]
+            parts, start = [], 0
+            for fields in entries:
+                n = int(fields["n"])
+                parts.append(rows[start : start + n])
+                start += n
+            self.local.put(ids, parts)
         return int(reply[-1])
 
     async def fix_dim(self, dim: int) -> int:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import numpy as np
 import orjson
 from fastapi import APIRouter, Depends, Query, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from service.context import Context, assign, off_loop
-from service.parsing import parse_query_vector, parse_vectors, read_body
+from service.context import Context, assign, off_loop, parse_body
+from service.parsing import parse_query_vector, read_body
 from service.problems import problem_responses
 from service.routes.samples import VECTORS_BODY
 from service.schemas import AssignMany, AssignOne
@@ -56,8 +55,7 @@ async def post_assign(request: Request, context: Context) -> Response:
     # The model is taken once: every vector of the batch uses the same version.
     model = await context.require_model()
     body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
-    X = await run_in_threadpool(
-        parse_vectors,
+    X = await parse_body(  # binary bodies on the loop, JSON in the thread pool
         body,
         request.headers.get("content-type", ""),
         dim=model.dim,

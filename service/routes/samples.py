@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request, Response
-from starlette.concurrency import run_in_threadpool
 
-from service.context import Context
+from service.context import Context, parse_body
 from service.idempotency import KEY_MAX_LENGTH, KEY_PATTERN, append_once
-from service.parsing import JSON, NPY, OCTET, parse_vectors, read_body
+from service.parsing import JSON, NPY, OCTET, read_body
 from service.problems import ProblemError, problem_responses
 from service.schemas import SamplesAccepted, VectorsIn
 from service.security import OPTIONAL_KEY, require_write_key
@@ -82,8 +81,7 @@ async def post_samples(
     settings = context.settings
     try:
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
-        X = await run_in_threadpool(
-            parse_vectors,
+        X = await parse_body(  # binary bodies on the loop, JSON in the thread pool
             body,
             request.headers.get("content-type", ""),
             dim=await context.known_dim(),

@@ -1,0 +1,95 @@
+"""``GET /assign`` of one vector, answered without FastAPI's layers (the hot read path).
+
+A plain ``GET /assign?vector=...`` is the request the service serves most often and must
+answer in well under a millisecond while ingestion runs on the same cores. Through
+FastAPI it crosses a dozen middleware and routing layers, dependency resolution and a
+response model, about ten times the cost of the answer itself. :class:`AssignFastPath`
+is a pure ASGI middleware that answers that one request shape itself, with the same
+bytes FastAPI would send, and passes every other request through untouched:
+
+- only ``GET /assign`` whose query string is exactly one ``vector`` parameter (decoded
+  as Starlette decodes it), when reads need no API key, a model is published and its
+  ``k * d`` is small enough to search on the event loop;
+- the vector is parsed by :func:`service.parsing.parse_query_vector`, the route's own
+  parser: a vector it refuses goes to FastAPI, which answers with the problem;
+- the nearest centroid is :func:`engine.assign.nearest_one` over the published
+  (immutable) centroids: the same label and distance as ``engine.nearest``;
+- the body is serialised by pydantic's JSON serialiser, as FastAPI serialises
+  :class:`service.schemas.AssignOne`.
+
+It sits inside :class:`service.metrics.RequestTimingMiddleware`, so the request is
+timed and labelled ``/assign`` as before.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+from pydantic_core import to_json
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from engine.assign import nearest_one
+from service.config import Settings
+from service.parsing import parse_query_vector
+from service.problems import ProblemError
+
+__all__ = ["AssignFastPath"]
+
+MAX_INLINE_VALUES = 1 << 20
+"""Largest ``k * d`` searched here (about a millisecond); bigger models take the route."""
+
+
+@dataclass(frozen=True)
+class _RouteLabel:
+    """What :class:`RequestTimingMiddleware` reads from ``scope["route"]``."""
+
+    path: str
+
+
+_ASSIGN_ROUTE = _RouteLabel("/assign")
+_HEADERS = [(b"content-type", b"application/json")]
+
+
+class AssignFastPath:
+    """ASGI middleware: answers plain single-vector ``GET /assign`` requests itself."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        # With NMBATCH_API_KEY_READS the route checks the key: leave every read to it.
+        self.enabled = settings.api_key is None or not settings.api_key_reads
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            self.enabled
+            and scope["type"] == "http"
+            and scope["path"] == "/assign"
+            and scope["method"] == "GET"
+        ):
+            body = self.answer(scope)
+            if body is not None:
+                scope["route"] = _ASSIGN_ROUTE
+                headers = [(b"content-length", str(len(body)).encode()), *_HEADERS]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def answer(scope: Scope) -> bytes | None:
+        """The ``200`` body for this request, or None to leave it to the FastAPI route."""
+        pairs = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+        if len(pairs) != 1 or pairs[0][0] != "vector":
+            return None
+        app = scope.get("app")
+        context = getattr(getattr(app, "state", None), "context", None)
+        model = context.board.model if context is not None else None
+        if model is None or model.centroids.size > MAX_INLINE_VALUES:
+            return None
+        try:
+            X = parse_query_vector(pairs[0][1], dim=model.dim)
+        except ProblemError:
+            return None  # the route answers with the same problem
+        label, sqdist = nearest_one(X[0], model.centroids)
+        return to_json({"version": model.version, "cluster": label, "distance": math.sqrt(sqdist)})
