@@ -1,0 +1,22 @@
+"""The README documents every setting, and names no setting that does not exist."""
+
+import re
+from pathlib import Path
+
+from service.config import Settings
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_every_setting_is_in_the_readme_settings_table() -> None:
+    text = README.read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(NMBATCH_[A-Z_]+)` \|", text, re.MULTILINE))
+    fields = {"NMBATCH_" + name.upper() for name in Settings.model_fields}
+    assert fields - rows == set(), "settings missing from the README's table"
+
+
+def test_the_readme_names_only_real_settings() -> None:
+    text = README.read_text(encoding="utf-8")
+    named = set(re.findall(r"NMBATCH_[A-Z][A-Z_]*[A-Z]", text))
+    fields = {"NMBATCH_" + name.upper() for name in Settings.model_fields}
+    assert named - fields == set()
