@@ -40,7 +40,7 @@ Results go to ``--out``: ``loadtest.json`` (everything, with per-second timeline
 resource samples) and ``loadtest.md`` (machine, versions, command, tables, targets).
 
     python -m service.loadtest --out bench-results/loadtest            # every phase
-    python -m service.loadtest --out /tmp/lt --phases npy,assign --phase-seconds 5
+    python -m service.loadtest --out bench-results/lt --phases npy,assign --phase-seconds 5
 """
 
 from __future__ import annotations
