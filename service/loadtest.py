@@ -430,9 +430,13 @@ def _cpu_seconds(pid: int | None, children: bool = False) -> float | None:
     except OSError:
         return None
     ticks = int(fields[11]) + int(fields[12])
-    if children:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    seconds = ticks / os.sysconf("SC_CLK_TCK")
+    if children:  # reaped ones (in the parent's counters) and running ones
+        seconds += (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+        with contextlib.suppress(OSError, ValueError):
+            for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                seconds += _cpu_seconds(int(child), children=True) or 0.0
+    return seconds
 
 
 def _worker_thread_cpu_seconds(pid: int) -> float | None:
@@ -528,6 +532,9 @@ class Server:
         if self._redis is not None:
             with contextlib.suppress(Exception):
                 out["redis_used_memory"] = int(self._redis.info("memory")["used_memory"])
+                info = self._redis.info("stats")
+                out["redis_forks"] = int(info.get("total_forks", 0))
+                out["redis_latest_fork_ms"] = float(info.get("latest_fork_usec", 0)) / 1000.0
                 raw = self._redis.hget("nmbatch:default:meta", "n_samples")
                 out["n_logged"] = int(raw) if raw is not None else 0
         return out
@@ -745,6 +752,10 @@ def run_phase(spec: PhaseSpec, args: argparse.Namespace) -> dict[str, Any]:
                 )
         np.savez_compressed(args.out / f"raw-{spec.name}.npz", **arrays)
     out = summarise(spec, args, start, deadline, reports, samples, stats, centroids, exit_code)
+    # Redis forks for each rewrite of its append-only file (the child dumps the dataset).
+    forks = [sm.get("redis_forks") for sm in samples if sm.get("redis_forks") is not None]
+    out["redis_forks"] = (forks[-1] - forks[0]) if forks else None
+    out["redis_latest_fork_ms"] = samples[-1].get("redis_latest_fork_ms")
     out["catch_up_seconds"] = catch_up
     out["converged_seconds"] = settled
     out["before_start"] = quiet
@@ -1023,6 +1034,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     v = m["versions"]
+    loop = "uvloop" if v.get("uvloop") else "asyncio"
     a = result["args"]
     lines = [
         "# nmbatch service load benchmark",
@@ -1034,9 +1046,10 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Command: `{result['command']}`",
         "",
-        f"Server: one `python -m service` process (uvicorn, access log off), its embedded "
-        f"redis-server (append-only file, appendfsync everysec), k = {a['k']}, d = {a['dim']}, "
-        f"`NMBATCH_WORKER_THREADS=1`, the worker iterating all along. A fresh server per phase. "
+        f"Server: one `python -m service` process (uvicorn: h11, {loop} loop, access log "
+        f"off), its embedded redis-server (append-only file, appendfsync everysec), "
+        f"k = {a['k']}, d = {a['dim']}, `NMBATCH_WORKER_THREADS=1`, the worker iterating all "
+        f"along. A fresh server per phase. "
         f"Batches of {a['batch']:,} vectors. Clients: asyncio over raw keep-alive sockets, "
         f"{a['ingest_procs']} ingesting process(es) x {a['ingest_conns']} connections at full "
         f"speed, /assign paced (open loop, latency from the scheduled send) over "
@@ -1092,6 +1105,13 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
+        "Rates count the requests completed inside the phase's window; ingestion latency is "
+        "per request (full speed: back to back; paced: from the scheduled send). CPU in cores "
+        "over the window: the server process (in brackets its worker thread, which runs at "
+        "niceness 10), redis-server with its append-only-file rewrite children, the client "
+        "processes (their start-up and encoding included), and what the rest of the machine "
+        "used meanwhile.",
+        "",
         "## Ingestion to centroids",
         "",
         "Delay from a POST's `202` until `GET /centroids` shows a version computed with the "
@@ -1145,6 +1165,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_f(f['skipped_share'], '{:.1%}')} of distances; the worker's store held the "
             f"whole log {_f(p.get('catch_up_seconds'), '{:.1f}')} s after the clients stopped "
             f"and it converged on it after {_f(p.get('converged_seconds'), '{:.1f}')} s; "
+            f"Redis forked {_f(p.get('redis_forks'), '{:.0f}')} time(s) to rewrite its "
+            f"append-only file (last fork {_f(p.get('redis_latest_fork_ms'), '{:.0f}')} ms); "
             f"server exit code on SIGTERM {p['exit_code']}."
         )
         for kind in ("ingest", "assign"):
@@ -1195,7 +1217,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--soak-conns", type=int, default=3, help="connections per process when paced")
     add("--assign-conns", type=int, default=8, help="connections of the /assign client")
     add("--probe-interval", type=float, default=2.0, help="seconds between delay probes")
-    add("--probe-poll-ms", type=float, default=5.0, help="GET /centroids period of a probe")
+    add("--probe-poll-ms", type=float, default=10.0, help="GET /centroids period of a probe")
     add(
         "--catch-up-timeout",
         type=float,

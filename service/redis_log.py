@@ -321,9 +321,7 @@ class ModelRepository:
     (``decode_responses=False``).
     """
 
-    def __init__(
-        self, client: redis.Redis, model: str, local: LocalEntries | None = None
-    ) -> None:
+    def __init__(self, client: redis.Redis, model: str, local: LocalEntries | None = None) -> None:
         self.client = client
         self.keys = ModelKeys(model)
         self.local = local

@@ -108,13 +108,17 @@ def poster(client: TestClient) -> Callable[[bytes], tuple[int, Any, Any]]:
     return post
 
 
-def converged_on(client: TestClient, n: int | None = None) -> Callable[[], dict | None]:
+def converged_on(
+    client: TestClient, n: int | None = None, after_iteration: int = -1
+) -> Callable[[], dict | None]:
     def check() -> dict | None:
         response = client.get("/centroids")
         if response.status_code != 200:
             return None
         doc = response.json()
-        return doc if doc["converged"] and (n is None or doc["n_samples"] == n) else None
+        if not doc["converged"] or doc["iteration"] <= after_iteration:
+            return None
+        return doc if n is None or doc["n_samples"] == n else None
 
     return check
 
@@ -173,7 +177,11 @@ def test_redis_outage_under_load_then_recovery_loses_nothing_acknowledged(
 
             # The worker goes on with the samples it holds, without Redis.
             gate.go.set()
-            during = wait_until(converged_on(client), 30, "convergence during the outage")
+            during = wait_until(
+                converged_on(client, after_iteration=before["iteration"]),
+                30,
+                "convergence during the outage",
+            )
             assert during["iteration"] > before["iteration"]
             assert during["version"] > before["version"]
             assert not client.get("/readyz").json()["ready"]  # still away
