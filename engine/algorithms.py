@@ -31,8 +31,10 @@ from engine.assign import CHUNK_ROWS, sqnorms
 from engine.init import kmeans_plusplus
 from engine.kernels import (
     assign_dense,
+    bound_sweep,
     gemm_error,
-    reassign_bounded,
+    reassign_rows,
+    settle_assigned,
     sqdist32_error,
 )
 from engine.store import NestedBatchStore
@@ -48,6 +50,12 @@ __all__ = [
 
 ALGORITHMS = ("nmbatch", "nmbatch.deact", "mbatch", "mbatch.remove", "lloyd", "elkan")
 _NO_UPPER = np.empty(0, dtype=np.float64)
+# A bounded revisit goes through BLAS when the bounds leave open more than this fraction
+# of the listed rows' (row, centroid) pairs (measured: see NestedMiniBatch._revisit_bounded).
+DENSE_REVISIT_FRACTION = 0.45
+# Sorted rows whose span is at most this many times their number are multiplied in place
+# (extra rows of the product are cheaper than gathering a copy).
+SPAN_PRODUCT_RATIO = 1.5
 
 
 @dataclass(frozen=True)
@@ -162,8 +170,16 @@ class KMeansAlgorithm:
                 f"(n_clusters) are needed before the first iteration"
             )
 
-    def _dense_pass(self, data, rows, remove, labels, dist2, lower, upper=None) -> int:
-        """Assign ``rows`` of ``data`` with BLAS distances in chunks; returns changes."""
+    def _dense_pass(
+        self, data, rows, remove, labels, dist2, lower, upper=None, norms=None, fresh=True
+    ) -> int:
+        """Assign ``rows`` of ``data`` with BLAS distances in chunks; returns changes.
+
+        ``norms`` (N,) float64, optional: a cache of ``||data[i]||^2`` by row, written for
+        ``rows`` when ``fresh`` (the kernel computes them as it reads each row), read from
+        otherwise. Rows are sorted; a chunk that fills most of its span of ``data`` is
+        multiplied in place rather than gathered.
+        """
         if upper is None:
             upper = _NO_UPPER
         C = self.centroids
@@ -172,17 +188,25 @@ class KMeansAlgorithm:
         changed = 0
         for start in range(0, rows.shape[0], CHUNK_ROWS):
             r = rows[start : start + CHUNK_ROWS]
-            if r.shape[0] and r[-1] - r[0] == r.shape[0] - 1:
-                Xc = data[r[0] : r[-1] + 1]  # contiguous rows: no gather copy
-            else:
-                Xc = data[r]
+            if r.shape[0] == 0:
+                continue
+            lo, span = r[0], r[-1] + 1 - r[0]
             # A product that overflows float32 is treated as unknown by the kernel.
             with np.errstate(over="ignore", invalid="ignore"):
-                dots = Xc @ Ct
+                if span == r.shape[0]:  # contiguous rows: no gather copy
+                    dots = data[lo : lo + span] @ Ct
+                elif span <= SPAN_PRODUCT_RATIO * r.shape[0]:
+                    dots = (data[lo : lo + span] @ Ct)[r - lo]
+                else:
+                    dots = data[r] @ Ct
+            fill = norms is None or fresh
+            xx = np.empty(r.shape[0], dtype=np.float64) if fill else norms[r]
             changed += assign_dense(
-                data, r, sqnorms(Xc), dots, C, cc, self._g_gemm, self._g,
+                data, r, xx, fill, dots, C, cc, self._g_gemm, self._g,
                 remove, labels, dist2, lower, upper, self.S, self.v, self.sse, self.Q,
             )
+            if fill and norms is not None:
+                norms[r] = xx
         return changed
 
     def _update_centroids(self) -> None:
@@ -235,11 +259,13 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.rho = float(rho)
         self.bounds = bool(bounds)
         self.full = bool(full)
+        self.dense_revisit_fraction = DENSE_REVISIT_FRACTION
         self.name = "elkan" if full else ("nmbatch" if bounds else "nmbatch.deact")
         self._grow = False
         k = self.n_clusters
         self._labels = np.empty(0, dtype=np.int32)
         self._dist2 = np.empty(0, dtype=np.float64)  # scratch of the BLAS path
+        self._xx = np.empty(0, dtype=np.float64)  # ||x(i)||^2 of the prefix rows
         self._upper = np.empty(0, dtype=np.float64)
         self._lower = np.empty((0, k), dtype=np.float32)
 
@@ -261,7 +287,9 @@ class NestedMiniBatch(KMeansAlgorithm):
         labels[:old] = self._labels[:old]
         dist2 = np.zeros(cap, dtype=np.float64)
         dist2[:old] = self._dist2[:old]
-        self._labels, self._dist2 = labels, dist2
+        xx = np.zeros(cap, dtype=np.float64)
+        xx[:old] = self._xx[:old]
+        self._labels, self._dist2, self._xx = labels, dist2, xx
         if self.bounds:
             lower = np.zeros((cap, k), dtype=np.float32)
             lower[:old] = self._lower[:old]
@@ -290,6 +318,38 @@ class NestedMiniBatch(KMeansAlgorithm):
             return min(2 * self.batch_size, n)
         return self.batch_size
 
+    def _revisit_bounded(self, data: np.ndarray, b_old: int) -> tuple[int, int]:
+        """nmbatch lines 10-21 over the prefix ``[0, b_old)``; returns (changes, distances).
+
+        The bound sweep lists the rows whose label the bounds cannot settle; their exact
+        distance to ``a(i)`` settles some more and tightens the rest. When the pairs left
+        open are most of the remaining rows' pairs (the first revisits, after big centroid
+        moves), one BLAS product computes them faster than a scalar distance per pair (and
+        leaves every bound tight): those rows go through the dense path. Otherwise only the
+        open pairs are computed.
+        """
+        k = self.n_clusters
+        X = data[:b_old]
+        labels, upper, lower = self._labels[:b_old], self._upper[:b_old], self._lower[:b_old]
+        s_assigned = self._dist2[:b_old]  # scratch
+        listed, _ = bound_sweep(self.p, labels, upper, lower)
+        todo, n_open = settle_assigned(
+            X, listed, self.centroids, self._g, labels, upper, lower, s_assigned
+        )
+        n_dist = listed.shape[0]
+        if n_open > self.dense_revisit_fraction * todo.shape[0] * k:
+            changed = self._dense_pass(
+                data, todo, True, self._labels, self._dist2, self._lower, self._upper,
+                norms=self._xx, fresh=False,
+            )
+            # Pairs computed (the distance to a(i) of the rows done again is counted once).
+            return changed, n_dist + todo.shape[0] * (k - 1)
+        changed, n_more = reassign_rows(
+            X, todo, self.centroids, self._g, labels, upper, lower,
+            self.S, self.v, self.Q, s_assigned,
+        )
+        return changed, n_dist + n_more
+
     def step(self) -> IterationStats:
         self._require_samples()
         t0 = time.perf_counter()
@@ -304,21 +364,18 @@ class NestedMiniBatch(KMeansAlgorithm):
         n_dist = 0
         if b_old > 0:
             if self.bounds:
-                n_changed, n_dist = reassign_bounded(
-                    data[:b_old], self.centroids, self.p, self._g,
-                    self._labels[:b_old], self._upper[:b_old], self._lower[:b_old],
-                    self.S, self.v, self.Q,
-                )
+                n_changed, n_dist = self._revisit_bounded(data, b_old)
             else:
                 n_changed = self._dense_pass(
                     data, np.arange(b_old, dtype=np.int64), True,
-                    self._labels, self._dist2, self._lower,
+                    self._labels, self._dist2, self._lower, norms=self._xx, fresh=False,
                 )
                 n_dist = b_old * k
         if b > b_old:
             self._dense_pass(
                 data, np.arange(b_old, b, dtype=np.int64), False,
                 self._labels, self._dist2, self._lower, self._upper if self.bounds else None,
+                norms=self._xx,
             )
             n_dist += (b - b_old) * k
         self.batch_size = b
@@ -369,7 +426,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self._reserve(b)
         self._dense_pass(
             data, np.arange(b, dtype=np.int64), False, self._labels, self._dist2, self._lower,
-            self._upper if self.bounds else None,
+            self._upper if self.bounds else None, norms=self._xx,
         )
         self.sse = self._sse_from_sums()
         self.batch_size = b

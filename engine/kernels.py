@@ -36,9 +36,12 @@ import numpy as np
 __all__ = [
     "UNIT_ROUNDOFF32",
     "assign_dense",
+    "bound_sweep",
     "gemm_error",
     "reassign_bounded",
+    "reassign_rows",
     "row_sqnorms",
+    "settle_assigned",
     "shuffle_insert",
     "sqdist32",
     "sqdist32_error",
@@ -203,50 +206,34 @@ def _sqnorm(x: np.ndarray) -> float:
 
 
 @numba.njit(cache=True, nogil=True)
-def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
-    """Revisit already-assigned samples with Elkan-style bounds (nmbatch lines 10-21).
+def bound_sweep(p, labels, upper, lower):
+    """Pass 1 of a bounded revisit (nmbatch lines 10-13): update every bound, list the open rows.
 
-    Pass 1, over every row ``i``: the bound update ``l(i, j) -= p(j)`` and
-    ``u(i) += p(a(i))`` (fused, rounded safely, vectorised). If ``u(i) < l(i, j)`` for
-    every ``j != a(i)``, ``a(i)`` is still the unique nearest centroid and the sample is
-    not read at all. Pass 2, over the other rows: the exact distance to ``a(i)``, a
-    distance to every ``j`` whose bound does not exclude it, and the nearest decided
-    exactly. ``S``, ``v`` and ``Q`` change only for samples whose
-    label changed (one sample, one vote); ``sse`` follows from them (see ``cluster_sse``).
+    Over every row ``i``: the bound update ``l(i, j) -= p(j)`` and ``u(i) += p(a(i))``
+    (fused, rounded safely, vectorised). If ``u(i) < l(i, j)`` for every ``j != a(i)``,
+    ``a(i)`` is still the unique nearest centroid and the sample need not be read at all;
+    otherwise ``i`` is listed in ``todo``.
 
-    X      : (n, d) float32   IN   samples (rows already in the batch)
-    C      : (k, d) float32   IN   current centroids
     p      : (k,) float64     IN   distance moved by each centroid at the last update
-    g      : float            IN   ``sqdist32_error(d)``
-    labels : (n,) int32       INOUT  ``a(i)``
+    labels : (n,) int32       IN   ``a(i)``
     upper  : (n,) float64     INOUT  ``u(i) >= ||x(i) - c(a(i))||``
     lower  : (n, k) float32   INOUT  ``l(i, j) <= ||x(i) - c(j)||``
-    S      : (k, d) float64   INOUT
-    v      : (k,) int64       INOUT
-    Q      : (k,) float64     INOUT  sum of ``||x(i)||^2`` over the samples of each cluster
 
-    Returns ``(n_changed, n_distances)``.
+    Returns ``(todo, n_open)``: ``todo`` (m,) int64, the rows whose bounds do not settle
+    their label, in increasing order; ``n_open`` the number of (row, centroid) pairs of
+    those rows that the bounds leave open, ``a(i)`` included (at most ``m k``).
     """
-    n = X.shape[0]
-    k = C.shape[0]
-    d = X.shape[1]
-    g_lo = 1.0 - g
-    g_hi = 1.0 / (1.0 - g)
-    cand = np.empty(k, dtype=np.int64)
-    cand_s = np.empty(k, dtype=np.float64)
-    n_changed = 0
-    n_dist = 0
+    n = labels.shape[0]
+    k = lower.shape[1]
     # p rounded up to float32, so that the float32 bound update stays below the truth:
     # fl(fl(l - p32) * (1 - 2^-23)) <= l - p for l - p > 0 (and a negative bound is valid).
     p32 = np.empty(k, dtype=np.float32)
     for j in range(k):
         p32[j] = np.float32(p[j] * _UP32)
     down = np.float32(_DOWN32)
-    # Pass 1, sequential: the fused bound update of every row, and the list of rows whose
-    # bounds do not prove their label unchanged.
     todo = np.empty(n, dtype=np.int64)
-    open_j = np.empty(k, dtype=np.int64)
     n_todo = 0
+    n_pairs = 0
     for i in range(n):
         li = lower[i]
         a = labels[i]
@@ -263,16 +250,97 @@ def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
         if n_open > 0:
             todo[n_todo] = i
             n_todo += 1
-    # Pass 2: distances for those rows only.
-    for t in range(n_todo):
-        i = todo[t]
+            n_pairs += n_open + 1
+    return todo[:n_todo], n_pairs
+
+
+@numba.njit(cache=True, nogil=True)
+def settle_assigned(X, rows, C, g, labels, upper, lower, s_assigned):
+    """Pass 2a of a bounded revisit (nmbatch lines 14-15): the exact distance to ``a(i)``.
+
+    For each listed row: ``s = ||x(i) - c(a(i))||^2``, stored in ``s_assigned[i]``;
+    ``u(i)`` and ``l(i, a(i))`` become tight. A row whose tight ``u(i)`` is now below every
+    other ``l(i, j)`` keeps its label and leaves the list.
+
+    X          : (n, d) float32   IN
+    rows       : (m,) int64       IN   rows listed by ``bound_sweep``
+    C          : (k, d) float32   IN   current centroids
+    g          : float            IN   ``sqdist32_error(d)``
+    labels     : (n,) int32       IN
+    upper      : (n,) float64     INOUT
+    lower      : (n, k) float32   INOUT
+    s_assigned : (n,) float64     OUT  (for the listed rows)
+
+    Returns ``(todo, n_open)``: the rows still open (a subsequence of ``rows``) and the
+    number of their (row, centroid) pairs the tight bounds leave open, ``a(i)`` included.
+    """
+    k = C.shape[0]
+    g_lo = 1.0 - g
+    g_hi = 1.0 / (1.0 - g)
+    todo = np.empty(rows.shape[0], dtype=np.int64)
+    n_todo = 0
+    n_pairs = 0
+    for t in range(rows.shape[0]):
+        i = rows[t]
+        li = lower[i]
+        a = labels[i]
+        s_a = sqdist_safe(X[i], C[a])
+        s_assigned[i] = s_a
+        u = math.sqrt(s_a * g_hi)
+        upper[i] = u * _UP
+        li[a] = _down32(math.sqrt(s_a * g_lo))
+        u32 = np.float32(u * _UP32)
+        n_open = 0
+        for j in range(k):  # branch-free, vectorised
+            n_open += np.int32(li[j] <= u32)
+        if li[a] <= u32:
+            n_open -= 1
+        if n_open > 0:
+            todo[n_todo] = i
+            n_todo += 1
+            n_pairs += n_open + 1
+    return todo[:n_todo], n_pairs
+
+
+@numba.njit(cache=True, nogil=True)
+def reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, s_assigned):
+    """Pass 2b of a bounded revisit (nmbatch lines 16-21) on the rows still open.
+
+    For each listed row (its distance to ``a(i)`` already in ``s_assigned``): a distance to
+    every ``j`` whose bound does not exclude it (the bound tightened as nearer centroids
+    are found), and the nearest decided exactly. ``S``, ``v`` and ``Q`` change only for
+    samples whose label changed (one sample, one vote); ``sse`` follows from them (see
+    ``cluster_sse``).
+
+    X          : (n, d) float32   IN   samples (rows already in the batch)
+    rows       : (m,) int64       IN   rows to revisit (as ``settle_assigned`` left them)
+    C          : (k, d) float32   IN   current centroids
+    g          : float            IN   ``sqdist32_error(d)``
+    labels     : (n,) int32       INOUT  ``a(i)``
+    upper      : (n,) float64     INOUT  ``u(i) >= ||x(i) - c(a(i))||``
+    lower      : (n, k) float32   INOUT  ``l(i, j) <= ||x(i) - c(j)||``
+    S          : (k, d) float64   INOUT
+    v          : (k,) int64       INOUT
+    Q          : (k,) float64     INOUT  sum of ``||x(i)||^2`` over the samples of each cluster
+    s_assigned : (n,) float64     IN   ``||x(i) - c(a(i))||^2`` from ``settle_assigned``
+
+    Returns ``(n_changed, n_distances)`` (distances computed here).
+    """
+    k = C.shape[0]
+    d = X.shape[1]
+    g_lo = 1.0 - g
+    g_hi = 1.0 / (1.0 - g)
+    cand = np.empty(k, dtype=np.int64)
+    cand_s = np.empty(k, dtype=np.float64)
+    open_j = np.empty(k, dtype=np.int64)
+    n_changed = 0
+    n_dist = 0
+    for t in range(rows.shape[0]):
+        i = rows[t]
         li = lower[i]
         a = labels[i]
         x = X[i]
-        s_a = sqdist32(x, C[a])
-        if not (s_a >= _SAFE_LOW and s_a <= _SAFE_HIGH):
-            s_a = sqdist64(x, C[a])
-        n_dist += 1
+        s_a = s_assigned[i]
         best = a
         best_s = s_a
         u = math.sqrt(best_s * g_hi)
@@ -289,9 +357,7 @@ def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
             j = open_j[q]
             if li[j] > u:  # excluded by a nearer centroid found meanwhile
                 continue
-            s_j = sqdist32(x, C[j])
-            if not (s_j >= _SAFE_LOW and s_j <= _SAFE_HIGH):
-                s_j = sqdist64(x, C[j])
+            s_j = sqdist_safe(x, C[j])
             n_dist += 1
             li[j] = _down32(math.sqrt(s_j * g_lo))
             cand[nc] = j
@@ -301,7 +367,6 @@ def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
                 best = j
                 best_s = s_j
                 u = math.sqrt(best_s * g_hi)
-        li[a] = _down32(math.sqrt(s_a * g_lo))
         if nc > 1:
             best, s_new = _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
             upper[i] = math.sqrt(s_new * g_hi) * _UP
@@ -315,16 +380,32 @@ def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
             xx = _sqnorm(x)
             Q[a] -= xx
             Q[best] += xx
-            for t in range(d):
-                xt = np.float64(x[t])
-                S[a, t] -= xt
-                S[best, t] += xt
+            for t2 in range(d):
+                xt = np.float64(x[t2])
+                S[a, t2] -= xt
+                S[best, t2] += xt
     return n_changed, n_dist
 
 
 @numba.njit(cache=True, nogil=True)
+def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
+    """Revisit already-assigned samples with Elkan-style bounds (nmbatch lines 10-21):
+    :func:`bound_sweep`, :func:`settle_assigned` and :func:`reassign_rows`, all scalar.
+
+    Arguments as those (``X`` (n, d) float32 holds the revisited rows). Returns
+    ``(n_changed, n_distances)``.
+    """
+    rows, _ = bound_sweep(p, labels, upper, lower)
+    s_assigned = np.empty(labels.shape[0], dtype=np.float64)
+    todo, _ = settle_assigned(X, rows, C, g, labels, upper, lower, s_assigned)
+    n_changed, n_dist = reassign_rows(X, todo, C, g, labels, upper, lower, S, v, Q, s_assigned)
+    return n_changed, n_dist + rows.shape[0]
+
+
+@numba.njit(cache=True, nogil=True)
 def assign_dense(
-    X, rows, xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper, S, v, sse, Q
+    X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper, S, v,
+    sse, Q,
 ):
     """Assign rows from a BLAS product of all their distances; update sums (and bounds).
 
@@ -334,7 +415,9 @@ def assign_dense(
 
     X      : (N, d) float32   IN   sample buffer (rows indexed by ``rows``)
     rows   : (m,) int64       IN   the rows to assign
-    xx     : (m,) float64     IN   ``||X[rows[q]]||^2``
+    xx     : (m,) float64     IN   ``||X[rows[q]]||^2`` (OUT when ``fill_xx``)
+    fill_xx: bool             IN   compute ``xx`` here, as each row is read (one pass
+                                   over the rows instead of two)
     dots   : (m, k) float32   IN   ``X[rows] @ C.T``
     C      : (k, d) float32   IN
     cc     : (k,) float64     IN   ``||C[j]||^2``
@@ -368,6 +451,8 @@ def assign_dense(
     for q in range(m):
         i = rows[q]
         x = X[i]
+        if fill_xx:
+            xx[q] = _sqnorm(x)
         nx = math.sqrt(xx[q])
         top = np.inf
         for j in range(k):

@@ -167,6 +167,71 @@ def test_bounds_on_and_off_agree_bit_for_bit(integer, seed):
     assert n_steps > 5
 
 
+# The bounded revisit has two paths: scalar distances for the open pairs, or one BLAS
+# product for the listed rows when most of their pairs are open. A fraction of -1 forces
+# the product for every listed row, +inf never uses it.
+REVISIT_PATHS = {"dense": -1.0, "scalar": np.inf}
+
+
+@pytest.mark.parametrize("path", sorted(REVISIT_PATHS))
+@pytest.mark.parametrize(("integer", "rho"), [(True, 100.0), (False, 3.0)])
+def test_invariants_hold_on_either_revisit_path(path, integer, rho):
+    X = blobs(700, 3, 6, seed=4, spread=1.5, separation=6.0, integer=integer)
+    algo = make_algorithm("nmbatch", filled_store(X, seed=2), 6, rho=rho, batch_size=40)
+    algo.dense_revisit_fraction = REVISIT_PATHS[path]
+    history = run_checked(algo, 80)
+    assert history[-1][1].converged
+    revisits = [s for _, s in history if s.batch_size > s.n_new]
+    assert any(s.n_skipped > 0 for s in revisits)
+
+
+@pytest.mark.parametrize("integer", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_revisit_paths_agree_bit_for_bit(integer, seed):
+    X = blobs(900, 4, 8, seed=seed, spread=2.0, separation=4.0, integer=integer)
+    algos = []
+    for path in ("dense", "scalar", "auto"):
+        algo = make_algorithm("nmbatch", filled_store(X, seed=0), 8, batch_size=25, rho=10.0)
+        if path != "auto":
+            algo.dense_revisit_fraction = REVISIT_PATHS[path]
+        algos.append(algo)
+    for _ in range(120):
+        stats = [a.step() for a in algos]
+        first = algos[0]
+        for other, s in zip(algos[1:], stats[1:], strict=True):
+            assert other.batch_size == first.batch_size
+            np.testing.assert_array_equal(other.labels(), first.labels())
+            np.testing.assert_array_equal(other.centroids, first.centroids)
+            np.testing.assert_array_equal(other.v, first.v)
+            np.testing.assert_array_equal(other.S, first.S)
+            np.testing.assert_allclose(other.Q, first.Q, rtol=1e-12)
+            assert (s.n_changed, s.converged) == (stats[0].n_changed, stats[0].converged)
+        if all(s.converged for s in stats):
+            break
+    assert all(s.converged for s in stats)
+
+
+def test_the_first_revisit_after_a_big_move_goes_through_blas():
+    # Data without clusters, centroids from single samples to means: the bounds leave most
+    # pairs open, and the default revisit computes all k distances of those rows by BLAS.
+    X = np.random.default_rng(0).standard_normal((2000, 50)).astype(np.float32)
+    algo = make_algorithm("nmbatch", filled_store(X, seed=0), 20, batch_size=1000, rho=1e9)
+    twin = make_algorithm("nmbatch", filled_store(X, seed=0), 20, batch_size=1000, rho=1e9)
+    twin.dense_revisit_fraction = REVISIT_PATHS["scalar"]
+    algo.step(), twin.step()
+    s, s_twin = algo.step(), twin.step()
+    assert s.n_new == 0 and s_twin.n_new == 0
+    assert s_twin.n_distances < s.n_distances  # the scalar path computes open pairs only
+    assert s_twin.n_distances > 0.45 * s.n_distances  # ... but they were most of them
+    # Later revisits, with small moves, compute only the open pairs.
+    for _ in range(200):
+        s = algo.step()
+        assert s.n_skipped >= 0
+        if s.converged:
+            break
+    assert s.converged and s.n_skipped > 0.5 * s.batch_size * 20
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_elkan_and_lloyd_agree_on_integer_data(seed):
     X = blobs(800, 3, 7, seed=seed, spread=2.0, separation=4.0, integer=True)

@@ -251,7 +251,8 @@ def test_warm_up_step_compiles_the_kernels_into_the_cache(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     compiled = {p.name.split("-")[0] for p in cache.rglob("*.nbi")}
-    assert {"kernels.reassign_bounded", "kernels.assign_dense", "kernels.nearest_dense"} <= compiled
+    kernels = ("bound_sweep", "settle_assigned", "reassign_rows", "assign_dense", "nearest_dense")
+    assert {f"kernels.{name}" for name in kernels} <= compiled
 
 
 # -- .dockerignore ------------------------------------------------------------------------

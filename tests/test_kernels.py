@@ -32,10 +32,13 @@ from engine.assign import CHUNK_ROWS, sqnorms
 from engine.init import kmeans_plusplus
 from engine.kernels import (
     assign_dense,
+    bound_sweep,
     gemm_error,
     nearest_dense,
     reassign_bounded,
+    reassign_rows,
     row_sqnorms,
+    settle_assigned,
     shuffle_insert,
     sqdist32,
     sqdist32_error,
@@ -348,6 +351,7 @@ def run_assign_dense(
         X,
         rows,
         sqnorms(Xr),
+        False,
         Xr @ np.ascontiguousarray(C.T),
         C,
         sqnorms(C),
@@ -581,6 +585,88 @@ def test_reassign_bounded_is_exact_and_keeps_sums(seed, n, k, d, delta, integer,
         assert_state_consistent(X, state, check_sse=False)
         assert_bounds_valid(X, C_new, state.lower, np.arange(n))
         C = C_new
+
+
+def bound_sweep_ref(p, labels, upper, lower):
+    """numpy version of ``bound_sweep``: the same float32 / float64 operations, row-wise.
+
+    Returns ``(todo, n_open, upper_new, lower_new)``.
+    """
+    p32 = (p * (1.0 + 2.0**-22)).astype(np.float32)
+    lower_new = ((lower - p32[None, :]) * np.float32(1.0 - 2.0**-23)).astype(np.float32)
+    upper_new = (upper + p[labels]) * (1.0 + 2.0**-50)
+    ub32 = (upper_new * (1.0 + 2.0**-22)).astype(np.float32)
+    is_open = lower_new <= ub32[:, None]
+    is_open[np.arange(labels.shape[0]), labels] = False
+    per_row = is_open.sum(axis=1)
+    todo = np.flatnonzero(per_row > 0)
+    return todo, int((per_row[todo] + 1).sum()), upper_new, lower_new
+
+
+@SETTINGS
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 60),
+    st.integers(1, 9),
+    st.sampled_from([0.0, 0.05, 1.0, 30.0]),
+)
+def test_bound_sweep_matches_numpy_and_is_sound(seed, n, k, delta):
+    # Bounds from an exact assignment, centroids moved by ``delta``: the sweep must update
+    # every bound as the numpy formula does, keep them valid for the moved centroids, and
+    # list exactly the rows whose label the bounds cannot prove unchanged.
+    rng = np.random.default_rng(seed)
+    d = 3
+    X = blobs(n, d, k, seed=seed % 1000, spread=2.0, separation=4.0)
+    C = X[rng.integers(0, n, size=k)].copy()
+    state = State(n, k, d)
+    run_assign_dense(X, np.arange(n), C, False, state)
+    C_new = (C + delta * rng.standard_normal(C.shape)).astype(np.float32)
+    p = movement(C, C_new) * (1.0 + 1e-9)
+    todo_ref, n_open_ref, upper_ref, lower_ref = bound_sweep_ref(
+        p, state.labels, state.upper.copy(), state.lower.copy()
+    )
+    todo, n_open = bound_sweep(p, state.labels, state.upper, state.lower)
+    np.testing.assert_array_equal(todo, todo_ref)
+    assert n_open == n_open_ref
+    assert todo.shape[0] <= n_open <= todo.shape[0] * k
+    np.testing.assert_array_equal(state.upper, upper_ref)
+    np.testing.assert_array_equal(state.lower, lower_ref)
+    assert_bounds_valid(X, C_new, state.lower, np.arange(n))
+    dist = np.sqrt(((X.astype(np.float64) - C_new[state.labels].astype(np.float64)) ** 2).sum(1))
+    assert (state.upper >= dist).all()
+    # A row left off the list keeps its label: it is the nearest of the moved centroids.
+    settled = np.setdiff1d(np.arange(n), todo)
+    ref_labels, _ = brute_nearest(X[settled], C_new)
+    np.testing.assert_array_equal(state.labels[settled], ref_labels)
+
+
+def test_reassign_rows_touches_only_the_rows_it_is_given():
+    X = blobs(300, 4, 6, seed=5, spread=2.0, separation=3.0)
+    C = X[:6].copy()
+    state = State(300, 6, 4)
+    run_assign_dense(X, np.arange(300), C, False, state)
+    C_new = (C + np.random.default_rng(1).standard_normal(C.shape)).astype(np.float32)
+    todo, _ = bound_sweep(movement(C, C_new) * (1.0 + 1e-9), state.labels, state.upper, state.lower)
+    assert 0 < todo.shape[0] < 300
+    s_assigned = np.full(300, np.nan)
+    todo, n_open = settle_assigned(
+        X, todo, C_new, sqdist32_error(4), state.labels, state.upper, state.lower, s_assigned
+    )
+    assert todo.shape[0] <= n_open <= 6 * todo.shape[0]
+    exact = sqdist64_ref(X, C_new)[np.arange(300), state.labels]
+    np.testing.assert_allclose(s_assigned[todo], exact[todo], rtol=1e-5)
+    rows = todo[::2]
+    before = state.copy()
+    reassign_rows(
+        X, rows, C_new, sqdist32_error(4), state.labels, state.upper, state.lower,
+        state.S, state.v, state.Q, s_assigned,
+    )
+    others = np.setdiff1d(np.arange(300), rows)
+    np.testing.assert_array_equal(state.labels[others], before.labels[others])
+    np.testing.assert_array_equal(state.lower[others], before.lower[others])
+    np.testing.assert_array_equal(state.upper[others], before.upper[others])
+    np.testing.assert_array_equal(state.labels[rows], brute_nearest(X[rows], C_new)[0])
+    assert_state_consistent(X, state, check_sse=False)
 
 
 def test_reassign_bounded_skips_far_centroids_on_separated_data():
