@@ -32,6 +32,7 @@ from engine.init import kmeans_plusplus
 from engine.kernels import (
     assign_dense,
     bound_sweep,
+    centroid_update,
     gemm_error,
     reassign_rows,
     settle_assigned,
@@ -91,6 +92,9 @@ class KMeansAlgorithm:
     """
 
     name = "base"
+    # Whether the centroid update computes ``sse`` from the sums (nmbatch), or the
+    # assignment pass accumulated it (the others).
+    _sse_from_sums_on_update = False
 
     def __init__(
         self,
@@ -211,14 +215,9 @@ class KMeansAlgorithm:
 
     def _update_centroids(self) -> None:
         """``c(j) = S(j)/v(j)`` where ``v(j) > 0``; ``p(j)`` = distance moved (rounded up)."""
-        old = self.centroids
-        nz = self.v > 0
-        C64 = old.astype(np.float64)
-        C64[nz] = self.S[nz] / self.v[nz, None]
-        new = C64.astype(np.float32)
-        diff = new.astype(np.float64) - old.astype(np.float64)
-        self.p = np.sqrt(np.einsum("ij,ij->i", diff, diff)) * (1.0 + 1e-9)
-        self.centroids = new
+        self.centroids, self.p = centroid_update(
+            self.S, self.v, self.Q, self.centroids, self._sse_from_sums_on_update, self.sse
+        )
         self.counts = self.v.copy()
 
     def _doubling_test(self, rho: float) -> bool:
@@ -261,6 +260,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.full = bool(full)
         self.dense_revisit_fraction = DENSE_REVISIT_FRACTION
         self.name = "elkan" if full else ("nmbatch" if bounds else "nmbatch.deact")
+        self._sse_from_sums_on_update = True
         self._grow = False
         k = self.n_clusters
         self._labels = np.empty(0, dtype=np.int32)
@@ -307,10 +307,6 @@ class NestedMiniBatch(KMeansAlgorithm):
         sse = self.Q - 2.0 * np.einsum("ij,ij->i", C, self.S) + self.v * np.einsum("ij,ij->i", C, C)
         return np.maximum(sse, 0.0)
 
-    def _update_centroids(self) -> None:
-        self.sse = self._sse_from_sums()
-        super()._update_centroids()
-
     def _target_batch(self, n: int) -> int:
         if self.full or not self.initialized:
             return n if self.full else min(self.initial_batch_size, n)
@@ -321,32 +317,38 @@ class NestedMiniBatch(KMeansAlgorithm):
     def _revisit_bounded(self, data: np.ndarray, b_old: int) -> tuple[int, int]:
         """nmbatch lines 10-21 over the prefix ``[0, b_old)``; returns (changes, distances).
 
-        The bound sweep lists the rows whose label the bounds cannot settle; their exact
-        distance to ``a(i)`` settles some more and tightens the rest. When the pairs left
-        open are most of the remaining rows' pairs (the first revisits, after big centroid
-        moves), one BLAS product computes them faster than a scalar distance per pair (and
-        leaves every bound tight): those rows go through the dense path. Otherwise only the
-        open pairs are computed.
+        The bound sweep lists the rows whose label the bounds cannot settle, and counts the
+        (row, centroid) pairs they leave open. Usually those are few: each listed row is
+        read once, for its distance to ``a(i)`` and to the open centroids. When they are
+        most of the listed rows' pairs (the first revisits, after big centroid moves), the
+        exact distance to ``a(i)`` first settles some rows and tightens the others' bounds;
+        if the pairs still open remain most of theirs, one BLAS product computes them
+        faster than a scalar distance per pair (and leaves every bound tight).
         """
         k = self.n_clusters
         X = data[:b_old]
         labels, upper, lower = self._labels[:b_old], self._upper[:b_old], self._lower[:b_old]
         s_assigned = self._dist2[:b_old]  # scratch
-        listed, _ = bound_sweep(self.p, labels, upper, lower)
-        todo, n_open = settle_assigned(
-            X, listed, self.centroids, self._g, labels, upper, lower, s_assigned
-        )
-        n_dist = listed.shape[0]
-        if n_open > self.dense_revisit_fraction * todo.shape[0] * k:
-            changed = self._dense_pass(
-                data, todo, True, self._labels, self._dist2, self._lower, self._upper,
-                norms=self._xx, fresh=False,
+        fraction = self.dense_revisit_fraction
+        rows, n_open = bound_sweep(self.p, labels, upper, lower)
+        n_dist = 0
+        known = False
+        if n_open > fraction * rows.shape[0] * k:
+            n_dist = rows.shape[0]
+            rows, n_open = settle_assigned(
+                X, rows, self.centroids, self._g, labels, upper, lower, s_assigned
             )
-            # Pairs computed (the distance to a(i) of the rows done again is counted once).
-            return changed, n_dist + todo.shape[0] * (k - 1)
+            known = True
+            if n_open > fraction * rows.shape[0] * k:
+                changed = self._dense_pass(
+                    data, rows, True, self._labels, self._dist2, self._lower, self._upper,
+                    norms=self._xx, fresh=False,
+                )
+                # Pairs computed (the distance to a(i), done again, is counted once).
+                return changed, n_dist + rows.shape[0] * (k - 1)
         changed, n_more = reassign_rows(
-            X, todo, self.centroids, self._g, labels, upper, lower,
-            self.S, self.v, self.Q, s_assigned,
+            X, rows, self.centroids, self._g, labels, upper, lower,
+            self.S, self.v, self.Q, s_assigned, known,
         )
         return changed, n_dist + n_more
 

@@ -32,11 +32,16 @@ import math
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 __all__ = [
     "UNIT_ROUNDOFF32",
     "assign_dense",
     "bound_sweep",
+    "centroid_update",
     "gemm_error",
     "reassign_bounded",
     "reassign_rows",
@@ -205,6 +210,37 @@ def _sqnorm(x: np.ndarray) -> float:
     return s
 
 
+@intrinsic
+def _prefetch_row(typingctx, arr, i):
+    """Hint the CPU to start loading row ``i`` of a 2-D C-contiguous array into its caches
+    (one ``llvm.prefetch`` per 64-byte line; no effect on results)."""
+    sig = types.void(arr, i)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        zero = context.get_constant(types.intp, 0)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], zero])
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        base = builder.bitcast(ptr, i8p)
+        itemsize = context.get_constant(types.intp, aryty.dtype.bitwidth // 8)
+        nbytes = builder.mul(itemsize, builder.extract_value(ary.shape, 1))
+        line = context.get_constant(types.intp, 64)
+        with cgutils.for_range_slice(builder, zero, nbytes, line) as (offset, _):
+            # read, high locality, data cache
+            args_ = [builder.gep(base, [offset]), i32(0), i32(3), i32(1)]
+            builder.call(fn, args_)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_PREFETCH_AHEAD = 2  # listed rows ahead of the one being processed
+
+
 @numba.njit(cache=True, nogil=True)
 def bound_sweep(p, labels, upper, lower):
     """Pass 1 of a bounded revisit (nmbatch lines 10-13): update every bound, list the open rows.
@@ -280,7 +316,10 @@ def settle_assigned(X, rows, C, g, labels, upper, lower, s_assigned):
     todo = np.empty(rows.shape[0], dtype=np.int64)
     n_todo = 0
     n_pairs = 0
-    for t in range(rows.shape[0]):
+    m = rows.shape[0]
+    for t in range(m):
+        if t + _PREFETCH_AHEAD < m:
+            _prefetch_row(X, rows[t + _PREFETCH_AHEAD])
         i = rows[t]
         li = lower[i]
         a = labels[i]
@@ -303,17 +342,18 @@ def settle_assigned(X, rows, C, g, labels, upper, lower, s_assigned):
 
 
 @numba.njit(cache=True, nogil=True)
-def reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, s_assigned):
-    """Pass 2b of a bounded revisit (nmbatch lines 16-21) on the rows still open.
+def reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, s_assigned, known):
+    """Pass 2 of a bounded revisit (nmbatch lines 14-21) on the listed rows, row by row.
 
-    For each listed row (its distance to ``a(i)`` already in ``s_assigned``): a distance to
-    every ``j`` whose bound does not exclude it (the bound tightened as nearer centroids
-    are found), and the nearest decided exactly. ``S``, ``v`` and ``Q`` change only for
-    samples whose label changed (one sample, one vote); ``sse`` follows from them (see
-    ``cluster_sse``).
+    For each listed row: the exact distance to ``a(i)`` (already in ``s_assigned`` when
+    ``known``, after :func:`settle_assigned`; otherwise computed here, so the row is read
+    once), a distance to every ``j`` whose bound does not exclude it (the bound tightened
+    as nearer centroids are found), and the nearest decided exactly. ``S``, ``v`` and
+    ``Q`` change only for samples whose label changed (one sample, one vote); ``sse``
+    follows from them (``Q(j) - 2 c(j).S(j) + v(j) ||c(j)||^2``).
 
     X          : (n, d) float32   IN   samples (rows already in the batch)
-    rows       : (m,) int64       IN   rows to revisit (as ``settle_assigned`` left them)
+    rows       : (m,) int64       IN   rows to revisit (bounds already updated this step)
     C          : (k, d) float32   IN   current centroids
     g          : float            IN   ``sqdist32_error(d)``
     labels     : (n,) int32       INOUT  ``a(i)``
@@ -323,6 +363,7 @@ def reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, s_assigned):
     v          : (k,) int64       INOUT
     Q          : (k,) float64     INOUT  sum of ``||x(i)||^2`` over the samples of each cluster
     s_assigned : (n,) float64     IN   ``||x(i) - c(a(i))||^2`` from ``settle_assigned``
+    known      : bool             IN   whether ``s_assigned`` holds it (else not read)
 
     Returns ``(n_changed, n_distances)`` (distances computed here).
     """
@@ -335,12 +376,19 @@ def reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, s_assigned):
     open_j = np.empty(k, dtype=np.int64)
     n_changed = 0
     n_dist = 0
-    for t in range(rows.shape[0]):
+    m = rows.shape[0]
+    for t in range(m):
+        if t + _PREFETCH_AHEAD < m:
+            _prefetch_row(X, rows[t + _PREFETCH_AHEAD])
         i = rows[t]
         li = lower[i]
         a = labels[i]
         x = X[i]
-        s_a = s_assigned[i]
+        if known:
+            s_a = s_assigned[i]
+        else:
+            s_a = sqdist_safe(x, C[a])
+            n_dist += 1
         best = a
         best_s = s_a
         u = math.sqrt(best_s * g_hi)
@@ -367,6 +415,7 @@ def reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, s_assigned):
                 best = j
                 best_s = s_j
                 u = math.sqrt(best_s * g_hi)
+        li[a] = _down32(math.sqrt(s_a * g_lo))
         if nc > 1:
             best, s_new = _exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
             upper[i] = math.sqrt(s_new * g_hi) * _UP
@@ -390,16 +439,14 @@ def reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, s_assigned):
 @numba.njit(cache=True, nogil=True)
 def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
     """Revisit already-assigned samples with Elkan-style bounds (nmbatch lines 10-21):
-    :func:`bound_sweep`, :func:`settle_assigned` and :func:`reassign_rows`, all scalar.
+    :func:`bound_sweep`, then :func:`reassign_rows` on the rows it lists, all scalar.
 
     Arguments as those (``X`` (n, d) float32 holds the revisited rows). Returns
     ``(n_changed, n_distances)``.
     """
     rows, _ = bound_sweep(p, labels, upper, lower)
-    s_assigned = np.empty(labels.shape[0], dtype=np.float64)
-    todo, _ = settle_assigned(X, rows, C, g, labels, upper, lower, s_assigned)
-    n_changed, n_dist = reassign_rows(X, todo, C, g, labels, upper, lower, S, v, Q, s_assigned)
-    return n_changed, n_dist + rows.shape[0]
+    no_s = np.empty(0, dtype=np.float64)
+    return reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, no_s, False)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -543,6 +590,49 @@ def nearest_dense(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out):
                     best_e = e
         labels_out[q] = best
         sqdist_out[q] = best_e
+
+
+@numba.njit(cache=True, nogil=True)
+def centroid_update(S, v, Q, C_old, sse_from_sums, sse):
+    """The centroid update (nmbatch lines 31-35) in one pass over ``S``.
+
+    ``c(j) = S(j)/v(j)`` (float64 division, rounded to float32) where ``v(j) > 0``, else
+    ``c(j)`` stays; ``p(j) = ||c_new(j) - c_old(j)||`` (float64, times ``1 + 1e-9``). With
+    ``sse_from_sums``, ``sse(j) = max(Q(j) - 2 c_old(j).S(j) + v(j) ||c_old(j)||^2, 0)``
+    first: the sum of ``d(i)^2`` under the centroids in force during the iteration.
+
+    S, v, Q : (k, d) float64, (k,) int64, (k,) float64   IN
+    C_old   : (k, d) float32   IN
+    sse     : (k,) float64     OUT when ``sse_from_sums`` (else untouched)
+
+    Returns ``(C_new (k, d) float32, p (k,) float64)``.
+    """
+    k, d = C_old.shape
+    C_new = np.empty((k, d), dtype=np.float32)
+    p = np.empty(k, dtype=np.float64)
+    for j in range(k):
+        cj = C_old[j]
+        if sse_from_sums:
+            cs = 0.0
+            cc = 0.0
+            for t in range(d):
+                c64 = np.float64(cj[t])
+                cs += c64 * S[j, t]
+                cc += c64 * c64
+            sse[j] = max(Q[j] - 2.0 * cs + v[j] * cc, 0.0)
+        moved = 0.0
+        if v[j] > 0:
+            inv = np.float64(v[j])
+            for t in range(d):
+                new = np.float32(S[j, t] / inv)
+                C_new[j, t] = new
+                diff = np.float64(new) - np.float64(cj[t])
+                moved += diff * diff
+        else:
+            for t in range(d):
+                C_new[j, t] = cj[t]
+        p[j] = math.sqrt(moved) * (1.0 + 1e-9)
+    return C_new, p
 
 
 @numba.njit(cache=True, nogil=True)

@@ -33,6 +33,7 @@ from engine.init import kmeans_plusplus
 from engine.kernels import (
     assign_dense,
     bound_sweep,
+    centroid_update,
     gemm_error,
     nearest_dense,
     reassign_bounded,
@@ -659,7 +660,7 @@ def test_reassign_rows_touches_only_the_rows_it_is_given():
     before = state.copy()
     reassign_rows(
         X, rows, C_new, sqdist32_error(4), state.labels, state.upper, state.lower,
-        state.S, state.v, state.Q, s_assigned,
+        state.S, state.v, state.Q, s_assigned, True,
     )
     others = np.setdiff1d(np.arange(300), rows)
     np.testing.assert_array_equal(state.labels[others], before.labels[others])
@@ -706,6 +707,43 @@ def test_reassign_bounded_with_no_movement_changes_nothing():
     np.testing.assert_array_equal(state.labels, before.labels)
     np.testing.assert_array_equal(state.v, before.v)
     np.testing.assert_array_equal(state.S, before.S)
+
+
+# ---------------------------------------------------------------------------------------
+# centroid update
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.integers(1, 40), st.booleans())
+def test_centroid_update_matches_numpy(seed, k, d, with_sse):
+    rng = np.random.default_rng(seed)
+    X = (rng.standard_normal((5 * k + 3, d)) * 10.0).astype(np.float32)
+    labels = rng.integers(0, k, size=X.shape[0])
+    labels[: k // 2] = 0  # and some clusters may be empty
+    C_old = (rng.standard_normal((k, d)) * 10.0).astype(np.float32)
+    X64 = X.astype(np.float64)
+    S = np.zeros((k, d))
+    np.add.at(S, labels, X64)
+    v = np.bincount(labels, minlength=k).astype(np.int64)
+    Q = np.bincount(labels, weights=(X64 * X64).sum(1), minlength=k)
+    sse = np.full(k, -1.0)
+    C_new, p = centroid_update(S, v, Q, C_old, with_sse, sse)
+    # numpy: the mean where v > 0 (float64 division, then float32), else unchanged
+    nz = v > 0
+    ref = C_old.astype(np.float64)
+    ref[nz] = S[nz] / v[nz, None]
+    np.testing.assert_array_equal(C_new, ref.astype(np.float32))
+    diff = C_new.astype(np.float64) - C_old.astype(np.float64)
+    np.testing.assert_allclose(p, np.sqrt((diff * diff).sum(1)) * (1.0 + 1e-9), rtol=1e-12)
+    if with_sse:
+        # sum of squared distances to the centroids in force (the old ones), from sums
+        resid = ((X64 - C_old.astype(np.float64)[labels]) ** 2).sum(1)
+        ref_sse = np.bincount(labels, weights=resid, minlength=k)
+        scale = Q + v * (C_old.astype(np.float64) ** 2).sum(1) + 1.0
+        np.testing.assert_allclose(sse, ref_sse, atol=1e-12 * scale.max())
+        assert (sse >= 0).all()
+    else:
+        assert (sse == -1.0).all()
 
 
 # ---------------------------------------------------------------------------------------
