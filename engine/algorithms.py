@@ -301,12 +301,6 @@ class NestedMiniBatch(KMeansAlgorithm):
         """Upper bounds ``u(i)`` of the prefix rows: ``(b,)`` float64 copy."""
         return self._upper[: self.batch_size].copy()
 
-    def _sse_from_sums(self) -> np.ndarray:
-        """``sse(j) = sum ||x(i) - c(j)||^2`` over the samples of ``j`` (clamped at 0)."""
-        C = self.centroids.astype(np.float64)
-        sse = self.Q - 2.0 * np.einsum("ij,ij->i", C, self.S) + self.v * np.einsum("ij,ij->i", C, C)
-        return np.maximum(sse, 0.0)
-
     def _target_batch(self, n: int) -> int:
         if self.full or not self.initialized:
             return n if self.full else min(self.initial_batch_size, n)
@@ -430,7 +424,8 @@ class NestedMiniBatch(KMeansAlgorithm):
             data, np.arange(b, dtype=np.int64), False, self._labels, self._dist2, self._lower,
             self._upper if self.bounds else None, norms=self._xx,
         )
-        self.sse = self._sse_from_sums()
+        # sse from the sums under the restored centroids (the kernel's update is discarded).
+        centroid_update(self.S, self.v, self.Q, self.centroids, True, self.sse)
         self.batch_size = b
         self.counts = self.v.copy()
         self.iteration = int(iteration)
