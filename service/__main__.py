@@ -31,7 +31,7 @@ def main() -> int:
     # a thread waiting for it waits up to the switch interval (default 5 ms) whenever
     # another one runs Python. 0.5 ms keeps the loop's turns (and /assign) short.
     sys.setswitchinterval(SWITCH_INTERVAL)
-    app = create_app(settings)
+    app = create_app(settings, freeze_heap=True)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -750,6 +750,9 @@ def run_phase(spec: PhaseSpec, args: argparse.Namespace) -> dict[str, Any]:
                 arrays[f"{r['role']}{i}_{key}"] = np.asarray(r[key]) - (
                     start if key == "ends" else 0
                 )
+        # The phase's start on this machine's monotonic clock: raw times line up with
+        # other recordings (e.g. /proc/stat) taken meanwhile.
+        arrays["start_monotonic"] = np.asarray(start)
         np.savez_compressed(args.out / f"raw-{spec.name}.npz", **arrays)
     out = summarise(spec, args, start, deadline, reports, samples, stats, centroids, exit_code)
     # Redis forks for each rewrite of its append-only file (the child dumps the dataset).

@@ -4,8 +4,16 @@ The lifespan owns every long-lived thing, in this order on start and reversed on
 the embedded ``redis-server`` (only when ``NMBATCH_REDIS_URL`` is unset), the Redis
 clients, the start-up checks (a ``k`` or dimension that contradicts Redis stops here),
 the worker lease and the restored snapshot (published at once, so ``GET /centroids``
-answers before the log replay ends), and the worker thread. On exit the worker writes a
-last snapshot and releases the lease.
+answers before the log replay ends), the kernels' warm-up, and the worker thread. On exit
+the worker writes a last snapshot and releases the lease.
+
+Warm-up and heap freeze: before the first request, every numba kernel of the engine and
+of the JSON parser is loaded (``engine.warmup``), so no request and no iteration waits
+for a compilation. The server process (``python -m service``) then freezes the heap
+(``gc.collect(); gc.freeze()``): the modules, the app and the kernels' objects (about
+170,000) leave the cyclic garbage collector's view. Without it, each collection of the
+oldest generation walks them all, 60-100 ms holding the GIL, a stall of every request in
+flight and the worst ``/assign`` latencies of the load benchmark.
 
 Redis faults: every client has short socket timeouts and no automatic retries (a retried
 transaction could log a batch twice, and a request must fail fast rather than hang), and
@@ -16,6 +24,7 @@ Requests that need no Redis (``GET /centroids``, ``/assign``) go on answering fr
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -33,10 +42,12 @@ from redis.retry import Retry
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from engine.warmup import warm_up
 from service.config import Settings
 from service.context import ServiceContext
 from service.embedded_redis import EmbeddedRedis
 from service.fastpath import AssignFastPath
+from service.jsonfast import parse_json_matrix
 from service.metrics import RequestTimingMiddleware, ServiceMetrics
 from service.problems import install_problem_handlers, problem_response
 from service.redis_log import (
@@ -73,8 +84,12 @@ class StartupError(RuntimeError):
     """The service cannot start (Redis unreachable, settings contradicting Redis ...)."""
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; nothing starts until its lifespan runs (uvicorn, TestClient)."""
+def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -> FastAPI:
+    """Build the app; nothing starts until its lifespan runs (uvicorn, TestClient).
+
+    ``freeze_heap``: once started, collect and freeze the heap (see the module docstring);
+    for the server process, not for a test process that builds many apps.
+    """
     settings = settings if settings is not None else Settings()
     metrics = ServiceMetrics()
 
@@ -82,6 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             app.state.context = await _start(settings, metrics, stack)
+            if freeze_heap:
+                _freeze_heap(metrics)
             try:
                 yield
             finally:
@@ -208,6 +225,8 @@ async def _start(
             model.version if model is not None else snapshot.version,
             worker.role,
         )
+    seconds = await run_in_threadpool(_warm_up_kernels)
+    log.info("kernels loaded in %.2f s", seconds)
     worker.start()
     stack.push_async_callback(run_in_threadpool, worker.stop)
     _tune_worker_thread(settings.model, WORKER_NICE)
@@ -221,6 +240,22 @@ async def _start(
         dim=dim,
         embedded_redis=embedded,
     )
+
+
+def _warm_up_kernels() -> float:
+    """Load the numba kernels of the engine and of the JSON parser; returns seconds."""
+    seconds = warm_up()
+    parse_json_matrix(b'{"vectors": [[1.0, -2.5e-3], [3, 4E2]]}')
+    return seconds
+
+
+def _freeze_heap(metrics: ServiceMetrics) -> None:
+    """Collect, then move every live object out of the garbage collector's generations."""
+    gc.collect()
+    gc.freeze()
+    metrics.gc_frozen_objects.set(gc.get_freeze_count())
+    log.info("heap frozen: %d objects out of the garbage collector's scans",
+             gc.get_freeze_count())  # fmt: skip
 
 
 def _tune_worker_thread(model: str, nice: int) -> None:

@@ -85,6 +85,11 @@ class ServiceMetrics:
             "1 if this process is the model's worker (holds the lease), 0 if standby",
             registry=r,
         )
+        self.gc_frozen_objects = Gauge(
+            "nmbatch_gc_frozen_objects",
+            "Objects moved out of the garbage collector's scans at start-up (gc.freeze)",
+            registry=r,
+        )
         self._last_snapshot: float | None = None
         self.snapshot_age.set_function(self._snapshot_age)
         self.request_seconds = Histogram(

@@ -376,6 +376,9 @@ def test_compose_redis_persists_with_appendonly_on_a_named_volume(
     assert options["--appendonly"] == "yes"
     assert options["--appendfsync"] == "everysec"
     assert options["--maxmemory-policy"] == "noeviction"
+    # As the embedded Redis: rewrites without LZF, every 400% growth of the log.
+    assert options["--rdbcompression"] == "no"
+    assert options["--auto-aof-rewrite-percentage"] == "400"
     volume, target = redis["volumes"][0].split(":")[:2]
     assert target == "/data"
     assert volume in compose["volumes"]

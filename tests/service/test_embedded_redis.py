@@ -35,6 +35,11 @@ def test_start_write_stop_restart_keeps_the_data(tmp_path: Path) -> None:
     with EmbeddedRedis(tmp_path / "data") as again:
         client = redis.Redis.from_url(again.url)
         assert client.xlen("s") == 1 and client.config_get("appendonly")["appendonly"] == "yes"
+        # Cheaper append-only-file rewrites (AOF_REWRITE_ARGS): no LZF, every 400% growth.
+        assert client.config_get("rdbcompression")["rdbcompression"] == "no"
+        assert client.config_get("auto-aof-rewrite-percentage") == {
+            "auto-aof-rewrite-percentage": "400"
+        }
         client.close()
 
 

@@ -100,6 +100,11 @@ def test_python_m_service_runs_stops_cleanly_and_keeps_its_data(
 
         version = wait_until(converged, what="convergence")["version"]
         assert http.get("/assign", params={"vector": "9.5,0.5"}).json()["distance"] < 1.0
+        # The server process froze its heap once started (the modules, the app and the
+        # loaded kernels: ~170,000 objects): the collector's full scans stay short.
+        metrics = http.get("/metrics").text
+        frozen = [line for line in metrics.splitlines() if line.startswith("nmbatch_gc_frozen")]
+        assert frozen and float(frozen[0].split()[-1]) > 50_000, frozen
 
     assert stop(proc) == 0
     with pytest.raises(ProcessLookupError):

@@ -1,0 +1,52 @@
+"""Load every numba kernel the engine runs, once, before the work that must not wait for it.
+
+Numba compiles (or, with ``cache=True``, loads from its on-disk cache) a kernel the first
+time it is called with a new type signature. The signature depends on dtypes and array
+layouts only, never on ``k`` or ``d``, so one small problem reaches every kernel the
+engine calls on real data: each path of nmbatch's bounded revisit, a restore from
+centroids, and the exact lookups (``nearest``, ``nearest_one``, ``energy``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from engine.algorithms import make_algorithm
+from engine.assign import energy, nearest, nearest_one
+from engine.store import NestedBatchStore
+
+__all__ = ["warm_up"]
+
+
+def warm_up(*, k: int = 4, dim: int = 8, n: int = 2000, seed: int = 0) -> float:
+    """Run nmbatch and the exact lookups on ``n`` random ``float32`` rows of dimension ``dim``.
+
+    nmbatch runs three times (its automatic revisit, then the revisit forced to the BLAS
+    path and to the scalar path), each from k-means++ with an initial batch of ``n // 10``
+    until it has used all ``n`` rows or converged, then once more restored from its own
+    centroids. Returns the wall time, in seconds.
+    """
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, dim)).astype(np.float32)
+    for fraction in (None, -1.0, np.inf):  # automatic, always BLAS, always scalar
+        store = NestedBatchStore(dim, seed=seed, capacity=n)
+        store.append(X)
+        algo = make_algorithm(
+            "nmbatch", store, k, init="k-means++", batch_size=n // 10, random_state=seed
+        )
+        if fraction is not None:
+            algo.dense_revisit_fraction = fraction
+        for _ in range(16):
+            if algo.step().converged and algo.batch_size == n:
+                break
+        algo.restore(algo.centroids, algo.batch_size, algo.iteration)
+        algo.step()
+        algo.energy_estimate()
+    C = np.ascontiguousarray(algo.centroids, dtype=np.float32)
+    nearest(X, C)
+    nearest_one(X[0], C)
+    energy(X, C)
+    return time.perf_counter() - t0

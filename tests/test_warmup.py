@@ -1,0 +1,72 @@
+"""``engine.warmup.warm_up`` reaches every numba kernel nmbatch and the lookups run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs in a fresh interpreter: in the test process other tests have called the kernels.
+_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    import numba
+    import numpy as np
+    import engine.algorithms, engine.assign, engine.init, engine.kernels, engine.store
+    from engine import NestedBatchStore, energy, make_algorithm, nearest
+    from engine.assign import nearest_one
+    from engine.warmup import warm_up
+
+    MODULES = (engine.kernels, engine.assign, engine.init, engine.algorithms, engine.store)
+
+    def signatures():
+        out = {}
+        for module in MODULES:
+            for name in dir(module):
+                f = getattr(module, name)
+                if isinstance(f, numba.core.registry.CPUDispatcher):
+                    out[f"{module.__name__}.{name}"] = len(f.signatures)
+        return out
+
+    before = signatures()
+    seconds = warm_up()
+    warmed = signatures()
+    # Real work afterwards: another k and d, a growing store, doublings, both revisit
+    # paths as the data pick them, a restore, the lookups.
+    rng = np.random.default_rng(1)
+    X = (rng.standard_normal((40_000, 24)) * rng.random(24)).astype(np.float32)
+    store = NestedBatchStore(24, seed=0)
+    store.append(X[:20_000])
+    algo = make_algorithm("nmbatch", store, 11, batch_size=1000, random_state=0)
+    for i in range(40):
+        algo.step()
+        if i == 5:
+            store.append(X[20_000:])
+    algo.energy_estimate()
+    algo.restore(algo.centroids, algo.batch_size, algo.iteration)
+    algo.step()
+    nearest(X[:100], algo.centroids)
+    nearest_one(X[0], algo.centroids)
+    energy(X[:100], algo.centroids)
+    after = signatures()
+    json.dump({"before": before, "warmed": warmed, "after": after, "seconds": seconds},
+              sys.stdout)
+    """
+)
+
+
+def test_warm_up_leaves_nothing_to_compile_for_real_work() -> None:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    result = json.loads(out)
+    before, warmed, after = result["before"], result["warmed"], result["after"]
+    assert sum(before.values()) == 0, "kernels were loaded before the warm-up"
+    assert sum(warmed.values()) >= 10
+    assert after == warmed, {k: (warmed[k], after[k]) for k in after if after[k] != warmed[k]}
+    assert result["seconds"] > 0
