@@ -140,6 +140,13 @@ class Settings(BaseSettings):
         ge=1,
         description="BLAS / numba threads of the worker (default: all cores but one).",
     )
+    worker_process: bool = Field(
+        True,
+        description=(
+            "Run the worker's store and iterations in a child process (own GIL, lower "
+            "priority), not in the worker thread."
+        ),
+    )
 
     @property
     def key_prefix(self) -> str:

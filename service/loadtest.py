@@ -452,6 +452,22 @@ def _worker_thread_cpu_seconds(pid: int) -> float | None:
     return total if found else None
 
 
+def _engine_pids(pid: int) -> list[int]:
+    """The server's engine process(es) (OS name ``nmbatch-engine``), children of ``pid``."""
+    found = []
+    with contextlib.suppress(OSError, ValueError):
+        for task in Path(f"/proc/{pid}/task").iterdir():  # the worker thread started it
+            for child in (task / "children").read_text().split():
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{child}/comm").read_text().strip() == "nmbatch-engine":
+                        found.append(int(child))
+    return found
+
+
+def _plus(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else (a or 0) + (b or 0)
+
+
 def _machine_busy_seconds() -> float | None:
     """CPU seconds all cores spent busy (not idle, not waiting for I/O) since boot."""
     try:
@@ -481,6 +497,7 @@ class Server:
             "NMBATCH_WORKER_THREADS": "1",
             "NMBATCH_LOG_LEVEL": "warning",
             "NMBATCH_ACCESS_LOG": "false",
+            "NMBATCH_WORKER_PROCESS": "true" if args.worker_process else "false",
         }
         env.update(self.settings)
         repo = Path(__file__).resolve().parents[1]
@@ -519,12 +536,18 @@ class Server:
 
     def sample(self) -> dict[str, Any]:
         """RSS and CPU time of both processes, Redis's own memory count, samples logged."""
+        engines = _engine_pids(self.proc.pid)
+        engine_rss = sum(_rss_bytes(e) or 0 for e in engines) if engines else None
+        engine_cpu = sum(_cpu_seconds(e) or 0.0 for e in engines) if engines else None
         out: dict[str, Any] = {
             "t": time.monotonic(),
-            "server_rss": _rss_bytes(self.proc.pid),
+            # The server with its engine process (which holds the store).
+            "server_rss": _plus(_rss_bytes(self.proc.pid), engine_rss),
             "redis_rss": _rss_bytes(self.redis_pid),
-            "server_cpu": _cpu_seconds(self.proc.pid),
-            "worker_cpu": _worker_thread_cpu_seconds(self.proc.pid),
+            "server_cpu": _plus(_cpu_seconds(self.proc.pid), engine_cpu),
+            # The worker thread and the engine process it drives.
+            "worker_cpu": _plus(_worker_thread_cpu_seconds(self.proc.pid), engine_cpu),
+            "engine_rss": engine_rss,
             # With the AOF rewrites Redis forks (reaped children count once they end).
             "redis_cpu": _cpu_seconds(self.redis_pid, children=True),
             "machine_cpu": _machine_busy_seconds(),
@@ -1050,9 +1073,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}`",
         "",
         f"Server: one `python -m service` process (uvicorn: h11, {loop} loop, access log "
-        f"off), its embedded redis-server (append-only file, appendfsync everysec), "
-        f"k = {a['k']}, d = {a['dim']}, `NMBATCH_WORKER_THREADS=1`, the worker iterating all "
-        f"along. A fresh server per phase. "
+        f"off), its embedded redis-server (append-only file, appendfsync everysec, "
+        f"rewrites without compression at 400% growth), k = {a['k']}, d = {a['dim']}, "
+        f"`NMBATCH_WORKER_THREADS=1`, the worker iterating all along (its engine in "
+        f"{'a child process' if a.get('worker_process', True) else 'the worker thread'}). "
+        f"A fresh server per phase. "
         f"Batches of {a['batch']:,} vectors. Clients: asyncio over raw keep-alive sockets, "
         f"{a['ingest_procs']} ingesting process(es) x {a['ingest_conns']} connections at full "
         f"speed, /assign paced (open loop, latency from the scheduled send) over "
@@ -1110,8 +1135,9 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "Rates count the requests completed inside the phase's window; ingestion latency is "
         "per request (full speed: back to back; paced: from the scheduled send). CPU in cores "
-        "over the window: the server process (in brackets its worker thread, which runs at "
-        "niceness 10), redis-server with its append-only-file rewrite children, the client "
+        "over the window: the server process with its engine process (in brackets the "
+        "worker: its thread and the engine process, which runs at niceness 10), "
+        "redis-server with its append-only-file rewrite children, the client "
         "processes (their start-up and encoding included), and what the rest of the machine "
         "used meanwhile.",
         "",
@@ -1240,7 +1266,14 @@ def main(argv: list[str] | None = None) -> int:
         help="vectors stored before each phase starts (a big store from the first second)",
     )
     add("--raw", action="store_true", help="save each request's end and latency (raw-*.npz)")
+    add(
+        "--engine",
+        choices=("process", "thread"),
+        default="process",
+        help="where the server runs the worker's engine (NMBATCH_WORKER_PROCESS)",
+    )
     args = parser.parse_args(argv)
+    args.worker_process = args.engine == "process"
 
     wanted = [p.strip() for p in args.phases.split(",") if p.strip()]
     specs = {

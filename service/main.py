@@ -73,7 +73,8 @@ CONNECT_TIMEOUT = 2.0
 WORKER_SOCKET_TIMEOUT = 10.0
 """Seconds the worker waits for a Redis reply (log pages of up to 32 MiB)."""
 WORKER_NICE = 10
-"""Scheduling niceness of the worker thread: the HTTP side wins the CPU when both want it."""
+"""Scheduling niceness of the engine's process (or of the worker thread when the engine
+runs in it): the HTTP side wins the CPU when both want it."""
 WORKER_READ_BYTES = 4 << 20
 """Receive buffer of the worker's Redis connection (bytes read per ``recv``)."""
 LEASE_SOCKET_TIMEOUT = 2.0
@@ -207,6 +208,7 @@ async def _start(
         WorkerLease(lease_client, settings.model, settings.worker_lock_seconds),
         snapshot=snapshot,
         dim=dim,
+        engine_nice=WORKER_NICE if settings.worker_process else 0,
     )
     try:
         # Takes the lease if free and publishes the snapshot (renumbered above every
@@ -229,7 +231,10 @@ async def _start(
     log.info("kernels loaded in %.2f s", seconds)
     worker.start()
     stack.push_async_callback(run_in_threadpool, worker.stop)
-    _tune_worker_thread(settings.model, WORKER_NICE)
+    # With the engine in a child process the worker thread mostly waits: it keeps the
+    # default priority (lowered, it could be parked while holding the GIL), the child
+    # gets the lower one.
+    _tune_worker_thread(settings.model, 0 if settings.worker_process else WORKER_NICE)
 
     return ServiceContext(
         settings=settings,

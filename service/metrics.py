@@ -85,6 +85,11 @@ class ServiceMetrics:
             "1 if this process is the model's worker (holds the lease), 0 if standby",
             registry=r,
         )
+        self.engine_restarts = Counter(
+            "nmbatch_engine_restarts",
+            "Times the worker rebuilt its engine process after it died",
+            registry=r,
+        )
         self.gc_frozen_objects = Gauge(
             "nmbatch_gc_frozen_objects",
             "Objects moved out of the garbage collector's scans at start-up (gc.freeze)",

@@ -10,7 +10,8 @@ Worker role:
 1. reserve centroid versions above anything shown so far and publish the latest snapshot
    (renumbered above them if the last worker died after the snapshot);
 2. wait until the model's dimension is known (setting, Redis meta, or the first batch);
-3. build the engine's ``NestedBatchStore`` and ``make_algorithm("nmbatch", ...)``, replay
+3. build the engine's ``NestedBatchStore`` and ``make_algorithm("nmbatch", ...)`` (in a
+   child process unless ``NMBATCH_WORKER_PROCESS=false``: :mod:`service.engine_host`), replay
    the whole sample log into the store and, if a snapshot exists, call
    ``algo.restore(centroids, b, iteration)`` (one exact assignment pass over the first
    ``b`` samples);
@@ -36,8 +37,8 @@ Redis outages: the worker keeps iterating on the samples it holds and keeps publ
 (within the versions it reserved), skips log reads and snapshots while Redis is away,
 retrying with exponential backoff; when Redis answers again it catches up by itself.
 BLAS and numba run on ``worker_threads`` threads (threadpoolctl, ``numba.set_num_threads``)
-so the HTTP side keeps a core. Any error other than Redis being unavailable ends the
-thread and ``/readyz`` reports it.
+so the HTTP side keeps a core. Any error other than Redis being unavailable (the engine's
+process dying among them) ends the thread and ``/readyz`` reports it.
 """
 
 from __future__ import annotations
@@ -55,9 +56,16 @@ import numpy as np
 import redis
 from threadpoolctl import threadpool_limits
 
-from engine import NestedBatchStore, make_algorithm
-from engine.algorithms import KMeansAlgorithm
 from service.config import Settings
+from service.engine_host import (
+    AlgoView,
+    EngineConfig,
+    EngineHost,
+    EngineProcess,
+    EngineProcessError,
+    LocalEngine,
+    StoreView,
+)
 from service.metrics import ServiceMetrics
 from service.redis_log import (
     LeaseLostError,
@@ -126,6 +134,7 @@ class Worker:
         *,
         snapshot: Snapshot | None = None,
         dim: int | None = None,
+        engine_nice: int = 0,
     ) -> None:
         self.settings = settings
         self.repository = repository
@@ -148,8 +157,10 @@ class Worker:
         self.error: BaseException | None = None
         self.phase = "starting"
         self.role = "starting"
-        self.store: NestedBatchStore | None = None
-        self.algo: KMeansAlgorithm | None = None
+        self.engine_nice = engine_nice
+        self.engine: EngineHost | None = None
+        self.store: StoreView | None = None
+        self.algo: AlgoView | None = None
         self.last_id = "0-0"
         self.version = 0
         self._reserved = 0  # versions_reserved as this worker left it in Redis
@@ -216,8 +227,12 @@ class Worker:
                 numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
                 while not self._stopping.is_set():
                     if self.role == "worker":
-                        if self._prepare():
-                            self._loop()
+                        try:
+                            if self._prepare():
+                                self._loop()
+                        except EngineProcessError as exc:
+                            self._restart_engine(exc)
+                            continue
                         if self._lease_lost.is_set() and not self._stopping.is_set():
                             self._demote()
                     else:
@@ -232,6 +247,7 @@ class Worker:
                 self._finish()
             except Exception:
                 log.exception("could not write the final snapshot or release the lease")
+            self._close_engine()
             if self.error is None:
                 self.phase = "stopped"
             self._publish_stats()
@@ -323,8 +339,7 @@ class Worker:
                     "standing by", self.settings.model)  # fmt: skip
         self._holding.clear()
         self._lease_lost.clear()
-        self.store = None
-        self.algo = None
+        self._close_engine()
         self.last_id = "0-0"
         self._set_role("standby")
 
@@ -363,16 +378,20 @@ class Worker:
                 self.wake.wait(self.settings.poll_seconds)
                 self.wake.clear()
         s = self.settings
-        self.store = NestedBatchStore(self.dim, seed=s.seed)
-        self.algo = make_algorithm(
-            "nmbatch",
-            self.store,
-            s.k,
+        config = EngineConfig(
+            dim=self.dim,
+            k=s.k,
             init=s.init,
             rho=s.rho,
             batch_size=s.batch_size,
-            random_state=s.seed,
+            seed=s.seed,
+            threads=s.worker_threads,
+            nice=self.engine_nice,
         )
+        self._close_engine()
+        self.phase = "starting-engine"
+        self.engine = EngineProcess(config) if s.worker_process else LocalEngine(config)
+        self.store, self.algo = self.engine.store, self.engine.algo
         self.last_id = "0-0"
         self.phase = "replaying"
         self._publish_stats()
@@ -395,6 +414,38 @@ class Worker:
             self.algo.restore(snap.centroids, snap.batch_size, snap.iteration)
             self._publish(converged=False)
         return True
+
+    def _restart_engine(self, exc: EngineProcessError) -> None:
+        """The engine's process died: rebuild it from the log and the served centroids.
+
+        The next :meth:`_prepare` replays the whole log into a new process and restores
+        the centroids published last (versions go on increasing). Waits a second first,
+        so a process that cannot start is not restarted in a tight loop.
+        """
+        log.error("%s: restarting the engine (log replay, restore from version %s)", exc,
+                  self.board.model.version if self.board.model else None)  # fmt: skip
+        self.metrics.engine_restarts.inc()
+        self._close_engine()
+        model = self.board.model
+        if model is not None and model.n_samples > 0:
+            self.snapshot = Snapshot(
+                version=model.version,
+                centroids=model.centroids,
+                counts=model.counts,
+                batch_size=model.batch_size,
+                iteration=model.iteration,
+                last_id=self.last_id,
+                n_samples=model.n_samples,
+                converged=model.converged,
+                updated_at=model.updated_at,
+            )
+        self._stopping.wait(1.0)
+
+    def _close_engine(self) -> None:
+        """Drop the engine (and end its process, if any)."""
+        engine, self.engine, self.store, self.algo = self.engine, None, None, None
+        if engine is not None:
+            engine.close()
 
     def _loop(self) -> None:
         assert self.algo is not None and self.store is not None

@@ -1,0 +1,178 @@
+"""The worker's engine in a child process: the same numbers as in the thread, and its life."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from service_helpers import SettingsFactory, TestClient, wait_converged, wait_until
+
+from service.engine_host import EngineConfig, EngineProcess, EngineProcessError, LocalEngine
+from service.main import create_app
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = EngineConfig(dim=6, k=4, init="k-means++", rho=100.0, batch_size=50, seed=3, nice=5)
+
+
+def _blobs(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 10, (4, CONFIG.dim))
+    return (centers[rng.integers(0, 4, n)] + rng.normal(0, 1, (n, CONFIG.dim))).astype(np.float32)
+
+
+def _state(engine: LocalEngine | EngineProcess) -> tuple:
+    a = engine.algo
+    return (
+        a.centroids.tobytes(),
+        a.counts.tolist(),
+        a.batch_size,
+        a.iteration,
+        a.converged,
+        a.ready(),
+        engine.store.n_samples,
+    )
+
+
+def test_process_and_thread_engines_agree_bit_for_bit() -> None:
+    """Same appends (also between steps), steps and restore: identical state after each call."""
+    X = _blobs(3000, seed=1)
+    local, remote = LocalEngine(CONFIG), EngineProcess(CONFIG)
+    try:
+        for engine in (local, remote):
+            assert not engine.algo.ready()
+            engine.store.append(X[:2])  # fewer rows than k: not ready yet
+            assert not engine.algo.ready()
+            engine.store.append(X[2:1000])
+        assert _state(local) == _state(remote)
+        for i in range(25):
+            stats = local.algo.step(), remote.algo.step()
+            assert stats[0] == stats[1] or (
+                {**vars(stats[0]), "seconds": 0} == {**vars(stats[1]), "seconds": 0}
+            )
+            assert _state(local) == _state(remote), f"step {i}"
+            assert local.algo.energy_estimate() == remote.algo.energy_estimate()
+            if i == 5:
+                for engine in (local, remote):
+                    engine.store.append(X[1000:])
+        C = local.algo.centroids + np.float32(0.25)
+        b = local.algo.batch_size
+        for engine in (local, remote):
+            engine.algo.restore(C, b, 99)
+        assert _state(local) == _state(remote)
+        assert (local.algo.batch_size, local.algo.iteration) == (b, 99)
+        assert np.array_equal(local.algo.centroids, C)
+        local.algo.step(), remote.algo.step()
+        assert _state(local) == _state(remote)
+    finally:
+        remote.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_child_is_named_and_runs_at_the_lower_priority() -> None:
+    engine = EngineProcess(CONFIG)
+    try:
+        pid = engine.pid
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == "nmbatch-engine"
+        nice = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+        assert nice == os.getpriority(os.PRIO_PROCESS, 0) + CONFIG.nice
+    finally:
+        engine.close()
+    assert not engine.process.is_alive()
+    engine.close()  # twice: nothing happens
+
+
+def test_a_dead_child_is_an_error_at_the_next_call_not_a_hang() -> None:
+    engine = EngineProcess(CONFIG)
+    try:
+        engine.store.append(_blobs(200, seed=2))
+        engine.algo.step()
+        os.kill(engine.pid, signal.SIGKILL)
+        engine.process.join(10)
+        with pytest.raises(EngineProcessError, match=r"gone|exited"):
+            for _ in range(3):  # the first append may still fit in the pipe
+                engine.store.append(_blobs(10, seed=3))
+                engine.algo.step()
+    finally:
+        engine.close()
+
+
+def test_bad_rows_are_refused_in_the_parent() -> None:
+    engine = LocalEngine(CONFIG)
+    remote = EngineProcess(CONFIG)
+    try:
+        with pytest.raises(ValueError):
+            remote.store.append(np.zeros((3, CONFIG.dim + 1), dtype=np.float32))
+        assert remote.store.n_samples == 0
+        remote.store.append(_blobs(100, seed=4))
+        engine.store.append(_blobs(100, seed=4))
+        assert _state(engine) == _state(remote)
+    finally:
+        remote.close()
+
+
+_ORPHAN = textwrap.dedent(
+    """
+    import sys, time
+    from service.engine_host import EngineConfig, EngineProcess
+    engine = EngineProcess(EngineConfig(dim=3, k=2, init="first", rho=100.0, batch_size=10,
+                                        seed=0))
+    print(engine.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_the_child_dies_with_a_killed_server() -> None:
+    """``kill -9`` of the process that owns the engine leaves no engine process behind."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        child = int(owner.stdout.readline())
+        os.kill(child, 0)  # running
+    finally:
+        owner.kill()
+        owner.wait()
+
+    def gone() -> bool:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie until its new parent reaps it: dead all the same.
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except OSError:
+            return True
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+    wait_until(gone, timeout=10, what="the engine process to exit")
+
+
+def test_the_worker_rebuilds_a_killed_engine_and_goes_on(make_settings: SettingsFactory) -> None:
+    """SIGKILL of the engine process: the service keeps serving, the worker replays the
+    log into a new process, restores the served centroids, versions go on increasing."""
+    settings = make_settings(worker_process=True)
+    with TestClient(create_app(settings)) as client:
+        X = _blobs(600, seed=5)[:, :3]
+        assert client.post("/samples", json={"vectors": X[:300].tolist()}).status_code == 202
+        before = wait_converged(client, 300)
+        worker = client.app.state.context.worker
+        old_pid = worker.engine.pid
+        os.kill(old_pid, signal.SIGKILL)
+        # Served from memory meanwhile.
+        assert client.get("/centroids").json()["version"] >= before["version"]
+        assert client.post("/samples", json={"vectors": X[300:].tolist()}).status_code == 202
+        after = wait_converged(client, 600)
+        assert after["version"] > before["version"]
+        assert worker.engine.pid != old_pid and worker.alive()
+        assert client.get("/readyz").json()["ready"] is True
+        assert "nmbatch_engine_restarts_total 1.0" in client.get("/metrics").text
