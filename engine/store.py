@@ -6,13 +6,22 @@ by inside-out Fisher-Yates on insertion: a new row is written at ``N`` and swapp
 uniformly random position in ``[b, N]``. Growing the prefix therefore always takes a
 uniformly random subset of what is waiting, whatever order the stream arrives in.
 
+Memory: the rows live in one reserved range of address space (``RESERVE_BYTES``, an
+anonymous ``MAP_NORESERVE`` mapping: no memory is committed until a row is written), so
+the store grows in place: no copy of the rows, no old buffer to free, each page touched
+once. Where such a mapping is refused (strict overcommit, 32-bit), or when the range is
+full, it falls back to doubling: a new buffer and one copy.
+
 Concurrency: ``b`` and ``N`` change under one lock; appends only ever write at positions
-``>= b``; growing the capacity allocates a new buffer and copies, so a reader holding the
-old buffer still sees a valid, unchanged prefix.
+``>= b``; growing the capacity either extends the view over the same memory or copies
+into a new buffer, so a reader holding the old array still sees a valid, unchanged prefix.
 """
 
 from __future__ import annotations
 
+import mmap
+import platform
+import sys
 import threading
 
 import numpy as np
@@ -20,7 +29,28 @@ import numpy as np
 from engine._validation import as_float32_matrix
 from engine.kernels import shuffle_insert
 
-__all__ = ["NestedBatchStore"]
+__all__ = ["RESERVE_BYTES", "NestedBatchStore"]
+
+RESERVE_BYTES = 64 << 30
+"""Address space reserved per store for in-place growth (64 GiB, of the 128 TiB a 64-bit
+process has; memory is committed only as rows are written)."""
+
+
+_NORESERVE_4000 = ("x86_64", "AMD64", "i686", "aarch64", "arm64", "armv7l")
+
+
+def _reserve(nbytes: int) -> mmap.mmap | None:
+    """An anonymous private mapping of ``nbytes`` that commits memory only when written."""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    # Python < 3.13 lacks the name; 0x4000 is its value on Linux for x86 and ARM.
+    linux = sys.platform.startswith("linux") and platform.machine() in _NORESERVE_4000
+    noreserve = getattr(mmap, "MAP_NORESERVE", 0x4000 if linux else None)
+    if noreserve is None or not flags:
+        return None
+    try:
+        return mmap.mmap(-1, nbytes, flags=flags | noreserve)
+    except (OSError, OverflowError, ValueError):
+        return None
 
 
 class NestedBatchStore:
@@ -47,7 +77,15 @@ class NestedBatchStore:
         self.dim = int(dim)
         self.lock = threading.Lock()
         self._rng = np.random.default_rng(seed)
-        self._data = np.empty((max(int(capacity), 1), self.dim), dtype=np.float32)
+        capacity = max(int(capacity), 1)
+        row_bytes = 4 * self.dim
+        self._region = _reserve(max(RESERVE_BYTES // row_bytes, capacity) * row_bytes)
+        if self._region is not None:
+            rows = len(self._region) // row_bytes
+            self._rows = np.frombuffer(self._region, dtype=np.float32).reshape(rows, self.dim)
+            self._data = self._rows[:capacity]
+        else:
+            self._data = np.empty((capacity, self.dim), dtype=np.float32)
         self._ids = np.empty(self._data.shape[0], dtype=np.int64)
         self._n = 0
         self._b = 0
@@ -133,8 +171,22 @@ class NestedBatchStore:
             self._b = max(self._b, min(int(b), self._n))
             return self._data, self._b
 
+    @property
+    def grows_in_place(self) -> bool:
+        """True while the rows live in the reserved range (growth copies nothing)."""
+        return self._region is not None
+
     def _grow_capacity(self, needed: int) -> None:
         capacity = max(needed, 2 * self._data.shape[0])
+        if self._region is not None:
+            if needed <= self._rows.shape[0]:
+                # The same memory, a longer view: rows [0, N) stay where they are.
+                self._data = self._rows[: min(capacity, self._rows.shape[0])]
+                ids = np.empty(capacity, dtype=np.int64)
+                ids[: self._n] = self._ids[: self._n]
+                self._ids = ids
+                return
+            self._region = None  # the range is full: from now on, double and copy
         data = np.empty((capacity, self.dim), dtype=np.float32)
         data[: self._n] = self._data[: self._n]
         ids = np.empty(capacity, dtype=np.int64)

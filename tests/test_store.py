@@ -183,6 +183,55 @@ def test_capacity_growth_keeps_data_and_a_held_buffer_valid():
     np.testing.assert_array_equal(np.sort(store.ids()), np.arange(173))
 
 
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def test_growth_in_the_reserved_range_copies_nothing():
+    store = NestedBatchStore(3, seed=1, capacity=2)
+    assert store.grows_in_place
+    start = _address(store.data)
+    store.append(stream(5, d=3))
+    held, b = store.freeze(4)
+    for i in range(12):  # capacity 2 -> 8192 and beyond, rows never move
+        store.append(stream(1000, d=3, start=5 + 1000 * i))
+        assert _address(store.data) == start
+    assert store.data.shape[0] >= store.n_samples == 12_005
+    np.testing.assert_array_equal(held[:b], store.data[:b])
+    np.testing.assert_array_equal(np.sort(store.ids()), np.arange(12_005))
+    np.testing.assert_array_equal(np.sort(store.data[: store.n_samples, 0]), np.arange(12_005))
+
+
+@pytest.mark.parametrize("reserve", ["refused", "small"])
+def test_without_or_beyond_the_reserved_range_the_store_doubles_and_copies(
+    monkeypatch: pytest.MonkeyPatch, reserve: str
+) -> None:
+    """Same rows, order and ids as a store that grows in place (the shuffle is the same)."""
+    import engine.store as store_module
+
+    chunks = [stream(37, d=5, start=37 * i) for i in range(40)]
+    grows = NestedBatchStore(5, seed=4, capacity=3)
+    for i, X in enumerate(chunks):
+        grows.append(X)
+        if i % 7 == 0:
+            grows.grow_batch(grows.batch_size + 50)
+    if reserve == "refused":
+        monkeypatch.setattr(store_module, "_reserve", lambda nbytes: None)
+    else:  # room for 100 rows of d = 5 only: in place first, copies afterwards
+        monkeypatch.setattr(store_module, "RESERVE_BYTES", 100 * 4 * 5)
+    other = NestedBatchStore(5, seed=4, capacity=3)
+    assert other.grows_in_place is (reserve == "small")
+    for i, X in enumerate(chunks):
+        other.append(X)
+        if i % 7 == 0:
+            other.grow_batch(other.batch_size + 50)
+    assert not other.grows_in_place
+    n = grows.n_samples
+    assert other.n_samples == n == 37 * 40
+    np.testing.assert_array_equal(other.data[:n], grows.data[:n])
+    np.testing.assert_array_equal(other.ids(), grows.ids())
+
+
 def test_same_seed_same_order_different_seed_different_order():
     def order(seed):
         store = NestedBatchStore(2, seed=seed, capacity=8)
