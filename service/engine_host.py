@@ -10,20 +10,22 @@ The worker thread drives an engine through two small views, ``engine.store``
     The engine's objects themselves, in the worker thread (``NMBATCH_WORKER_PROCESS=false``).
 :class:`EngineProcess`
     The engine in a child process (the default). The server's event loop then shares its
-    GIL only with threads that mostly wait (the worker thread now waits on a pipe), and
-    the child runs at a lower scheduling priority without the inversion a low-priority
-    *thread* suffers when the OS parks it while it holds the GIL the event loop needs.
-    Measured in the load benchmark (200,000 vectors/s ingested, 1,000 ``/assign``/s,
-    2 cores): with the engine in a thread, stalls of 20-180 ms of every request in
-    flight, ``/assign`` p99 between 4 and 52 ms from run to run; with no worker at all,
-    3.4-4.2 ms. See ``docs/bench/load``.
+    GIL only with threads that mostly wait (the worker thread now waits on a pipe); the
+    child runs at a lower scheduling priority without the risk a low-priority *thread*
+    runs, of being parked by the OS while it holds the GIL the event loop needs; and a
+    child killed by the OOM killer (it holds the store: the biggest process) or crashed
+    leaves the HTTP side up, and the worker rebuilds it from the log. In the load
+    benchmark (2 cores, 200,000 vectors/s ingested, 1,000 ``/assign``/s) the ``/assign``
+    latency was the same either way (p99 3.9-4.9 ms); the process costs a copy of each
+    batch through the pipe and ~1-2 s more at start (a fresh interpreter).
 
 The child is a fresh interpreter (``spawn``): nothing of the server is copied into it.
 Rows go to it as raw ``float32`` bytes, without waiting (the pipe keeps them in order);
 ``step()`` and ``restore()`` wait for its reply, which carries the state the views show.
 It exits when told to, or when the pipe's other end closes (the server is gone), and it
 asks Linux to kill it if the server dies (``PR_SET_PDEATHSIG``). If it dies, the next
-call raises :class:`EngineProcessError`; the worker reports the failure in ``/readyz``.
+call raises :class:`EngineProcessError`, and the worker starts a new one (it replays the
+log and restores the centroids it served last).
 """
 
 from __future__ import annotations

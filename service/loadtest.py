@@ -1104,7 +1104,7 @@ def markdown(result: dict[str, Any]) -> str:
         "## Phases",
         "",
         "| phase | s | ingest vectors/s | ingest req ms p50 / p99 | /assign req/s | "
-        "/assign ms p50 / p99 / max | errors | CPU cores: server (its worker thread) / "
+        "/assign ms p50 / p99 / max | errors | CPU cores: server (the worker) / "
         "redis / clients / other programs |",
         "|---|---|---|---|---|---|---|---|",
     ]

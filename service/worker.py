@@ -37,8 +37,9 @@ Redis outages: the worker keeps iterating on the samples it holds and keeps publ
 (within the versions it reserved), skips log reads and snapshots while Redis is away,
 retrying with exponential backoff; when Redis answers again it catches up by itself.
 BLAS and numba run on ``worker_threads`` threads (threadpoolctl, ``numba.set_num_threads``)
-so the HTTP side keeps a core. Any error other than Redis being unavailable (the engine's
-process dying among them) ends the thread and ``/readyz`` reports it.
+so the HTTP side keeps a core. If the engine's process dies, the worker starts a new one
+(log replay, restore from the centroids served last). Any other error than Redis being
+unavailable ends the thread and ``/readyz`` reports it.
 """
 
 from __future__ import annotations
