@@ -12,7 +12,7 @@ of the JSON parser is loaded (``engine.warmup``), so no request and no iteration
 for a compilation. The server process (``python -m service``) then freezes the heap
 (``gc.collect(); gc.freeze()``): the modules, the app and the kernels' objects (about
 170,000) leave the cyclic garbage collector's view. Without it, each collection of the
-oldest generation walks them all, 60-100 ms holding the GIL, a stall of every request in
+oldest generation walks them all, 60-120 ms holding the GIL, a stall of every request in
 flight and the worst ``/assign`` latencies of the load benchmark.
 
 Redis faults: every client has short socket timeouts and no automatic retries (a retried

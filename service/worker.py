@@ -429,17 +429,7 @@ class Worker:
         self._close_engine()
         model = self.board.model
         if model is not None and model.n_samples > 0:
-            self.snapshot = Snapshot(
-                version=model.version,
-                centroids=model.centroids,
-                counts=model.counts,
-                batch_size=model.batch_size,
-                iteration=model.iteration,
-                last_id=self.last_id,
-                n_samples=model.n_samples,
-                converged=model.converged,
-                updated_at=model.updated_at,
-            )
+            self.snapshot = self._snapshot_of(model)
         self._stopping.wait(1.0)
 
     def _close_engine(self) -> None:
@@ -609,7 +599,17 @@ class Worker:
         model = self.board.model
         if model is None or model.version <= self._snapshot_version:
             return
-        snapshot = Snapshot(
+        snapshot = self._snapshot_of(model)
+        written = self._redis(self.repository.write_snapshot, snapshot, self.lease.token)
+        self._snapshot_version = model.version
+        if written:
+            self.metrics.snapshot_written()
+        else:
+            log.warning("Redis holds a snapshot newer than version %d: not replaced", model.version)
+
+    def _snapshot_of(self, model: PublishedModel) -> Snapshot:
+        """The snapshot of a published model, at the log position read so far."""
+        return Snapshot(
             version=model.version,
             centroids=model.centroids,
             counts=model.counts,
@@ -620,12 +620,6 @@ class Worker:
             converged=model.converged,
             updated_at=model.updated_at,
         )
-        written = self._redis(self.repository.write_snapshot, snapshot, self.lease.token)
-        self._snapshot_version = model.version
-        if written:
-            self.metrics.snapshot_written()
-        else:
-            log.warning("Redis holds a snapshot newer than version %d: not replaced", model.version)
 
     def _redis(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)``; raises :class:`_RedisAwayError` if Redis is unavailable or backing off.
