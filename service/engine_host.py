@@ -51,7 +51,10 @@ __all__ = ["EngineConfig", "EngineHost", "EngineProcess", "EngineProcessError", 
 
 log = logging.getLogger(__name__)
 
-_APPEND, _STEP, _RESTORE, _STOP = b"A", b"S", b"R", b"Q"
+# Commands are 8 bytes, so the float32 rows after them stay aligned (an unaligned array
+# would be another type signature for numba: a compilation in the child).
+_APPEND, _STEP, _RESTORE, _STOP = b"APPEND\0\0", b"STEP\0\0\0\0", b"RESTORE\0", b"STOP\0\0\0\0"
+_OP = 8
 _RESTORE_HEADER = struct.Struct("<qqq")  # rows of centroids, batch size, iteration
 START_TIMEOUT = 120.0
 """Seconds the child may take to start (import numpy and numba, load the kernels)."""
@@ -184,7 +187,7 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
                 message = conn.recv_bytes()
             except (EOFError, OSError):
                 return  # the server is gone
-            op, payload = message[:1], memoryview(message)[1:]
+            op, payload = message[:_OP], memoryview(message)[_OP:]
             try:
                 if op == _APPEND:
                     store.append(np.frombuffer(payload, dtype=np.float32).reshape(-1, d))
