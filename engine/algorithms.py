@@ -206,24 +206,8 @@ class KMeansAlgorithm:
             fill = norms is None or fresh
             xx = np.empty(r.shape[0], dtype=np.float64) if fill else norms[r]
             changed += assign_dense(
-                data,
-                r,
-                xx,
-                fill,
-                dots,
-                C,
-                cc,
-                self._g_gemm,
-                self._g,
-                remove,
-                labels,
-                dist2,
-                lower,
-                upper,
-                self.S,
-                self.v,
-                self.sse,
-                self.Q,
+                data, r, xx, fill, dots, C, cc, self._g_gemm, self._g,
+                remove, labels, dist2, lower, upper, self.S, self.v, self.sse, self.Q,
             )
             if fill and norms is not None:
                 norms[r] = xx
@@ -351,31 +335,14 @@ class NestedMiniBatch(KMeansAlgorithm):
             known = True
             if n_open > fraction * rows.shape[0] * k:
                 changed = self._dense_pass(
-                    data,
-                    rows,
-                    True,
-                    self._labels,
-                    self._dist2,
-                    self._lower,
-                    self._upper,
-                    norms=self._xx,
-                    fresh=False,
+                    data, rows, True, self._labels, self._dist2, self._lower, self._upper,
+                    norms=self._xx, fresh=False,
                 )
                 # Pairs computed (the distance to a(i), done again, is counted once).
                 return changed, n_dist + rows.shape[0] * (k - 1)
         changed, n_more = reassign_rows(
-            X,
-            rows,
-            self.centroids,
-            self._g,
-            labels,
-            upper,
-            lower,
-            self.S,
-            self.v,
-            self.Q,
-            s_assigned,
-            known,
+            X, rows, self.centroids, self._g, labels, upper, lower,
+            self.S, self.v, self.Q, s_assigned, known,
         )
         return changed, n_dist + n_more
 
@@ -396,25 +363,14 @@ class NestedMiniBatch(KMeansAlgorithm):
                 n_changed, n_dist = self._revisit_bounded(data, b_old)
             else:
                 n_changed = self._dense_pass(
-                    data,
-                    np.arange(b_old, dtype=np.int64),
-                    True,
-                    self._labels,
-                    self._dist2,
-                    self._lower,
-                    norms=self._xx,
-                    fresh=False,
+                    data, np.arange(b_old, dtype=np.int64), True,
+                    self._labels, self._dist2, self._lower, norms=self._xx, fresh=False,
                 )
                 n_dist = b_old * k
         if b > b_old:
             self._dense_pass(
-                data,
-                np.arange(b_old, b, dtype=np.int64),
-                False,
-                self._labels,
-                self._dist2,
-                self._lower,
-                self._upper if self.bounds else None,
+                data, np.arange(b_old, b, dtype=np.int64), False,
+                self._labels, self._dist2, self._lower, self._upper if self.bounds else None,
                 norms=self._xx,
             )
             n_dist += (b - b_old) * k
@@ -465,14 +421,8 @@ class NestedMiniBatch(KMeansAlgorithm):
         self._lower = np.empty((0, k), dtype=np.float32)
         self._reserve(b)
         self._dense_pass(
-            data,
-            np.arange(b, dtype=np.int64),
-            False,
-            self._labels,
-            self._dist2,
-            self._lower,
-            self._upper if self.bounds else None,
-            norms=self._xx,
+            data, np.arange(b, dtype=np.int64), False, self._labels, self._dist2, self._lower,
+            self._upper if self.bounds else None, norms=self._xx,
         )
         # sse from the sums under the restored centroids (the kernel's update is discarded).
         centroid_update(self.S, self.v, self.Q, self.centroids, True, self.sse)
@@ -523,17 +473,9 @@ class Lloyd(KMeansAlgorithm):
         self.iteration += 1
         self.converged = n_changed == 0 and b == b_old
         return IterationStats(
-            iteration=self.iteration,
-            batch_size=b,
-            next_batch_size=b,
-            n_samples=n_now,
-            n_changed=n_changed,
-            n_new=b - b_old,
-            doubled=False,
-            converged=self.converged,
-            n_distances=b * self.n_clusters,
-            n_skipped=0,
-            seconds=time.perf_counter() - t0,
+            iteration=self.iteration, batch_size=b, next_batch_size=b, n_samples=n_now,
+            n_changed=n_changed, n_new=b - b_old, doubled=False, converged=self.converged,
+            n_distances=b * self.n_clusters, n_skipped=0, seconds=time.perf_counter() - t0,
         )
 
 
@@ -584,17 +526,9 @@ class MiniBatch(KMeansAlgorithm):
         self._update_centroids()
         self.iteration += 1
         return IterationStats(
-            iteration=self.iteration,
-            batch_size=m,
-            next_batch_size=m,
-            n_samples=n_now,
-            n_changed=n_changed,
-            n_new=0,
-            doubled=False,
-            converged=False,
-            n_distances=m * self.n_clusters,
-            n_skipped=0,
-            seconds=time.perf_counter() - t0,
+            iteration=self.iteration, batch_size=m, next_batch_size=m, n_samples=n_now,
+            n_changed=n_changed, n_new=0, doubled=False, converged=False,
+            n_distances=m * self.n_clusters, n_skipped=0, seconds=time.perf_counter() - t0,
         )
 
 

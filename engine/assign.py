@@ -57,14 +57,8 @@ def nearest(X: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarra
         with np.errstate(over="ignore", invalid="ignore"):  # huge values: see _gemm_estimate
             dots = Xc @ Ct
         nearest_dense(
-            Xc,
-            sqnorms(Xc),
-            dots,
-            C,
-            cc,
-            g,
-            labels[start : start + CHUNK_ROWS],
-            sqdist[start : start + CHUNK_ROWS],
+            Xc, sqnorms(Xc), dots, C, cc, g,
+            labels[start : start + CHUNK_ROWS], sqdist[start : start + CHUNK_ROWS],
         )
     return labels, sqdist
 

@@ -138,7 +138,11 @@ def _gemm_estimate(xx, cc, dot, nx, nc, g_gemm, d):
         return 0.0, np.inf
     est = xx + cc - 2.0 * dot64
     # float64 terms: xx and cc are sums of d squares, each within (d + 1) ulps.
-    err = 2.0 * g_gemm * nx * nc + (d + 8) * _F64_ULP * (xx + cc) + (d + 1) * 2.0**-148
+    err = (
+        2.0 * g_gemm * nx * nc
+        + (d + 8) * _F64_ULP * (xx + cc)
+        + (d + 1) * 2.0**-148
+    )
     return est, err
 
 
@@ -447,24 +451,8 @@ def reassign_bounded(X, C, p, g, labels, upper, lower, S, v, Q):
 
 @numba.njit(cache=True, nogil=True)
 def assign_dense(
-    X,
-    rows,
-    xx,
-    fill_xx,
-    dots,
-    C,
-    cc,
-    g_gemm,
-    g,
-    remove,
-    labels,
-    dist2,
-    lower,
-    upper,
-    S,
-    v,
-    sse,
-    Q,
+    X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper, S, v,
+    sse, Q,
 ):
     """Assign rows from a BLAS product of all their distances; update sums (and bounds).
 

@@ -154,8 +154,8 @@ def _state(algo: KMeansAlgorithm, store: NestedBatchStore, stats: IterationStats
     energy = algo.energy_estimate() if algo.iteration > 0 and algo.batch_size > 0 else None
     return {
         "stats": stats,
-        "centroids": algo.centroids.copy(),
-        "counts": algo.counts.copy(),
+        "centroids": algo.centroids,  # new arrays after every step, pickled at once
+        "counts": algo.counts,
         "batch_size": int(algo.batch_size),
         "iteration": int(algo.iteration),
         "converged": bool(algo.converged),

@@ -20,18 +20,9 @@ from engine.bench.protocol import Budget, Curve, Snapshot
 REPO = Path(__file__).resolve().parents[1]
 EPS_KEYS = ["0.05", "0.02", "0.01", "0.005"]
 NAMES = [
-    "nmbatch",
-    "nmbatch.deact",
-    "mbatch",
-    "mbatch.remove",
-    "lloyd",
-    "elkan",
-    "sklearn.minibatch.5000",
-    "sklearn.minibatch.1024",
-    "sklearn.lloyd",
-    "sklearn.elkan",
-    "faiss",
-    "faiss.subsampled",
+    "nmbatch", "nmbatch.deact", "mbatch", "mbatch.remove", "lloyd", "elkan",
+    "sklearn.minibatch.5000", "sklearn.minibatch.1024", "sklearn.lloyd", "sklearn.elkan",
+    "faiss", "faiss.subsampled",
 ]
 
 
@@ -41,11 +32,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = dict(os.environ, MPLBACKEND="Agg")
     proc = subprocess.run(
         [sys.executable, "-m", "engine.bench", "--quick", "--rho-study", "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -54,16 +41,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_quick_run_results_json_has_exactly_the_schema(quick_run: Path) -> None:
     doc = json.loads((quick_run / "results.json").read_text())
     assert list(doc) == [
-        "dataset",
-        "n_train",
-        "n_test",
-        "dim",
-        "k",
-        "threads",
-        "seeds",
-        "E_star",
-        "E_star_per_seed",
-        "algorithms",
+        "dataset", "n_train", "n_test", "dim", "k", "threads", "seeds", "E_star",
+        "E_star_per_seed", "algorithms",
     ]
     assert isinstance(doc["dataset"], str)
     for key in ("n_train", "n_test", "dim", "k", "threads"):
@@ -88,17 +67,8 @@ def test_quick_run_results_json_has_exactly_the_schema(quick_run: Path) -> None:
 
 def test_quick_run_writes_markdown_plot_curves_and_rho_study(quick_run: Path) -> None:
     md = (quick_run / "results.md").read_text()
-    for needle in (
-        "| nmbatch |",
-        "## Target check",
-        "JIT",
-        "Threads: 1",
-        "BLAS",
-        "load average",
-        "python -m engine.bench --quick",
-        "## rho study",
-        "numpy ",
-    ):
+    for needle in ("| nmbatch |", "## Target check", "JIT", "Threads: 1", "BLAS", "load average",
+                   "python -m engine.bench --quick", "## rho study", "numpy "):
         assert needle in md, needle
     assert (quick_run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     curves = json.loads((quick_run / "curves.json").read_text())
@@ -154,10 +124,8 @@ def test_record_evaluates_first_steps_grid_points_and_the_last_snapshot() -> Non
     assert curve.iteration == [1, 2, 5, 6]
     assert curve.seconds == [1.0, 2.0, 5.0, 5.1]
     assert curve.n_steps == 6 and curve.notes == {"stop": "budget"}
-    brute = [
-        float(((test[:, None] - cents[i - 1][None]) ** 2).sum(-1).min(1).mean())
-        for i in curve.iteration
-    ]
+    brute = [float(((test[:, None] - cents[i - 1][None]) ** 2).sum(-1).min(1).mean())
+             for i in curve.iteration]
     assert curve.energy == pytest.approx(brute, rel=1e-6)
 
 
@@ -284,9 +252,7 @@ def _summary(ours: float | None, deact: float | None, exact: float | None) -> di
         return {"time_to": dict.fromkeys(EPS_KEYS, t), "final_rel": 0.0}
 
     return {
-        "nmbatch": row(ours),
-        "nmbatch.deact": row(deact),
-        "sklearn.lloyd": row(exact),
+        "nmbatch": row(ours), "nmbatch.deact": row(deact), "sklearn.lloyd": row(exact),
         "sklearn.minibatch.1024": row(None),
     }
 

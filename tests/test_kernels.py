@@ -659,18 +659,8 @@ def test_reassign_rows_touches_only_the_rows_it_is_given():
     rows = todo[::2]
     before = state.copy()
     reassign_rows(
-        X,
-        rows,
-        C_new,
-        sqdist32_error(4),
-        state.labels,
-        state.upper,
-        state.lower,
-        state.S,
-        state.v,
-        state.Q,
-        s_assigned,
-        True,
+        X, rows, C_new, sqdist32_error(4), state.labels, state.upper, state.lower,
+        state.S, state.v, state.Q, s_assigned, True,
     )
     others = np.setdiff1d(np.arange(300), rows)
     np.testing.assert_array_equal(state.labels[others], before.labels[others])

@@ -100,110 +100,58 @@ def build_parser() -> argparse.ArgumentParser:
         "(Newling & Fleuret 2016, Results section).",
     )
     d = p.add_argument_group("data")
-    d.add_argument(
-        "--data",
-        type=Path,
-        help="an .npz with keys train and test; for "
-        "--dataset infmnist, the MNIST file to deform (default "
-        f"{DEFAULT_MNIST}, relative to the working directory)",
-    )
-    d.add_argument(
-        "--dataset",
-        choices=("npz", "patches", "infmnist", "blobs"),
-        help="default: npz if --data is given, else blobs",
-    )
+    d.add_argument("--data", type=Path, help="an .npz with keys train and test; for "
+                   "--dataset infmnist, the MNIST file to deform (default "
+                   f"{DEFAULT_MNIST}, relative to the working directory)")
+    d.add_argument("--dataset", choices=("npz", "patches", "infmnist", "blobs"),
+                   help="default: npz if --data is given, else blobs")
     d.add_argument("--infmnist-n", type=int, default=400_000)
-    d.add_argument(
-        "--data-seed",
-        type=int,
-        default=0,
-        help="seed of the data generators and hold-out splits (not of the runs)",
-    )
-    d.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help=f"where generated data is cached (default {datasets.default_cache_dir()})",
-    )
+    d.add_argument("--data-seed", type=int, default=0,
+                   help="seed of the data generators and hold-out splits (not of the runs)")
+    d.add_argument("--cache-dir", type=Path, default=None,
+                   help=f"where generated data is cached (default {datasets.default_cache_dir()})")
     d.add_argument("--max-train", type=int, help="subsample the training set to this size")
     d.add_argument("--max-test", type=int, help="subsample the validation set to this size")
     r = p.add_argument_group("protocol")
     r.add_argument("--k", type=int, default=50)
-    r.add_argument(
-        "--batch-size", type=int, default=5000, help="initial batch of nmbatch, batch of mbatch"
-    )
+    r.add_argument("--batch-size", type=int, default=5000,
+                   help="initial batch of nmbatch, batch of mbatch")
     r.add_argument("--rho", type=float, default=100.0)
     r.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 2)")
     r.add_argument("--first-seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1)
-    r.add_argument(
-        "--budget",
-        type=float,
-        default=None,
-        help="seconds of its own time per algorithm and seed (default 20; quick 0.5)",
-    )
-    r.add_argument(
-        "--max-iter",
-        type=int,
-        default=None,
-        help="iterations per algorithm and seed (default 100000; quick 300)",
-    )
-    r.add_argument(
-        "--eval-grid",
-        type=float,
-        default=0.01,
-        help="after the first 20 iterations, evaluate E_V when the algorithm's "
-        "time grew by this fraction since the last evaluation (0: every step)",
-    )
-    r.add_argument(
-        "--warmup",
-        type=float,
-        default=None,
-        help="seconds (at most 3 iterations) each algorithm runs untimed before "
-        "the first seed (default 0.5; quick 0.05)",
-    )
-    r.add_argument(
-        "--prefault-gb",
-        type=float,
-        default=None,
-        help="GiB of memory to touch once before timing (default: 8x the training "
-        "set, at least 1, at most half the available memory; quick 0.25)",
-    )
-    r.add_argument(
-        "--no-keep-memory",
-        action="store_true",
-        help="let glibc return freed memory to the system (see keep_freed_memory)",
-    )
-    r.add_argument(
-        "--algorithms", default=None, help="comma-separated subset of: " + ", ".join(_all_names())
-    )
-    r.add_argument(
-        "--faiss-blas-fixed",
-        action="store_true",
-        help="also run faiss in a subprocess with OPENBLAS_CORETYPE set "
-        "(labelled faiss.blasfixed; not in results.json)",
-    )
+    r.add_argument("--budget", type=float, default=None,
+                   help="seconds of its own time per algorithm and seed (default 20; quick 0.5)")
+    r.add_argument("--max-iter", type=int, default=None,
+                   help="iterations per algorithm and seed (default 100000; quick 300)")
+    r.add_argument("--eval-grid", type=float, default=0.01,
+                   help="after the first 20 iterations, evaluate E_V when the algorithm's "
+                   "time grew by this fraction since the last evaluation (0: every step)")
+    r.add_argument("--warmup", type=float, default=None,
+                   help="seconds (at most 3 iterations) each algorithm runs untimed before "
+                   "the first seed (default 0.5; quick 0.05)")
+    r.add_argument("--prefault-gb", type=float, default=None,
+                   help="GiB of memory to touch once before timing (default: 8x the training "
+                   "set, at least 1, at most half the available memory; quick 0.25)")
+    r.add_argument("--no-keep-memory", action="store_true",
+                   help="let glibc return freed memory to the system (see keep_freed_memory)")
+    r.add_argument("--algorithms", default=None,
+                   help="comma-separated subset of: " + ", ".join(_all_names()))
+    r.add_argument("--faiss-blas-fixed", action="store_true",
+                   help="also run faiss in a subprocess with OPENBLAS_CORETYPE set "
+                   "(labelled faiss.blasfixed; not in results.json)")
     r.add_argument("--faiss-coretype", default="SkylakeX")
-    r.add_argument(
-        "--rho-study",
-        action="store_true",
-        help="also run nmbatch and nmbatch.deact for each --rho-values",
-    )
+    r.add_argument("--rho-study", action="store_true",
+                   help="also run nmbatch and nmbatch.deact for each --rho-values")
     r.add_argument("--rho-values", default="1,10,100,1000")
-    r.add_argument(
-        "--rho-slices",
-        default=None,
-        help="times (s) at which the rho study reports E_V (default 2,10; quick 0.05,0.2)",
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="small version for CI: blobs (or a subsample of the data), 2 seeds, "
-        "short budgets; under a minute",
-    )
-    p.add_argument(
-        "--out", type=Path, default=None, help="output directory (default bench-results/<dataset>)"
-    )
+    r.add_argument("--rho-slices", default=None,
+                   help="times (s) at which the rho study reports E_V "
+                   "(default 2,10; quick 0.05,0.2)")
+    p.add_argument("--quick", action="store_true",
+                   help="small version for CI: blobs (or a subsample of the data), 2 seeds, "
+                   "short budgets; under a minute")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (default bench-results/<dataset>)")
     return p
 
 
@@ -231,11 +179,9 @@ def _load_dataset(args: argparse.Namespace) -> datasets.Dataset:
             args.data or DEFAULT_MNIST, n=n, seed=args.data_seed, cache_dir=args.cache_dir
         )
     else:
-        ds = (
-            datasets.make_blobs(n_train=20_000, n_test=4_000, seed=args.data_seed)
-            if args.quick
-            else datasets.make_blobs(n_train=200_000, n_test=20_000, seed=args.data_seed)
-        )
+        ds = (datasets.make_blobs(n_train=20_000, n_test=4_000, seed=args.data_seed)
+              if args.quick else
+              datasets.make_blobs(n_train=200_000, n_test=20_000, seed=args.data_seed))
     max_train = args.max_train or (10_000 if args.quick and kind != "blobs" else None)
     max_test = args.max_test or (2_000 if args.quick and kind != "blobs" else None)
     if max_train or max_test:
@@ -265,12 +211,8 @@ def _reference_lloyd(problem: Problem, test: np.ndarray, max_iter: int) -> tuple
     try:
         with threadpool_limits(limits=cores):
             curve = record(
-                "lloyd.reference",
-                run_ours("lloyd")(problem, Budget(float("inf"), max_iter)),
-                test,
-                problem.seed,
-                eval_grid=float("inf"),
-                first_steps=0,
+                "lloyd.reference", run_ours("lloyd")(problem, Budget(float("inf"), max_iter)),
+                test, problem.seed, eval_grid=float("inf"), first_steps=0,
             )
     finally:
         numba.set_num_threads(before)
@@ -284,24 +226,12 @@ def _faiss_blas_fixed(
         work = Path(tmp)
         np.save(work / "train.npy", ds.train)
         np.save(work / "test.npy", ds.test)
-        (work / "config.json").write_text(
-            json.dumps(
-                {
-                    "seeds": seeds,
-                    "k": args.k,
-                    "rho": args.rho,
-                    "batch_size": args.batch_size,
-                    "budget": budget.seconds,
-                    "max_iter": budget.max_iter,
-                    "eval_grid": args.eval_grid,
-                    "threads": args.threads,
-                    "warmup": args.warmup,
-                    "suffix": ".blasfixed",
-                    "keep_memory": not args.no_keep_memory,
-                    "prefault_gb": args.prefault_gb,
-                }
-            )
-        )
+        (work / "config.json").write_text(json.dumps({
+            "seeds": seeds, "k": args.k, "rho": args.rho, "batch_size": args.batch_size,
+            "budget": budget.seconds, "max_iter": budget.max_iter, "eval_grid": args.eval_grid,
+            "threads": args.threads, "warmup": args.warmup, "suffix": ".blasfixed",
+            "keep_memory": not args.no_keep_memory, "prefault_gb": args.prefault_gb,
+        }))
         env = dict(os.environ, OPENBLAS_CORETYPE=args.faiss_coretype)
         subprocess.run(
             [sys.executable, "-m", "engine.bench.faiss_worker", str(work)], env=env, check=True
@@ -321,11 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     args.max_iter = args.max_iter or (300 if quick else 100_000)
     args.warmup = args.warmup if args.warmup is not None else (0.05 if quick else 0.5)
     args.rho_slices = args.rho_slices or ("0.05,0.2" if quick else "2,10")
-    names = (
-        list(_all_names())
-        if args.algorithms is None
-        else [n.strip() for n in args.algorithms.split(",") if n.strip()]
-    )
+    names = list(_all_names()) if args.algorithms is None else [
+        n.strip() for n in args.algorithms.split(",") if n.strip()
+    ]
     unknown = sorted(set(names) - set(_all_names()))
     if unknown:
         raise SystemExit(f"unknown algorithm(s) {unknown}; choose from {_all_names()}")
@@ -364,53 +292,38 @@ def main(argv: list[str] | None = None) -> int:
     references: dict[int, dict[str, Any]] = {}
     warm_seconds = 0.0
     for si, seed in enumerate(seeds):
-        problem = shuffled_problem(ds.train, seed, args.k, rho=args.rho, batch_size=args.batch_size)
+        problem = shuffled_problem(ds.train, seed, args.k, rho=args.rho,
+                                   batch_size=args.batch_size)
         if si == 0:
             t0 = time.perf_counter()
             for name in names:  # every algorithm alike: BLAS, allocator, caches
                 warm = Budget(args.warmup, 3)
                 record(name, _runner(name)(problem, warm), ds.test, seed)
             warm_seconds = time.perf_counter() - t0
-        order = names[si % len(names) :] + names[: si % len(names)]
+        order = names[si % len(names):] + names[: si % len(names)]
         curves[seed] = {}
         for name in order:
-            c = record(
-                name, _runner(name)(problem, budget), ds.test, seed, eval_grid=args.eval_grid
-            )
+            c = record(name, _runner(name)(problem, budget), ds.test, seed,
+                       eval_grid=args.eval_grid)
             curves[seed][name] = c
-            _log(
-                f"seed {seed} {name:24s} {c.n_steps:6d} steps {c.total_seconds:8.3f} s  "
-                f"E_V {c.final_energy:.6g}  ({c.notes.get('stop')})"
-            )
+            _log(f"seed {seed} {name:24s} {c.n_steps:6d} steps {c.total_seconds:8.3f} s  "
+                 f"E_V {c.final_energy:.6g}  ({c.notes.get('stop')})")
         rho_curves[seed] = {}
         for label in rho_names:
             variant, rho = label.split(" rho=")
-            c = record(
-                label,
-                _runner(variant, float(rho))(problem, budget),
-                ds.test,
-                seed,
-                eval_grid=args.eval_grid,
-            )
+            c = record(label, _runner(variant, float(rho))(problem, budget), ds.test, seed,
+                       eval_grid=args.eval_grid)
             rho_curves[seed][label] = c
-            _log(
-                f"seed {seed} {label:24s} {c.n_steps:6d} steps {c.total_seconds:8.3f} s  "
-                f"E_V {c.final_energy:.6g}  ({c.notes.get('stop')})"
-            )
+            _log(f"seed {seed} {label:24s} {c.n_steps:6d} steps {c.total_seconds:8.3f} s  "
+                 f"E_V {c.final_energy:.6g}  ({c.notes.get('stop')})")
         lloyd = curves[seed].get("lloyd")
         if lloyd is not None and lloyd.converged:
-            references[seed] = {
-                "source": "lloyd (timed run converged)",
-                "energy": lloyd.final_energy,
-                "iterations": lloyd.n_steps,
-            }
+            references[seed] = {"source": "lloyd (timed run converged)",
+                                "energy": lloyd.final_energy, "iterations": lloyd.n_steps}
         else:
             e, it = _reference_lloyd(problem, ds.test, max(args.max_iter, 10_000))
-            references[seed] = {
-                "source": "reference run of our lloyd to its fixed point",
-                "energy": e,
-                "iterations": it,
-            }
+            references[seed] = {"source": "reference run of our lloyd to its fixed point",
+                                "energy": e, "iterations": it}
         del problem
 
     extra_blas: list[dict[str, Any]] = []
@@ -432,75 +345,43 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("bench-results") / ds.name
     out.mkdir(parents=True, exist_ok=True)
     results = report.results_json(
-        dataset=ds.name,
-        n_train=ds.train.shape[0],
-        n_test=ds.test.shape[0],
-        dim=ds.dim,
-        k=args.k,
-        threads=args.threads,
-        seeds=seeds,
-        estar=estar,
-        summary=summary,
+        dataset=ds.name, n_train=ds.train.shape[0], n_test=ds.test.shape[0], dim=ds.dim,
+        k=args.k, threads=args.threads, seeds=seeds, estar=estar, summary=summary,
     )
     report.write_json(out / "results.json", results)
-    report.write_json(
-        out / "curves.json",
-        {
-            "estar_per_seed": {str(s): estar[s] for s in seeds},
-            "references": {str(s): references[s] for s in seeds},
-            "extra_algorithms": {n: summary[n] for n in extra_names if n in summary},
-            "curves": {str(s): {n: c.to_json() for n, c in curves[s].items()} for s in seeds},
-        },
-    )
+    report.write_json(out / "curves.json", {
+        "estar_per_seed": {str(s): estar[s] for s in seeds},
+        "references": {str(s): references[s] for s in seeds},
+        "extra_algorithms": {n: summary[n] for n in extra_names if n in summary},
+        "curves": {str(s): {n: c.to_json() for n, c in curves[s].items()} for s in seeds},
+    })
     rho_table = None
     if args.rho_study:
         slices = [float(t) for t in args.rho_slices.split(",")]
         rho_table = report.rho_study(rho_curves, estar, rho_names, slices)
-        report.write_json(
-            out / "rho_study.json",
-            {
-                "rho_study": rho_table,
-                "curves": {
-                    str(s): {n: c.to_json() for n, c in rho_curves[s].items()} for s in seeds
-                },
-            },
-        )
+        report.write_json(out / "rho_study.json", {
+            "rho_study": rho_table,
+            "curves": {str(s): {n: c.to_json() for n, c in rho_curves[s].items()}
+                       for s in seeds},
+        })
     title = f"{ds.name}: n={ds.train.shape[0]}, d={ds.dim}, k={args.k}, {len(seeds)} seed(s)"
     plot_names = [n for n in (*_all_names(), *extra_names) if n in curves[seeds[0]]]
     report.plot_curves(out / "curves.png", curves, estar, plot_names, title)
     if args.rho_study:
-        report.plot_curves(
-            out / "rho_study.png", rho_curves, estar, rho_names, title + ": rho study"
-        )
+        report.plot_curves(out / "rho_study.png", rho_curves, estar, rho_names,
+                           title + ": rho study")
     info = report.machine_info()
-    store_loads = [
-        c.notes["store_load_seconds"]
-        for s in seeds
-        for c in curves[s].values()
-        if "store_load_seconds" in c.notes
-    ]
+    store_loads = [c.notes["store_load_seconds"] for s in seeds for c in curves[s].values()
+                   if "store_load_seconds" in c.notes]
     report.write_markdown(
         out / "results.md",
-        dataset=ds,
-        args=vars(args),
-        command=command,
-        info=info,
-        extra_blas=extra_blas,
-        summary=summary,
-        names=[n for n in plot_names if n in summary],
-        estar=estar,
-        seeds=seeds,
-        references=references,
-        rho_table=rho_table,
+        dataset=ds, args=vars(args), command=command, info=info, extra_blas=extra_blas,
+        summary=summary, names=[n for n in plot_names if n in summary], estar=estar,
+        seeds=seeds, references=references, rho_table=rho_table,
         timings={
-            "data": data_seconds,
-            "imports": import_seconds,
-            "jit": jit_seconds,
-            "prefault": prefault_seconds,
-            "prefault_gb": args.prefault_gb,
-            "keep_memory": kept,
-            "load_start": load_start,
-            "load_end": os.getloadavg()[0],
+            "data": data_seconds, "imports": import_seconds, "jit": jit_seconds,
+            "prefault": prefault_seconds, "prefault_gb": args.prefault_gb,
+            "keep_memory": kept, "load_start": load_start, "load_end": os.getloadavg()[0],
             "warmup": warm_seconds,
             "store_load": float(np.median(store_loads)) if store_loads else None,
         },

@@ -112,30 +112,19 @@ def make_patches(
 
 
 def make_blobs(
-    *,
-    n_train: int = 20_000,
-    n_test: int = 5_000,
-    dim: int = 32,
-    centers: int = 20,
-    std: float = 4.0,
-    seed: int = 0,
+    *, n_train: int = 20_000, n_test: int = 5_000, dim: int = 32, centers: int = 20,
+    std: float = 4.0, seed: int = 0,
 ) -> Dataset:
     """Isotropic Gaussian blobs (``sklearn.datasets.make_blobs``), train and test alike."""
     from sklearn.datasets import make_blobs as _blobs
 
     X, _ = _blobs(
-        n_samples=n_train + n_test,
-        n_features=dim,
-        centers=centers,
-        cluster_std=std,
-        center_box=(-10.0, 10.0),
-        random_state=seed,
+        n_samples=n_train + n_test, n_features=dim, centers=centers, cluster_std=std,
+        center_box=(-10.0, 10.0), random_state=seed,
     )
     X = _as_f32(X)
     return Dataset(
-        "blobs",
-        _as_f32(X[:n_train]),
-        _as_f32(X[n_train:]),
+        "blobs", _as_f32(X[:n_train]), _as_f32(X[n_train:]),
         f"Gaussian blobs: {centers} centres, d={dim}, std {std:g}, box [-10, 10]",
     )
 
@@ -146,9 +135,7 @@ def subsample(ds: Dataset, n_train: int, n_test: int, seed: int = 0) -> Dataset:
     tr = rng.choice(ds.train.shape[0], size=min(n_train, ds.train.shape[0]), replace=False)
     te = rng.choice(ds.test.shape[0], size=min(n_test, ds.test.shape[0]), replace=False)
     return Dataset(
-        ds.name,
-        _as_f32(ds.train[np.sort(tr)]),
-        _as_f32(ds.test[np.sort(te)]),
+        ds.name, _as_f32(ds.train[np.sort(tr)]), _as_f32(ds.test[np.sort(te)]),
         f"{ds.description}; subsample {tr.size} train / {te.size} test",
     )
 
@@ -206,10 +193,8 @@ def deform_digits(
     field = gaussian_filter(noise, sigma=(0, 0, sigma, sigma)) * alpha
     shift = rng.uniform(-max_shift, max_shift, size=(2, m, 1, 1)).astype(np.float32)
     ii, yy, xx = np.meshgrid(
-        np.arange(m, dtype=np.float32),
-        np.arange(side, dtype=np.float32),
-        np.arange(side, dtype=np.float32),
-        indexing="ij",
+        np.arange(m, dtype=np.float32), np.arange(side, dtype=np.float32),
+        np.arange(side, dtype=np.float32), indexing="ij",
     )
     coords = np.stack([ii, yy + field[0] + shift[0], xx + field[1] + shift[1]])
     out = map_coordinates(img, coords, order=1, mode="constant", cval=0.0)
@@ -255,10 +240,7 @@ def make_infmnist(
         for c, start in enumerate(range(0, n, chunk)):
             rows = np.arange(start, min(start + chunk, n)) % src.shape[0]
             train_u8[start : start + rows.size] = deform_digits(
-                src[rows],
-                np.random.default_rng([seed, c]),
-                alpha=alpha,
-                sigma=sigma,
+                src[rows], np.random.default_rng([seed, c]), alpha=alpha, sigma=sigma,
                 max_shift=max_shift,
             )
         fd, tmp = tempfile.mkstemp(dir=cache, suffix=".npy.part")
@@ -266,9 +248,7 @@ def make_infmnist(
             np.save(fh, train_u8)
         os.replace(tmp, path)
     return Dataset(
-        "infmnist",
-        _as_f32(train_u8),
-        test,
+        "infmnist", _as_f32(train_u8), test,
         f"INFMNIST analogue: {n} elastic/translated copies of MNIST train "
         f"(seed {seed}), validated on MNIST test {test.shape}",
     )

@@ -45,10 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, dict[str, object]] = {}
     for i, seed in enumerate(cfg["seeds"]):
         problem = shuffled_problem(
-            train,
-            int(seed),
-            int(cfg["k"]),
-            rho=float(cfg["rho"]),
+            train, int(seed), int(cfg["k"]), rho=float(cfg["rho"]),
             batch_size=int(cfg["batch_size"]),
         )
         if i == 0:  # warm-up, as in the parent
@@ -58,24 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         out[str(seed)] = {}
         for name in names:
             curve = record(
-                name + cfg["suffix"],
-                make_peer(name)(problem, budget),
-                test,
-                int(seed),
+                name + cfg["suffix"], make_peer(name)(problem, budget), test, int(seed),
                 eval_grid=float(cfg["eval_grid"]),
             )
             out[str(seed)][curve.name] = curve.to_json()
-            print(
-                f"  [worker] seed {seed} {curve.name}: {curve.n_steps} steps, "
-                f"{curve.total_seconds:.2f} s",
-                file=sys.stderr,
-            )
+            print(f"  [worker] seed {seed} {curve.name}: {curve.n_steps} steps, "
+                  f"{curve.total_seconds:.2f} s", file=sys.stderr)
     blas = [
-        {
-            "library": Path(b["filepath"]).name,
-            "version": b.get("version"),
-            "architecture": b.get("architecture"),
-        }
+        {"library": Path(b["filepath"]).name, "version": b.get("version"),
+         "architecture": b.get("architecture")}
         for b in threadpool_info()
         if b.get("internal_api") == "openblas" and "faiss" in b.get("filepath", "")
     ]

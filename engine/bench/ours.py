@@ -41,13 +41,9 @@ def run_ours(name: str, rho: float | None = None) -> Runner:
             nonlocal algo, last
             if algo is None:
                 algo = make_algorithm(
-                    name,
-                    store,
-                    problem.k,
-                    init=problem.init,
+                    name, store, problem.k, init=problem.init,
                     rho=problem.rho if rho is None else rho,
-                    batch_size=problem.batch_size,
-                    random_state=problem.seed,
+                    batch_size=problem.batch_size, random_state=problem.seed,
                 )
             last = algo.step()
             return last.converged

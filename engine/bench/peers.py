@@ -77,12 +77,8 @@ def sklearn_minibatch(batch_size: int) -> Runner:
             nonlocal est
             if est is None:
                 est = MiniBatchKMeans(
-                    n_clusters=problem.k,
-                    init=problem.init,
-                    n_init=1,
-                    batch_size=batch_size,
-                    compute_labels=False,
-                    random_state=problem.seed,
+                    n_clusters=problem.k, init=problem.init, n_init=1,
+                    batch_size=batch_size, compute_labels=False, random_state=problem.seed,
                 )
             est.partial_fit(X[draws.randint(0, n, batch_size)])
             return False  # partial_fit has no convergence test
@@ -124,12 +120,8 @@ def sklearn_kmeans(algorithm: str) -> Runner:
         try:
             t0 = time.perf_counter()
             est = KMeans(
-                n_clusters=problem.k,
-                init=problem.init,
-                n_init=1,
-                algorithm=algorithm,
-                max_iter=budget.max_iter,
-                random_state=problem.seed,
+                n_clusters=problem.k, init=problem.init, n_init=1, algorithm=algorithm,
+                max_iter=budget.max_iter, random_state=problem.seed,
             )
             try:
                 est.fit(X)
@@ -166,13 +158,8 @@ def faiss_full() -> Runner:
         def step() -> bool:
             nonlocal C, first
             km = faiss.Kmeans(
-                d,
-                problem.k,
-                niter=1,
-                max_points_per_centroid=max(n, 1),
-                seed=problem.seed,
-                verbose=False,
-                check_input_data_for_NaNs=first,
+                d, problem.k, niter=1, max_points_per_centroid=max(n, 1), seed=problem.seed,
+                verbose=False, check_input_data_for_NaNs=first,
             )
             km.train(X, init_centroids=C)
             first = False

@@ -123,14 +123,9 @@ class Curve:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "seed": self.seed,
-            "seconds": self.seconds,
-            "energy": self.energy,
-            "iteration": self.iteration,
-            "n_steps": self.n_steps,
-            "converged": self.converged,
-            "notes": self.notes,
+            "name": self.name, "seed": self.seed, "seconds": self.seconds,
+            "energy": self.energy, "iteration": self.iteration, "n_steps": self.n_steps,
+            "converged": self.converged, "notes": self.notes,
         }
 
     @classmethod

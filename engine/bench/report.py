@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.algorithms import ALGORITHMS
+from engine.bench.peers import PEERS
 from engine.bench.protocol import EPS_KEYS, EPSILONS, Curve, median_or_none, time_to, value_at
 
 __all__ = [
@@ -26,21 +28,8 @@ __all__ = [
     "write_json",
 ]
 
-# The algorithm names results.json may contain, in table order.
-RESULT_NAMES = (
-    "nmbatch",
-    "nmbatch.deact",
-    "mbatch",
-    "mbatch.remove",
-    "lloyd",
-    "elkan",
-    "sklearn.minibatch.5000",
-    "sklearn.minibatch.1024",
-    "sklearn.lloyd",
-    "sklearn.elkan",
-    "faiss",
-    "faiss.subsampled",
-)
+# The algorithm names results.json may contain, in table order: ours, then the peers.
+RESULT_NAMES = (*ALGORITHMS, *PEERS)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -48,16 +37,8 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def results_json(
-    *,
-    dataset: str,
-    n_train: int,
-    n_test: int,
-    dim: int,
-    k: int,
-    threads: int,
-    seeds: list[int],
-    estar: dict[int, float],
-    summary: dict[str, dict[str, Any]],
+    *, dataset: str, n_train: int, n_test: int, dim: int, k: int, threads: int,
+    seeds: list[int], estar: dict[int, float], summary: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     """The exact results.json document (medians over seeds, relative to ``E*_s``)."""
     return {
@@ -118,17 +99,15 @@ def machine_info() -> dict[str, Any]:
     model, simd = _cpu_model()
     libs = []
     for lib in threadpoolctl.threadpool_info():
-        libs.append(
-            {
-                "library": os.path.basename(lib.get("filepath", "")),
-                "user_api": lib.get("user_api"),
-                "internal_api": lib.get("internal_api"),
-                "version": lib.get("version"),
-                "architecture": lib.get("architecture"),
-                "threading_layer": lib.get("threading_layer"),
-                "num_threads": lib.get("num_threads"),
-            }
-        )
+        libs.append({
+            "library": os.path.basename(lib.get("filepath", "")),
+            "user_api": lib.get("user_api"),
+            "internal_api": lib.get("internal_api"),
+            "version": lib.get("version"),
+            "architecture": lib.get("architecture"),
+            "threading_layer": lib.get("threading_layer"),
+            "num_threads": lib.get("num_threads"),
+        })
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not on Linux
@@ -140,12 +119,9 @@ def machine_info() -> dict[str, Any]:
         "cores_available": affinity,
         "python": platform.python_version(),
         "versions": {
-            "numpy": numpy.__version__,
-            "numba": numba.__version__,
-            "scikit-learn": sklearn.__version__,
-            "faiss": faiss_version,
-            "scipy": scipy.__version__,
-            "threadpoolctl": threadpoolctl.__version__,
+            "numpy": numpy.__version__, "numba": numba.__version__,
+            "scikit-learn": sklearn.__version__, "faiss": faiss_version,
+            "scipy": scipy.__version__, "threadpoolctl": threadpoolctl.__version__,
         },
         "numba_threading_layer": _numba_layer(),
         "blas": libs,
@@ -226,11 +202,8 @@ def _rel_on_grid(curve: Curve, estar: float, grid: np.ndarray) -> np.ndarray:
 
 
 def plot_curves(
-    path: Path,
-    curves: dict[int, dict[str, Curve]],
-    estar: dict[int, float],
-    names: list[str],
-    title: str,
+    path: Path, curves: dict[int, dict[str, Curve]], estar: dict[int, float],
+    names: list[str], title: str,
 ) -> None:
     """``E_V/E*_s - 1`` against time, both on log axes: thin lines per seed, a thick
     line for the median over seeds (drawn where more than half the seeds have started)."""
@@ -308,9 +281,7 @@ def summarize_all(
 
 
 def rho_study(
-    curves: dict[int, dict[str, Curve]],
-    estar: dict[int, float],
-    labels: list[str],
+    curves: dict[int, dict[str, Curve]], estar: dict[int, float], labels: list[str],
     slices: list[float],
 ) -> dict[str, dict[str, Any]]:
     """Per ``"<variant> rho=<r>"``: medians of time to each level, final ``E_V/E*_s - 1``
@@ -404,20 +375,10 @@ METHOD = """\
 
 
 def write_markdown(
-    path: Path,
-    *,
-    dataset: Any,
-    args: dict[str, Any],
-    command: str,
-    info: dict[str, Any],
-    extra_blas: list[dict[str, Any]],
-    summary: dict[str, dict[str, Any]],
-    names: list[str],
-    estar: dict[int, float],
-    seeds: list[int],
-    references: dict[int, dict[str, Any]],
-    rho_table: dict[str, dict[str, Any]] | None,
-    timings: dict[str, float | None],
+    path: Path, *, dataset: Any, args: dict[str, Any], command: str, info: dict[str, Any],
+    extra_blas: list[dict[str, Any]], summary: dict[str, dict[str, Any]], names: list[str],
+    estar: dict[int, float], seeds: list[int], references: dict[int, dict[str, Any]],
+    rho_table: dict[str, dict[str, Any]] | None, timings: dict[str, float | None],
     ours: list[str],
 ) -> None:
     """results.md: the table, the machine, BLAS, threads, versions, command, JIT line,
@@ -446,17 +407,13 @@ def write_markdown(
         + ". Exact Lloyd to its fixed point, per seed: "
         + "; ".join(
             f"{s}: {references[s]['energy']:.6g} after {references[s]['iterations']} "
-            f"iterations ({references[s]['source']})"
-            for s in seeds
-        )
-        + ".\n"
+            f"iterations ({references[s]['source']})" for s in seeds
+        ) + ".\n"
     )
     L.append("## Target check\n")
     if args.get("quick"):
-        L.append(
-            "- Quick mode: a check that the pipeline runs; on data this small its times "
-            "say nothing about the targets."
-        )
+        L.append("- Quick mode: a check that the pipeline runs; on data this small its times "
+                 "say nothing about the targets.")
     L += target_check(summary)
     load = timings.get("store_load")
     exact = [n for n in ("sklearn.lloyd", "sklearn.elkan", "faiss") if n in summary]
@@ -464,11 +421,9 @@ def write_markdown(
     best = [summary[n]["time_to"]["0.01"] for n in exact]
     best = [b for b in best if b is not None]
     if load is not None and ours_1 is not None and best:
-        L.append(
-            f"- (Our times exclude loading the store, {load:.3f} s a run; counting it, "
-            f"nmbatch's 1% ratio to the fastest exact peer would be "
-            f"{min(best) / (ours_1 + load):.2f}x.)"
-        )
+        L.append(f"- (Our times exclude loading the store, {load:.3f} s a run; counting it, "
+                 f"nmbatch's 1% ratio to the fastest exact peer would be "
+                 f"{min(best) / (ours_1 + load):.2f}x.)")
     L.append("")
     if rho_table:
         L.append("## rho study (nmbatch with bounds on, nmbatch.deact with bounds off)\n")
@@ -479,65 +434,46 @@ def write_markdown(
         for label, row in rho_table.items():
             cells = [_s(row["time_to"][k]) for k in EPS_KEYS]
             at = [_pct(row["rel_at"][t]) for t in slices]
-            L.append(
-                f"| {label} | {' | '.join(cells)} | {_pct(row['final_rel'])} | {' | '.join(at)} |"
-            )
+            L.append(f"| {label} | {' | '.join(cells)} | {_pct(row['final_rel'])} | "
+                     f"{' | '.join(at)} |")
         L.append("")
     L.append("## Machine and software\n")
-    L.append(
-        f"- CPU: {info['cpu']} ({info['simd']}); {info['cores']} cores, "
-        f"{info['cores_available']} available to this process"
-    )
-    L.append(
-        f"- Threads: {args['threads']} (BLAS, OpenMP, numba, faiss); numba threading "
-        f"layer: {info['numba_threading_layer']}"
-    )
+    L.append(f"- CPU: {info['cpu']} ({info['simd']}); {info['cores']} cores, "
+             f"{info['cores_available']} available to this process")
+    L.append(f"- Threads: {args['threads']} (BLAS, OpenMP, numba, faiss); numba threading "
+             f"layer: {info['numba_threading_layer']}")
     t = timings
-    L.append(
-        f"- 1-minute load average at the start / end of the run: {t['load_start']:.2f} / "
-        f"{t['load_end']:.2f} (the benchmark itself accounts for about 1; more means "
-        f"other processes competed for the {info['cores_available']} cores and times "
-        f"are inflated)"
-    )
+    L.append(f"- 1-minute load average at the start / end of the run: {t['load_start']:.2f} / "
+             f"{t['load_end']:.2f} (the benchmark itself accounts for about 1; more means "
+             f"other processes competed for the {info['cores_available']} cores and times "
+             f"are inflated)")
     v = info["versions"]
     L.append(f"- Python {info['python']}, " + ", ".join(f"{k} {x}" for k, x in v.items()))
     L.append("- BLAS and OpenMP libraries loaded (threadpoolctl):")
     for lib in info["blas"]:
-        L.append(
-            f"  - {lib['library']}: {lib['internal_api']} {lib['version'] or ''}, "
-            f"architecture {lib['architecture'] or 'n/a'}, "
-            f"threading {lib['threading_layer'] or 'n/a'}, "
-            f"{lib['num_threads']} thread(s)"
-        )
+        L.append(f"  - {lib['library']}: {lib['internal_api']} {lib['version'] or ''}, "
+                 f"architecture {lib['architecture'] or 'n/a'}, "
+                 f"threading {lib['threading_layer'] or 'n/a'}, "
+                 f"{lib['num_threads']} thread(s)")
     for lib in extra_blas:
-        L.append(
-            f"  - faiss subprocess (OPENBLAS_CORETYPE={args['faiss_coretype']}): "
-            f"{lib['library']} {lib['version']}, architecture {lib['architecture']}"
-        )
-    L.append(
-        "- numpy's BLAS runs our algorithms and scikit-learn; faiss uses its own "
-        "bundled OpenBLAS (the libopenblas line above)."
-    )
+        L.append(f"  - faiss subprocess (OPENBLAS_CORETYPE={args['faiss_coretype']}): "
+                 f"{lib['library']} {lib['version']}, architecture {lib['architecture']}")
+    L.append("- numpy's BLAS runs our algorithms and scikit-learn; faiss uses its own "
+             "bundled OpenBLAS (the libopenblas line above).")
     t = timings
-    L.append(
-        f"- JIT: compiling and first runs of our algorithms ({', '.join(ours)}) "
-        f"on a 2,000-sample problem took {t['jit']:.2f} s before timing started "
-        f"(numba's on-disk cache may have been warm); importing and limiting the "
-        f"libraries took {t['imports']:.2f} s; the untimed warm-up of every algorithm "
-        f"{t['warmup']:.2f} s. None of this is in any time above."
-    )
+    L.append(f"- JIT: compiling and first runs of our algorithms ({', '.join(ours)}) "
+             f"on a 2,000-sample problem took {t['jit']:.2f} s before timing started "
+             f"(numba's on-disk cache may have been warm); importing and limiting the "
+             f"libraries took {t['imports']:.2f} s; the untimed warm-up of every algorithm "
+             f"{t['warmup']:.2f} s. None of this is in any time above.")
     if t["store_load"] is not None:
-        L.append(
-            f"- Store load (appending the shuffled training set to a NestedBatchStore, "
-            f"median per run, not in our times): {t['store_load']:.3f} s"
-        )
-    L.append(
-        f"- Memory: {t['prefault_gb']:g} GiB touched once before timing "
-        f"({t['prefault']:.2f} s); glibc told to keep freed memory in the process "
-        f"(mallopt): {'yes' if t['keep_memory'] else 'no'}. On a VM the first touch of a "
-        f"page the host has not backed (or has taken back after a free) is slow, and "
-        f"would otherwise hit whichever algorithm allocates first."
-    )
+        L.append(f"- Store load (appending the shuffled training set to a NestedBatchStore, "
+                 f"median per run, not in our times): {t['store_load']:.3f} s")
+    L.append(f"- Memory: {t['prefault_gb']:g} GiB touched once before timing "
+             f"({t['prefault']:.2f} s); glibc told to keep freed memory in the process "
+             f"(mallopt): {'yes' if t['keep_memory'] else 'no'}. On a VM the first touch of a "
+             f"page the host has not backed (or has taken back after a free) is slow, and "
+             f"would otherwise hit whichever algorithm allocates first.")
     L.append(f"- Data preparation: {t['data']:.1f} s\n")
     L.append("## Method\n")
     L.append(METHOD)
