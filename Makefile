@@ -21,22 +21,22 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 ## Run the service (embedded Redis unless NMBATCH_REDIS_URL is set).
 serve: $(RUN_STAMP)
-	$(BIN)/python -m service
+	$(BIN)/python -m nmbatch
 
 ## Lint and run the whole test suite.
 test: $(STAMP)
-	$(BIN)/ruff check engine service tests
+	$(BIN)/ruff check nmbatch engine service tests tools
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check engine service tests
-	$(BIN)/ruff format --check engine service tests || true
+	$(BIN)/ruff check nmbatch engine service tests tools
+	$(BIN)/ruff format --check nmbatch engine service tests tools || true
 
 bench: $(STAMP)
-	$(BIN)/python -m engine.bench --data ../shared/data/mnist.npz --seeds 5 --out bench-results/mnist
+	$(BIN)/python -m nmbatch.engine.bench --data ../shared/data/mnist.npz --seeds 5 --out bench-results/mnist
 
 bench-quick: $(STAMP)
-	$(BIN)/python -m engine.bench --quick --out bench-results/quick
+	$(BIN)/python -m nmbatch.engine.bench --quick --out bench-results/quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -4,20 +4,22 @@ The engine knows nothing of HTTP or Redis: a growing shuffled store, one-iterati
 algorithms on it, an exact nearest-centroid lookup, and a scikit-learn style estimator.
 """
 
-from engine.algorithms import (
+from nmbatch.engine.algorithms import (
     ALGORITHMS,
     IterationStats,
     KMeansAlgorithm,
     NestedMiniBatch,
     make_algorithm,
 )
-from engine.assign import energy, nearest
-from engine.store import NestedBatchStore
+from nmbatch.engine.assign import energy, nearest
+from nmbatch.engine.state import ModelState
+from nmbatch.engine.store import NestedBatchStore
 
 __all__ = [
     "ALGORITHMS",
     "IterationStats",
     "KMeansAlgorithm",
+    "ModelState",
     "NestedBatchStore",
     "NestedMiniBatch",
     "NestedMiniBatchKMeans",
@@ -30,7 +32,7 @@ __all__ = [
 def __getattr__(name: str):
     # The estimator module is imported on first use, so the service does not pay for it.
     if name == "NestedMiniBatchKMeans":
-        from engine.estimator import NestedMiniBatchKMeans
+        from nmbatch.engine.estimator import NestedMiniBatchKMeans
 
         return NestedMiniBatchKMeans
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

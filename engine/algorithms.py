@@ -22,14 +22,13 @@ part in the doubling test; a cluster with ``p(j) = 0`` never blocks doubling; on
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from engine._validation import as_float32_matrix
-from engine.assign import CHUNK_ROWS, sqnorms
-from engine.init import kmeans_plusplus
-from engine.kernels import (
+from nmbatch.engine._validation import as_float32_matrix
+from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
+from nmbatch.engine.init import kmeans_plusplus
+from nmbatch.engine.kernels import (
     assign_dense,
     bound_sweep,
     centroid_update,
@@ -38,7 +37,8 @@ from engine.kernels import (
     settle_assigned,
     sqdist32_error,
 )
-from engine.store import NestedBatchStore
+from nmbatch.engine.state import IterationStats, ModelState
+from nmbatch.engine.store import NestedBatchStore
 
 __all__ = [
     "ALGORITHMS",
@@ -57,23 +57,6 @@ DENSE_REVISIT_FRACTION = 0.45
 # Sorted rows whose span is at most this many times their number are multiplied in place
 # (extra rows of the product are cheaper than gathering a copy).
 SPAN_PRODUCT_RATIO = 1.5
-
-
-@dataclass(frozen=True)
-class IterationStats:
-    """What one ``step()`` did."""
-
-    iteration: int
-    batch_size: int
-    next_batch_size: int
-    n_samples: int
-    n_changed: int
-    n_new: int
-    doubled: bool
-    converged: bool
-    n_distances: int
-    n_skipped: int
-    seconds: float
 
 
 class KMeansAlgorithm:
@@ -153,6 +136,21 @@ class KMeansAlgorithm:
         """Mean ``d(i)^2`` over the samples the algorithm holds (``sse.sum() / b``)."""
         b = int(self.v.sum())
         return float(max(self.sse.sum(), 0.0) / b) if b else float("nan")
+
+    def state(self, stats: IterationStats | None = None) -> ModelState:
+        """The model as it stands, as one record (``stats``: of the step just run)."""
+        energy = self.energy_estimate() if self.iteration > 0 and self.batch_size > 0 else None
+        return ModelState(
+            centroids=self.centroids,
+            counts=self.counts,
+            batch_size=int(self.batch_size),
+            n_samples=int(self.store.n_samples),
+            iteration=int(self.iteration),
+            converged=bool(self.converged),
+            initialized=bool(self.initialized),
+            energy=energy,
+            stats=stats,
+        )
 
     # -- shared machinery -------------------------------------------------------------
     def _initialise(self, X: np.ndarray) -> None:

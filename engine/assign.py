@@ -5,7 +5,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from engine.kernels import (
+from nmbatch.engine.kernels import (
     gemm_error,
     nearest_dense,
     sqdist32_error,

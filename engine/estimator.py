@@ -104,10 +104,10 @@ from typing import Any
 
 import numpy as np
 
-from engine._validation import as_float32_matrix
-from engine.algorithms import ALGORITHMS, IterationStats, make_algorithm
-from engine.assign import nearest
-from engine.store import NestedBatchStore
+from nmbatch.engine._validation import as_float32_matrix
+from nmbatch.engine.algorithms import ALGORITHMS, IterationStats, make_algorithm
+from nmbatch.engine.assign import nearest
+from nmbatch.engine.store import NestedBatchStore
 
 __all__ = ["NestedMiniBatchKMeans"]
 

@@ -26,8 +26,8 @@ import threading
 
 import numpy as np
 
-from engine._validation import as_float32_matrix
-from engine.kernels import shuffle_insert
+from nmbatch.engine._validation import as_float32_matrix
+from nmbatch.engine.kernels import shuffle_insert
 
 __all__ = ["RESERVE_BYTES", "NestedBatchStore"]
 

@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from engine.algorithms import make_algorithm
-from engine.assign import energy, nearest, nearest_one
-from engine.store import NestedBatchStore
+from nmbatch.engine.algorithms import make_algorithm
+from nmbatch.engine.assign import energy, nearest, nearest_one
+from nmbatch.engine.store import NestedBatchStore
 
 __all__ = ["warm_up"]
 

@@ -1,5 +1,5 @@
 """nmbatch service: a FastAPI app that clusters a stream of vectors with nmbatch.
 
-``python -m service`` runs it (see the README); ``create_app`` builds
+``python -m nmbatch`` runs it (see the README); ``create_app`` builds
 the app for uvicorn or tests.
 """

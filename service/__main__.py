@@ -1,61 +1,8 @@
-"""``python -m service``: run the app with uvicorn, settings from ``NMBATCH_*``."""
+"""``python -m nmbatch.service`` (and ``python -m service`` from a checkout): run the service."""
 
-from __future__ import annotations
-
-import logging
-import signal
 import sys
 
-import uvicorn
-from pydantic import ValidationError
-
-from service.config import Settings
-from service.main import create_app
-
-SWITCH_INTERVAL = 0.0005
-"""Seconds a thread may hold the GIL while another waits for it (``sys.setswitchinterval``)."""
-
-
-def main() -> int:
-    """Run until SIGINT/SIGTERM; returns the process exit code."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        print(f"invalid NMBATCH_* setting:\n{exc}", file=sys.stderr)
-        return 2
-    logging.getLogger().setLevel(settings.log_level.upper())
-    # The event loop shares the GIL with the worker thread and the request thread pool:
-    # a thread waiting for it waits up to the switch interval (default 5 ms) whenever
-    # another one runs Python. 0.5 ms keeps the loop's turns (and /assign) short.
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    app = create_app(settings, freeze_heap=True)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        # h11 whatever else is installed: its answers to malformed framing are the
-        # service's problem documents (tests/hardening); httptools would answer some with
-        # plain text, for about 45 microseconds less per request. The loop is uvloop
-        # when installed (auto), else asyncio.
-        http="h11",
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
-    server = uvicorn.Server(config)
-    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the
-    # handler that was installed before it. This one ignores it, so a stop requested by
-    # a signal ends with exit code 0 once the lifespan (last snapshot, Redis) is done.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: None)
-    server.run()
-    # uvicorn returns normally when the lifespan start-up failed; report it in the code.
-    return 0 if server.started else 3
-
+from nmbatch.service.server import main
 
 if __name__ == "__main__":
     sys.exit(main())

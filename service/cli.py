@@ -2,7 +2,7 @@
 
 Subcommands:
 
-- ``nmbatch serve``: the HTTP service, exactly as ``python -m service``; options override
+- ``nmbatch serve``: the HTTP service, exactly as ``python -m nmbatch``; options override
   the ``NMBATCH_*`` settings (``--host``, ``--port``, ``--redis-url``, ``--k``, or any
   setting with ``--set NAME=VALUE``).
 - ``nmbatch fit``: cluster the rows of an ``.npy``, ``.npz`` or CSV file with an engine
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser(
         "serve",
-        help="run the HTTP service (like `python -m service`)",
+        help="run the HTTP service (like `python -m nmbatch`)",
         description=(
             "Run the clustering service. Settings come from NMBATCH_* environment variables "
             "(and a .env file); the options below override them for this run. With no Redis "
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     # this entry only makes `bench` appear in `nmbatch --help`.
     sub.add_parser(
         "bench",
-        help="run the benchmark (arguments go to `python -m engine.bench`; see `bench --help`)",
+        help="run the benchmark (arguments as for `python -m nmbatch.engine.bench`)",
         add_help=False,
     )
     return parser
@@ -191,7 +191,7 @@ def serve_environment(args: argparse.Namespace) -> dict[str, str]:
     Raises ``CLIError`` for a ``--set`` name that is not a field of
     ``service.config.Settings``.
     """
-    from service.config import Settings  # pydantic only: no FastAPI
+    from nmbatch.service.config import Settings  # pydantic only: no FastAPI
 
     fields = set(Settings.model_fields)
     values: dict[str, str] = {}
@@ -214,14 +214,14 @@ def serve_environment(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Run ``python -m service`` in this process with the option overrides in the environment."""
+    """Run ``python -m nmbatch`` in this process with the option overrides in the environment."""
     import runpy
 
     os.environ.update(serve_environment(args))
     saved_argv = sys.argv[:]
     sys.argv = [saved_argv[0] if saved_argv else PROG]  # the service must not see our options
     try:
-        runpy.run_module("service", run_name="__main__", alter_sys=True)
+        runpy.run_module("nmbatch", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
@@ -370,7 +370,7 @@ def _estimator_with_progress(params: dict[str, object], progress: ProgressLine) 
     ``nmbatch fit --seed S`` gives exactly ``NestedMiniBatchKMeans(random_state=S).fit(X)``;
     the progress hook wraps the ``step`` of the engine algorithm the estimator builds.
     """
-    from engine.estimator import NestedMiniBatchKMeans
+    from nmbatch.engine.estimator import NestedMiniBatchKMeans
 
     class _ReportingKMeans(NestedMiniBatchKMeans):
         def _make_algorithm(self, store, init, seed):  # type: ignore[no-untyped-def]
@@ -431,8 +431,8 @@ def run_fit(args: argparse.Namespace, stderr: TextIO) -> int:
 # bench
 # --------------------------------------------------------------------------------------
 def run_bench(argv: Sequence[str]) -> int:
-    """Call the benchmark's ``main`` with ``argv`` (as ``python -m engine.bench argv``)."""
-    from engine.bench.cli import main as bench_main
+    """Call the benchmark's ``main`` with ``argv`` (as ``python -m nmbatch.engine.bench argv``)."""
+    from nmbatch.engine.bench.cli import main as bench_main
 
     try:
         code = bench_main(list(argv))

@@ -15,15 +15,15 @@ import numpy as np
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine import nearest
-from service.config import Settings
-from service.embedded_redis import EmbeddedRedis
-from service.metrics import ServiceMetrics
-from service.parsing import NPY, OCTET, media_type, parse_vectors
-from service.problems import ProblemError
-from service.redis_log import AsyncSampleLog, encode_chunks
-from service.state import ModelBoard, PublishedModel
-from service.worker import Worker
+from nmbatch.engine import nearest
+from nmbatch.service.config import Settings
+from nmbatch.service.embedded_redis import EmbeddedRedis
+from nmbatch.service.metrics import ServiceMetrics
+from nmbatch.service.parsing import NPY, OCTET, media_type, parse_vectors
+from nmbatch.service.problems import ProblemError
+from nmbatch.service.redis_log import AsyncSampleLog, encode_chunks
+from nmbatch.service.state import ModelBoard, PublishedModel
+from nmbatch.service.worker import Worker
 
 __all__ = ["Context", "ServiceContext", "assign", "get_context", "off_loop", "parse_body"]
 

@@ -44,8 +44,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine import NestedBatchStore, make_algorithm
-from engine.algorithms import IterationStats, KMeansAlgorithm
+from nmbatch.engine import NestedBatchStore, make_algorithm
+from nmbatch.engine.algorithms import IterationStats, KMeansAlgorithm
 
 __all__ = ["EngineConfig", "EngineHost", "EngineProcess", "EngineProcessError", "LocalEngine"]
 

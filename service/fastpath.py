@@ -30,10 +30,10 @@ from urllib.parse import parse_qsl
 from pydantic_core import to_json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.assign import nearest_one
-from service.config import Settings
-from service.parsing import parse_query_vector
-from service.problems import ProblemError
+from nmbatch.engine.assign import nearest_one
+from nmbatch.service.config import Settings
+from nmbatch.service.parsing import parse_query_vector
+from nmbatch.service.problems import ProblemError
 
 __all__ = ["AssignFastPath"]
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.context import ServiceContext, off_loop
-from service.problems import ProblemError
-from service.redis_log import ModelKeys, encode_chunks
+from nmbatch.service.context import ServiceContext, off_loop
+from nmbatch.service.problems import ProblemError
+from nmbatch.service.redis_log import ModelKeys, encode_chunks
 
 __all__ = [
     "APPEND_ONCE",

@@ -1,6 +1,6 @@
 """Load benchmark of the HTTP service: ingestion rate, ``/assign`` latency, soak, memory.
 
-Runs the real server (``python -m service``: one uvicorn process, its embedded
+Runs the real server (``python -m nmbatch``: one uvicorn process, its embedded
 ``redis-server``, the worker iterating all along on ``NMBATCH_WORKER_THREADS=1``, access
 log off) and drives it over loopback from separate client processes. The clients are
 small asyncio programs speaking HTTP/1.1 over raw keep-alive sockets, with every request
@@ -39,8 +39,8 @@ worker to hold the whole log (reported as the catch-up time) before the last sam
 Results go to ``--out``: ``loadtest.json`` (everything, with per-second timelines and
 resource samples) and ``loadtest.md`` (machine, versions, command, tables, targets).
 
-    python -m service.loadtest --out bench-results/loadtest            # every phase
-    python -m service.loadtest --out bench-results/lt --phases npy,assign --phase-seconds 5
+    python -m nmbatch.service.loadtest --out bench-results/loadtest            # every phase
+    python -m nmbatch.service.loadtest --out bench-results/lt --phases npy,assign --phase-seconds 5
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from service.embedded_redis import free_port
+from nmbatch.service.embedded_redis import free_port
 
 __all__ = ["main"]
 
@@ -480,7 +480,7 @@ def _machine_busy_seconds() -> float | None:
 
 
 class Server:
-    """``python -m service`` with its embedded Redis in a temporary folder."""
+    """``python -m nmbatch`` with its embedded Redis in a temporary folder."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.port = free_port()
@@ -502,7 +502,7 @@ class Server:
         env.update(self.settings)
         repo = Path(__file__).resolve().parents[1]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, cwd=repo)
+        self.proc = subprocess.Popen([sys.executable, "-m", "nmbatch"], env=env, cwd=repo)
         self.redis_pid: int | None = None
         self._redis = None
 
@@ -987,7 +987,7 @@ def machine() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[package] = None
     with contextlib.suppress(Exception):
-        from service.embedded_redis import find_redis_server
+        from nmbatch.service.embedded_redis import find_redis_server
 
         out = subprocess.run(
             [str(find_redis_server()), "--version"], capture_output=True, text=True, timeout=10
@@ -1072,7 +1072,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Command: `{result['command']}`",
         "",
-        f"Server: one `python -m service` process (uvicorn: h11, {loop} loop, access log "
+        f"Server: one `python -m nmbatch` process (uvicorn: h11, {loop} loop, access log "
         f"off), its embedded redis-server (append-only file, appendfsync everysec, "
         f"rewrites without compression at 400% growth), k = {a['k']}, d = {a['dim']}, "
         f"`NMBATCH_WORKER_THREADS=1`, the worker iterating all along (its engine in "
@@ -1307,7 +1307,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown phase(s) {sorted(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
-        "command": "python -m service.loadtest "
+        "command": "python -m nmbatch.service.loadtest "
         + shlex.join(sys.argv[1:] if argv is None else argv),
         "machine": machine(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

@@ -9,7 +9,7 @@ the worker writes a last snapshot and releases the lease.
 
 Warm-up and heap freeze: before the first request, every numba kernel of the engine and
 of the JSON parser is loaded (``engine.warmup``), so no request and no iteration waits
-for a compilation. The server process (``python -m service``) then freezes the heap
+for a compilation. The server process (``python -m nmbatch``) then freezes the heap
 (``gc.collect(); gc.freeze()``): the modules, the app and the kernels' objects (about
 170,000) leave the cyclic garbage collector's view. Without it, each collection of the
 oldest generation walks them all, 60-120 ms holding the GIL, a stall of every request in
@@ -42,15 +42,15 @@ from redis.retry import Retry
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from engine.warmup import warm_up
-from service.config import Settings
-from service.context import ServiceContext
-from service.embedded_redis import EmbeddedRedis
-from service.fastpath import AssignFastPath
-from service.jsonfast import parse_json_matrix
-from service.metrics import RequestTimingMiddleware, ServiceMetrics
-from service.problems import install_problem_handlers, problem_response
-from service.redis_log import (
+from nmbatch.engine.warmup import warm_up
+from nmbatch.service.config import Settings
+from nmbatch.service.context import ServiceContext
+from nmbatch.service.embedded_redis import EmbeddedRedis
+from nmbatch.service.fastpath import AssignFastPath
+from nmbatch.service.jsonfast import parse_json_matrix
+from nmbatch.service.metrics import RequestTimingMiddleware, ServiceMetrics
+from nmbatch.service.problems import install_problem_handlers, problem_response
+from nmbatch.service.redis_log import (
     AsyncSampleLog,
     LocalEntries,
     ModelConfigError,
@@ -58,9 +58,9 @@ from service.redis_log import (
     WorkerLease,
     redis_unavailable,
 )
-from service.routes import assign, centroids, health, samples, stats
-from service.state import ModelBoard
-from service.worker import Worker
+from nmbatch.service.routes import assign, centroids, health, samples, stats
+from nmbatch.service.state import ModelBoard
+from nmbatch.service.worker import Worker
 
 __all__ = ["StartupError", "create_app"]
 

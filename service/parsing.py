@@ -40,9 +40,9 @@ import numpy as np
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
-from engine._validation import as_float32_matrix
-from service.jsonfast import parse_json_matrix
-from service.problems import ProblemError
+from nmbatch.engine._validation import as_float32_matrix
+from nmbatch.service.jsonfast import parse_json_matrix
+from nmbatch.service.problems import ProblemError
 
 __all__ = [
     "JSON",

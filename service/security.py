@@ -25,8 +25,8 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.config import Settings
-from service.problems import ProblemError
+from nmbatch.service.config import Settings
+from nmbatch.service.problems import ProblemError
 
 __all__ = [
     "OPTIONAL_KEY",

@@ -57,8 +57,8 @@ import numpy as np
 import redis
 from threadpoolctl import threadpool_limits
 
-from service.config import Settings
-from service.engine_host import (
+from nmbatch.service.config import Settings
+from nmbatch.service.engine_host import (
     AlgoView,
     EngineConfig,
     EngineHost,
@@ -67,15 +67,15 @@ from service.engine_host import (
     LocalEngine,
     StoreView,
 )
-from service.metrics import ServiceMetrics
-from service.redis_log import (
+from nmbatch.service.metrics import ServiceMetrics
+from nmbatch.service.redis_log import (
     LeaseLostError,
     ModelRepository,
     Snapshot,
     WorkerLease,
     redis_unavailable,
 )
-from service.state import DoublingEvent, ModelBoard, PublishedModel, PublishedStats
+from nmbatch.service.state import DoublingEvent, ModelBoard, PublishedModel, PublishedStats
 
 __all__ = ["VERSION_BLOCK", "Worker"]
 

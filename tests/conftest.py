@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from service.embedded_redis import EmbeddedRedis
+from nmbatch.service.embedded_redis import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")

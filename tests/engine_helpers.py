@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine import NestedBatchStore
+from nmbatch.engine import NestedBatchStore
 
 
 def sqdist64_ref(X: np.ndarray, C: np.ndarray) -> np.ndarray:

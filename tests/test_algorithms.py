@@ -22,8 +22,8 @@ import warnings
 import numpy as np
 import pytest
 
-from engine import ALGORITHMS, NestedBatchStore, make_algorithm
-from engine.algorithms import NestedMiniBatch
+from nmbatch.engine import ALGORITHMS, NestedBatchStore, make_algorithm
+from nmbatch.engine.algorithms import NestedMiniBatch
 from tests.engine_helpers import (
     assert_sums_are_means,
     blobs,

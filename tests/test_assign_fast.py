@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engine import nearest
-from engine.assign import nearest_one
+from nmbatch.engine import nearest
+from nmbatch.engine.assign import nearest_one
 
 
 def assert_same_as_nearest(X: np.ndarray, C: np.ndarray) -> None:

@@ -1,7 +1,7 @@
 """The ``nmbatch`` command-line tool (``service/cli.py``): help, ``fit``, ``serve``, ``bench``.
 
 ``fit`` runs in-process (one numba start-up for the module); ``--help``, the lazy-import
-guarantees and ``serve`` run ``python -m service.cli`` in a subprocess, as a user would.
+guarantees and ``serve`` run ``python -m nmbatch.service.cli`` in a subprocess, as a user would.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service import cli
+from nmbatch.service import cli
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str, timeout: float = 120, **kwargs: object) -> subprocess.CompletedProcess:
-    """``python -m service.cli ARGS`` from the repository root, output captured."""
+    """``python -m nmbatch.service.cli ARGS`` from the repository root, output captured."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "nmbatch.service.cli", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -102,11 +102,11 @@ def test_help_imports_neither_numpy_nor_the_service() -> None:
 
 def test_console_script_entry_point_is_cli_main() -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["nmbatch"] == "service.cli:main"
+    assert scripts["nmbatch"] == "nmbatch.service.cli:main"
 
 
 def test_algorithm_choices_are_the_engines() -> None:
-    from engine import ALGORITHMS
+    from nmbatch.engine import ALGORITHMS
 
     assert tuple(cli.ALGORITHM_CHOICES) == tuple(ALGORITHMS)
 
@@ -149,7 +149,7 @@ def test_fit_converged_centroids_are_the_means_of_their_samples(
 
 
 def test_fit_matches_the_estimator_with_the_same_seed(tmp_path: Path, blobs: np.ndarray) -> None:
-    from engine import NestedMiniBatchKMeans
+    from nmbatch.engine import NestedMiniBatchKMeans
 
     np.save(tmp_path / "x.npy", blobs)
     C, labels = fit(tmp_path, tmp_path / "x.npy")
@@ -333,7 +333,7 @@ def test_fit_unknown_file_type_is_an_error(
 
 # -- serve --------------------------------------------------------------------------------
 def test_serve_options_become_nmbatch_settings() -> None:
-    from service.config import Settings
+    from nmbatch.service.config import Settings
 
     args = cli.build_parser().parse_args(
         ["serve", "--host", "127.0.0.1", "--port", "9999", "--redis-url", "redis://r:1/0",
@@ -371,7 +371,7 @@ def serving(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int]]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("NMBATCH_")}
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+        [sys.executable, "-m", "nmbatch.service.cli", "serve", "--host", "127.0.0.1",
          "--port", str(port), "--k", "3", "--set", f"data_dir={tmp_path / 'data'}"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -432,7 +432,7 @@ def test_serve_runs_the_service_with_the_given_options(
 
 # -- bench --------------------------------------------------------------------------------
 def test_bench_help_is_the_benchmarks_own_help(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.bench.cli import build_parser
+    from nmbatch.engine.bench.cli import build_parser
 
     monkeypatch.setenv("COLUMNS", "100")  # the same help width in both processes
     via_cli = run_cli("bench", "--help", env={"COLUMNS": "100"})

@@ -191,7 +191,7 @@ def test_dockerfile_runs_as_a_numeric_non_root_user(runtime_stage: list[tuple[st
 
 
 def test_dockerfile_cmd_is_python_m_service(runtime_stage: list[tuple[str, str]]) -> None:
-    assert json.loads(only(runtime_stage, "CMD")) == ["python", "-m", "service"]
+    assert json.loads(only(runtime_stage, "CMD")) == ["python", "-m", "nmbatch"]
 
 
 def healthcheck_command(runtime_stage: list[tuple[str, str]]) -> list[str]:
@@ -404,7 +404,7 @@ def test_compose_publishes_the_port_the_service_listens_on(
 # -- NMBATCH_* settings -------------------------------------------------------------------
 @pytest.mark.parametrize("path", [COMPOSE, DOCKERFILE], ids=lambda p: p.name)
 def test_every_nmbatch_variable_is_a_setting(path: Path) -> None:
-    from service.config import Settings
+    from nmbatch.service.config import Settings
 
     names = set(NMBATCH_VAR.findall(path.read_text()))
     assert names, f"{path.name} sets no NMBATCH_* variable"
@@ -415,7 +415,7 @@ def test_every_nmbatch_variable_is_a_setting(path: Path) -> None:
 
 def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
     """``Settings()`` built from exactly the ``NMBATCH_*`` variables of ``env``."""
-    from service.config import Settings
+    from nmbatch.service.config import Settings
 
     for name in list(os.environ):
         if name.startswith("NMBATCH_"):

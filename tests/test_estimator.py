@@ -25,8 +25,8 @@ from sklearn.utils.estimator_checks import (
     parametrize_with_checks,
 )
 
-import engine.estimator
-from engine import ALGORITHMS, NestedMiniBatchKMeans
+import nmbatch.engine.estimator as estimator_module
+from nmbatch.engine import ALGORITHMS, NestedMiniBatchKMeans
 
 EXACT = ("nmbatch", "nmbatch.deact", "lloyd", "elkan")  # converge to a Lloyd fixed point
 
@@ -137,7 +137,7 @@ def test_estimator_module_does_not_import_sklearn():
 
 
 def test_module_docstring_example_runs():
-    result = doctest.testmod(engine.estimator)
+    result = doctest.testmod(estimator_module)
     assert result.attempted > 0
     assert result.failed == 0
 

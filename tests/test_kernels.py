@@ -27,10 +27,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engine import nearest
-from engine.assign import CHUNK_ROWS, sqnorms
-from engine.init import kmeans_plusplus
-from engine.kernels import (
+from nmbatch.engine import nearest
+from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
+from nmbatch.engine.init import kmeans_plusplus
+from nmbatch.engine.kernels import (
     assign_dense,
     bound_sweep,
     centroid_update,

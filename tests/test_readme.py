@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from service.config import Settings
+from nmbatch.service.config import Settings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

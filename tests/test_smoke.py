@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from engine import NestedBatchStore, make_algorithm, nearest
+from nmbatch.engine import NestedBatchStore, make_algorithm, nearest
 
 
 def test_nmbatch_recovers_three_separated_blobs() -> None:

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from engine import NestedBatchStore
+from nmbatch.engine import NestedBatchStore
 
 
 def stream(n: int, d: int = 2, start: int = 0) -> np.ndarray:
@@ -207,7 +207,7 @@ def test_without_or_beyond_the_reserved_range_the_store_doubles_and_copies(
     monkeypatch: pytest.MonkeyPatch, reserve: str
 ) -> None:
     """Same rows, order and ids as a store that grows in place (the shuffle is the same)."""
-    import engine.store as store_module
+    import nmbatch.engine.store as store_module
 
     chunks = [stream(37, d=5, start=37 * i) for i in range(40)]
     grows = NestedBatchStore(5, seed=4, capacity=3)

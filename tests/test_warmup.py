@@ -15,12 +15,12 @@ _PROBE = textwrap.dedent(
     import json, sys
     import numba
     import numpy as np
-    import engine.algorithms, engine.assign, engine.init, engine.kernels, engine.store
-    from engine import NestedBatchStore, energy, make_algorithm, nearest
-    from engine.assign import nearest_one
-    from engine.warmup import warm_up
+    from nmbatch.engine import algorithms, assign, init, kernels, store
+    from nmbatch.engine import NestedBatchStore, energy, make_algorithm, nearest
+    from nmbatch.engine.assign import nearest_one
+    from nmbatch.engine.warmup import warm_up
 
-    MODULES = (engine.kernels, engine.assign, engine.init, engine.algorithms, engine.store)
+    MODULES = (kernels, assign, init, algorithms, store)
 
     def signatures():
         out = {}

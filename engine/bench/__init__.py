@@ -1,4 +1,4 @@
-"""The benchmark of the paper's Results section: ``python -m engine.bench --help``.
+"""The benchmark of the paper's Results section: ``python -m nmbatch.engine.bench --help``.
 
 Modules: ``datasets`` (the data), ``protocol`` (shuffles, E_V curves, E*_s, medians),
 ``ours`` and ``peers`` (one runner per algorithm), ``report`` (results.json, results.md,

@@ -1,5 +1,5 @@
-"""Entry point of ``python -m engine.bench``."""
+"""Entry point of ``python -m nmbatch.engine.bench``."""
 
-from engine.bench.cli import main
+from nmbatch.engine.bench.cli import main
 
 raise SystemExit(main())

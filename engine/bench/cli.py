@@ -1,4 +1,4 @@
-"""``python -m engine.bench``: the benchmark of the paper's Results section, end to end.
+"""``python -m nmbatch.engine.bench``: the benchmark of the paper's Results section, end to end.
 
 Loads the data, limits every thread pool, compiles our kernels before timing, warms every
 algorithm up alike, runs every algorithm from the same start for each seed (order rotated
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.bench import datasets
-from engine.bench.protocol import Budget, Curve, Problem, Runner, record, shuffled_problem
+from nmbatch.engine.bench import datasets
+from nmbatch.engine.bench.protocol import Budget, Curve, Problem, Runner, record, shuffled_problem
 
 __all__ = ["build_parser", "limit_threads", "main"]
 
@@ -43,7 +43,7 @@ def limit_threads(threads: int) -> None:
     import sklearn.cluster  # noqa: F401  (loads scikit-learn's OpenMP runtime)
     from threadpoolctl import threadpool_limits
 
-    import engine  # noqa: F401  (loads numba's threading layer users)
+    import nmbatch.engine  # noqa: F401  (loads numba's threading layer users)
 
     _LIMITERS.append(threadpool_limits(limits=threads))
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -95,7 +95,7 @@ def prefault_memory(gib: float) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m engine.bench",
+        prog="python -m nmbatch.engine.bench",
         description="Time-to-energy benchmark of nmbatch against its baselines and peers "
         "(Newling & Fleuret 2016, Results section).",
     )
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _all_names() -> tuple[str, ...]:
-    from engine.bench.report import RESULT_NAMES
+    from nmbatch.engine.bench.report import RESULT_NAMES
 
     return RESULT_NAMES
 
@@ -192,8 +192,8 @@ def _load_dataset(args: argparse.Namespace) -> datasets.Dataset:
 
 
 def _runner(name: str, rho: float | None = None) -> Runner:
-    from engine.bench.ours import OURS, run_ours
-    from engine.bench.peers import make_peer
+    from nmbatch.engine.bench.ours import OURS, run_ours
+    from nmbatch.engine.bench.peers import make_peer
 
     return run_ours(name, rho) if name in OURS else make_peer(name)
 
@@ -203,7 +203,7 @@ def _reference_lloyd(problem: Problem, test: np.ndarray, max_iter: int) -> tuple
     import numba
     from threadpoolctl import threadpool_limits
 
-    from engine.bench.ours import run_ours
+    from nmbatch.engine.bench.ours import run_ours
 
     cores = os.cpu_count() or 1
     before = numba.get_num_threads()
@@ -234,7 +234,9 @@ def _faiss_blas_fixed(
         }))
         env = dict(os.environ, OPENBLAS_CORETYPE=args.faiss_coretype)
         subprocess.run(
-            [sys.executable, "-m", "engine.bench.faiss_worker", str(work)], env=env, check=True
+            [sys.executable, "-m", "nmbatch.engine.bench.faiss_worker", str(work)],
+            env=env,
+            check=True,
         )
         got = json.loads((work / "curves.json").read_text())
     curves = {
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown algorithm(s) {unknown}; choose from {_all_names()}")
     if args.threads < 1:
         raise SystemExit("--threads must be >= 1")
-    command = "python -m engine.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m nmbatch.engine.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
 
     kept = False if args.no_keep_memory else keep_freed_memory()
     load_start = os.getloadavg()[0]
@@ -271,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     limit_threads(args.threads)
     import_seconds = time.perf_counter() - t0
 
-    from engine.bench import report
-    from engine.bench.ours import OURS, jit_warmup
+    from nmbatch.engine.bench import report
+    from nmbatch.engine.bench.ours import OURS, jit_warmup
 
     if args.prefault_gb is None:
         want = max(1.0, 8 * ds.train.nbytes / 2**30)

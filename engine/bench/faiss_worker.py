@@ -3,9 +3,9 @@
 faiss-cpu bundles its own OpenBLAS, which picks its kernels from the CPU at load time and
 can mis-detect recent processors; ``OPENBLAS_CORETYPE`` (e.g. ``SkylakeX``) overrides that,
 but only before the library is loaded, hence a subprocess. Used by
-``python -m engine.bench --faiss-blas-fixed``; not meant to be run by hand.
+``python -m nmbatch.engine.bench --faiss-blas-fixed``; not meant to be run by hand.
 
-Usage: ``python -m engine.bench.faiss_worker DIR`` where ``DIR`` holds ``config.json``
+Usage: ``python -m nmbatch.engine.bench.faiss_worker DIR`` where ``DIR`` holds ``config.json``
 (seeds, k, rho, batch_size, budget, max_iter, eval_grid, threads, warmup, suffix),
 ``train.npy`` and ``test.npy`` (float32). It shuffles exactly as the parent does, runs
 ``faiss`` and ``faiss.subsampled`` per seed, and writes ``DIR/curves.json``:
@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = json.loads((work / "config.json").read_text())
     from threadpoolctl import threadpool_info
 
-    from engine.bench.cli import keep_freed_memory, limit_threads, prefault_memory
-    from engine.bench.peers import make_peer
-    from engine.bench.protocol import Budget, record, shuffled_problem
+    from nmbatch.engine.bench.cli import keep_freed_memory, limit_threads, prefault_memory
+    from nmbatch.engine.bench.peers import make_peer
+    from nmbatch.engine.bench.protocol import Budget, record, shuffled_problem
 
     if cfg["keep_memory"]:
         keep_freed_memory()

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from engine.bench.protocol import Budget, Problem, Runner, Snapshot, stepwise
+from nmbatch.engine.bench.protocol import Budget, Problem, Runner, Snapshot, stepwise
 
 __all__ = ["OURS", "jit_warmup", "run_ours"]
 
@@ -27,7 +27,7 @@ def run_ours(name: str, rho: float | None = None) -> Runner:
     """Runner of engine algorithm ``name``; ``rho`` overrides the problem's."""
 
     def run(problem: Problem, budget: Budget) -> Iterator[Snapshot]:
-        from engine import NestedBatchStore, make_algorithm
+        from nmbatch.engine import NestedBatchStore, make_algorithm
 
         X = problem.train
         t0 = time.perf_counter()
@@ -63,7 +63,7 @@ def jit_warmup(train: np.ndarray, k: int, names: tuple[str, ...] = OURS) -> floa
     batch 200, up to 8 steps; nmbatch also with each revisit path forced) so numba
     compiles every kernel, and compute one energy; returns the wall time of it all, in
     seconds."""
-    from engine import NestedBatchStore, energy, make_algorithm
+    from nmbatch.engine import NestedBatchStore, energy, make_algorithm
 
     t0 = time.perf_counter()
     X = np.ascontiguousarray(train[: max(2000, 4 * k)], dtype=np.float32)

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from engine.bench.protocol import Budget, Problem, Runner, Snapshot, stepwise
+from nmbatch.engine.bench.protocol import Budget, Problem, Runner, Snapshot, stepwise
 
 __all__ = [
     "FAISS_DEFAULT_NITER",

@@ -183,7 +183,7 @@ def record(
     since the last evaluation (``eval_grid = 0``: after every iteration). A skipped
     snapshot's centroids are never read later (runners may update them in place).
     """
-    from engine import energy
+    from nmbatch.engine import energy
 
     curve = Curve(name, int(seed))
     pending: Snapshot | None = None

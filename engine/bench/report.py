@@ -15,9 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from engine.algorithms import ALGORITHMS
-from engine.bench.peers import PEERS
-from engine.bench.protocol import EPS_KEYS, EPSILONS, Curve, median_or_none, time_to, value_at
+from nmbatch.engine.algorithms import ALGORITHMS
+from nmbatch.engine.bench.peers import PEERS
+from nmbatch.engine.bench.protocol import (
+    EPS_KEYS,
+    EPSILONS,
+    Curve,
+    median_or_none,
+    time_to,
+    value_at,
+)
 
 __all__ = [
     "RESULT_NAMES",
@@ -272,7 +279,7 @@ def summarize_all(
     curves: dict[int, dict[str, Curve]], estar: dict[int, float]
 ) -> dict[str, dict[str, Any]]:
     """:func:`~engine.bench.protocol.summarize` over every name run in any seed."""
-    from engine.bench.protocol import summarize
+    from nmbatch.engine.bench.protocol import summarize
 
     names: list[str] = []
     for per in curves.values():

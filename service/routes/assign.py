@@ -12,13 +12,13 @@ import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
-from service.context import Context, assign, off_loop, parse_body
-from service.parsing import parse_query_vector, read_body
-from service.problems import problem_responses
-from service.routes.samples import VECTORS_BODY
-from service.schemas import AssignMany, AssignOne
-from service.security import OPTIONAL_KEY, require_read_key
-from service.state import PublishedModel
+from nmbatch.service.context import Context, assign, off_loop, parse_body
+from nmbatch.service.parsing import parse_query_vector, read_body
+from nmbatch.service.problems import problem_responses
+from nmbatch.service.routes.samples import VECTORS_BODY
+from nmbatch.service.schemas import AssignMany, AssignOne
+from nmbatch.service.security import OPTIONAL_KEY, require_read_key
+from nmbatch.service.state import PublishedModel
 
 router = APIRouter(tags=["assign"], dependencies=[Depends(require_read_key)])
 

@@ -10,12 +10,12 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from service.context import Context, off_loop
-from service.parsing import NPY
-from service.problems import problem_responses
-from service.schemas import Centroids
-from service.security import OPTIONAL_KEY, require_read_key
-from service.state import PublishedModel
+from nmbatch.service.context import Context, off_loop
+from nmbatch.service.parsing import NPY
+from nmbatch.service.problems import problem_responses
+from nmbatch.service.schemas import Centroids
+from nmbatch.service.security import OPTIONAL_KEY, require_read_key
+from nmbatch.service.state import PublishedModel
 
 router = APIRouter(tags=["centroids"], dependencies=[Depends(require_read_key)])
 

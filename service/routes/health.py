@@ -12,10 +12,10 @@ from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
-from service.context import Context
-from service.problems import problem_responses
-from service.schemas import Health, Readiness
-from service.security import OPTIONAL_KEY, require_read_key
+from nmbatch.service.context import Context
+from nmbatch.service.problems import problem_responses
+from nmbatch.service.schemas import Health, Readiness
+from nmbatch.service.security import OPTIONAL_KEY, require_read_key
 
 router = APIRouter(tags=["monitoring"])
 

@@ -6,12 +6,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 
-from service.context import Context, parse_body
-from service.idempotency import KEY_MAX_LENGTH, KEY_PATTERN, append_once
-from service.parsing import JSON, NPY, OCTET, read_body
-from service.problems import ProblemError, problem_responses
-from service.schemas import SamplesAccepted, VectorsIn
-from service.security import OPTIONAL_KEY, require_write_key
+from nmbatch.service.context import Context, parse_body
+from nmbatch.service.idempotency import KEY_MAX_LENGTH, KEY_PATTERN, append_once
+from nmbatch.service.parsing import JSON, NPY, OCTET, read_body
+from nmbatch.service.problems import ProblemError, problem_responses
+from nmbatch.service.schemas import SamplesAccepted, VectorsIn
+from nmbatch.service.security import OPTIONAL_KEY, require_write_key
 
 router = APIRouter(tags=["samples"])
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from service.context import Context
-from service.problems import problem_responses
-from service.routes.centroids import iso_time
-from service.schemas import DoublingOut, Stats
-from service.security import OPTIONAL_KEY, require_read_key
+from nmbatch.service.context import Context
+from nmbatch.service.problems import problem_responses
+from nmbatch.service.routes.centroids import iso_time
+from nmbatch.service.schemas import DoublingOut, Stats
+from nmbatch.service.security import OPTIONAL_KEY, require_read_key
 
 router = APIRouter(tags=["monitoring"], dependencies=[Depends(require_read_key)])
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fault_helpers import ServiceProcess
 
-from service.embedded_redis import EmbeddedRedis
+from nmbatch.service.embedded_redis import EmbeddedRedis
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def start_redis(tmp_path: Path) -> Iterator[Callable[..., EmbeddedRedis]]:
 
 @pytest.fixture
 def start_service(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
-    """Start ``python -m service`` processes; every one is stopped (or killed) at the end."""
+    """Start ``python -m nmbatch`` processes; every one is stopped (or killed) at the end."""
     procs: list[ServiceProcess] = []
 
     def start(name: str, **settings: Any) -> ServiceProcess:

@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import redis
 
-from service.embedded_redis import free_port
-from service.redis_log import ModelKeys, decode_chunk
+from nmbatch.service.embedded_redis import free_port
+from nmbatch.service.redis_log import ModelKeys, decode_chunk
 
 with warnings.catch_warnings():
     # This starlette warns that its TestClient will move from httpx to httpx2.
@@ -226,7 +226,7 @@ def check_log_against_ledger(client: redis.Redis, model: str, ledger: Ledger) ->
 
 # -- service processes ---------------------------------------------------------------------
 class ServiceProcess:
-    """``python -m service`` on a free port with ``NMBATCH_*`` settings; logs to a file."""
+    """``python -m nmbatch`` on a free port with ``NMBATCH_*`` settings; logs to a file."""
 
     def __init__(self, tmp: Path, name: str, **settings: Any) -> None:
         self.port = free_port()
@@ -243,7 +243,7 @@ class ServiceProcess:
         env.update({f"NMBATCH_{k.upper()}": str(v) for k, v in self.settings.items()})
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service"],
+                [sys.executable, "-m", "nmbatch"],
                 cwd=REPO,
                 env=env,
                 stdin=subprocess.DEVNULL,

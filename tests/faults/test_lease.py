@@ -7,7 +7,13 @@ import pytest
 import redis
 from fault_helpers import wait_until
 
-from service.redis_log import LeaseLostError, ModelKeys, ModelRepository, Snapshot, WorkerLease
+from nmbatch.service.redis_log import (
+    LeaseLostError,
+    ModelKeys,
+    ModelRepository,
+    Snapshot,
+    WorkerLease,
+)
 
 pytestmark = pytest.mark.fault
 

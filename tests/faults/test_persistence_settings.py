@@ -8,9 +8,9 @@ import pytest
 import redis
 from fault_helpers import TestClient
 
-from service.config import Settings
-from service.embedded_redis import EmbeddedRedis, EmbeddedRedisError, find_redis_server
-from service.main import create_app
+from nmbatch.service.config import Settings
+from nmbatch.service.embedded_redis import EmbeddedRedis, EmbeddedRedisError, find_redis_server
+from nmbatch.service.main import create_app
 
 pytestmark = pytest.mark.fault
 

@@ -20,11 +20,11 @@ from fault_helpers import Ingestor, Ledger, TestClient, check_log_against_ledger
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from service.config import Settings
-from service.embedded_redis import EmbeddedRedis
-from service.main import REQUEST_SOCKET_TIMEOUT, create_app
-from service.redis_log import ModelRepository
-from service.worker import Worker
+from nmbatch.service.config import Settings
+from nmbatch.service.embedded_redis import EmbeddedRedis
+from nmbatch.service.main import REQUEST_SOCKET_TIMEOUT, create_app
+from nmbatch.service.redis_log import ModelRepository
+from nmbatch.service.worker import Worker
 
 pytestmark = pytest.mark.fault
 

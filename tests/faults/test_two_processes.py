@@ -22,8 +22,8 @@ from fault_helpers import (
     wait_until,
 )
 
-from service.embedded_redis import EmbeddedRedis
-from service.redis_log import ModelKeys
+from nmbatch.service.embedded_redis import EmbeddedRedis
+from nmbatch.service.redis_log import ModelKeys
 
 pytestmark = pytest.mark.fault
 

@@ -18,10 +18,10 @@ import pytest
 import redis
 import uvicorn
 
-from service.config import Settings
-from service.embedded_redis import free_port
-from service.main import create_app
-from service.redis_log import ModelKeys, decode_chunk
+from nmbatch.service.config import Settings
+from nmbatch.service.embedded_redis import free_port
+from nmbatch.service.main import create_app
+from nmbatch.service.redis_log import ModelKeys, decode_chunk
 
 with warnings.catch_warnings():
     # This starlette warns that its TestClient will move from httpx to httpx2.

@@ -18,9 +18,9 @@ from hardening_helpers import (
 )
 from pydantic import ValidationError
 
-from service.config import Settings
-from service.main import create_app
-from service.security import key_matches
+from nmbatch.service.config import Settings
+from nmbatch.service.main import create_app
+from nmbatch.service.security import key_matches
 
 KEY = "s3cret-Key-0123456789-abcdef"
 GOOD = {"Authorization": f"Bearer {KEY}"}

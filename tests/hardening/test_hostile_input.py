@@ -27,9 +27,9 @@ from hardening_helpers import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.main import create_app
-from service.parsing import parse_vectors
-from service.problems import ProblemError
+from nmbatch.service.main import create_app
+from nmbatch.service.parsing import parse_vectors
+from nmbatch.service.problems import ProblemError
 
 J, N, B = "application/json", "application/x-npy", "application/octet-stream"
 MAX_VECTORS = 1000

@@ -21,9 +21,9 @@ from hardening_helpers import (
     wait_until,
 )
 
-from service.idempotency import append_once, record_key
-from service.main import create_app
-from service.redis_log import CHUNK_BYTES
+from nmbatch.service.idempotency import append_once, record_key
+from nmbatch.service.main import create_app
+from nmbatch.service.redis_log import CHUNK_BYTES
 
 NPY = {"content-type": "application/x-npy"}
 

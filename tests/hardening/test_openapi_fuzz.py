@@ -28,8 +28,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from service.config import Settings
-from service.main import create_app
+from nmbatch.service.config import Settings
+from nmbatch.service.main import create_app
 
 EXAMPLES = 60
 SEED = [[0.0], [1.0], [10.0], [11.0], [20.0], [21.0]]  # dimension 1: many bodies fit

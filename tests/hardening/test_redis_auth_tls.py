@@ -20,9 +20,9 @@ import pytest
 import redis
 from hardening_helpers import TestClient, wait_until
 
-from service.config import Settings
-from service.embedded_redis import find_redis_server, free_port
-from service.main import StartupError, create_app
+from nmbatch.service.config import Settings
+from nmbatch.service.embedded_redis import find_redis_server, free_port
+from nmbatch.service.main import StartupError, create_app
 
 PASSWORD = "pw-Xq7-not-logged"
 # How start-up refuses an unusable Redis: StartupError, or (today, for the worker lease's

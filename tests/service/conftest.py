@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from service_helpers import SettingsFactory, TestClient
 
-from service.config import Settings
-from service.main import create_app
+from nmbatch.service.config import Settings
+from nmbatch.service.main import create_app
 
 
 @pytest.fixture

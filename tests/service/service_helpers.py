@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import redis
 
-from service.config import Settings
-from service.redis_log import ModelKeys, decode_chunk
+from nmbatch.service.config import Settings
+from nmbatch.service.redis_log import ModelKeys, decode_chunk
 
 with warnings.catch_warnings():
     # This starlette warns that its TestClient will move from httpx to httpx2.

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from service_helpers import SettingsFactory, TestClient, wait_converged
 
-from service.config import Settings
-from service.fastpath import AssignFastPath
-from service.main import create_app
+from nmbatch.service.config import Settings
+from nmbatch.service.fastpath import AssignFastPath
+from nmbatch.service.main import create_app
 
 KEY = "k" * 32
 POINTS = np.array(

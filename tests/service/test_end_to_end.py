@@ -17,9 +17,9 @@ from service_helpers import (
     wait_until,
 )
 
-from engine import nearest
-from service.main import create_app
-from service.redis_log import ModelRepository
+from nmbatch.engine import nearest
+from nmbatch.service.main import create_app
+from nmbatch.service.redis_log import ModelRepository
 
 MEANS = np.array([[0.0, 0.0, 0.0, 0.0], [20.0, 0.0, 5.0, 0.0], [0.0, 20.0, 0.0, -5.0]])
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from service_helpers import SettingsFactory, TestClient, wait_converged, wait_until
 
-from service.engine_host import EngineConfig, EngineProcess, EngineProcessError, LocalEngine
-from service.main import create_app
+from nmbatch.service.engine_host import EngineConfig, EngineProcess, EngineProcessError, LocalEngine
+from nmbatch.service.main import create_app
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = EngineConfig(dim=6, k=4, init="k-means++", rho=100.0, batch_size=50, seed=3, nice=5)
@@ -119,7 +119,7 @@ def test_bad_rows_are_refused_in_the_parent() -> None:
 _ORPHAN = textwrap.dedent(
     """
     import sys, time
-    from service.engine_host import EngineConfig, EngineProcess
+    from nmbatch.service.engine_host import EngineConfig, EngineProcess
     engine = EngineProcess(EngineConfig(dim=3, k=2, init="first", rho=100.0, batch_size=10,
                                         seed=0))
     print(engine.pid, flush=True)

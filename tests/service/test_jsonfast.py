@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engine._validation import as_float32_matrix
-from service.jsonfast import parse_json_matrix
-from service.parsing import JSON, parse_vectors
-from service.problems import ProblemError
+from nmbatch.engine._validation import as_float32_matrix
+from nmbatch.service.jsonfast import parse_json_matrix
+from nmbatch.service.parsing import JSON, parse_vectors
+from nmbatch.service.problems import ProblemError
 
 
 def reference(body: bytes) -> np.ndarray:

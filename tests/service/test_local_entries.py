@@ -15,7 +15,7 @@ import numpy as np
 import redis
 import redis.asyncio
 
-from service.redis_log import (
+from nmbatch.service.redis_log import (
     AsyncSampleLog,
     LocalEntries,
     ModelKeys,
@@ -137,7 +137,7 @@ def test_dropped_handovers_fall_back_to_redis(
 def test_multi_entry_requests_hand_over_each_entry(
     redis_url: str, redis_client: redis.Redis, model_name: str, monkeypatch
 ) -> None:
-    import service.redis_log as redis_log_module
+    import nmbatch.service.redis_log as redis_log_module
 
     monkeypatch.setattr(redis_log_module, "CHUNK_BYTES", 2 * DIM * 4)  # 2 rows per entry
     local = LocalEntries()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from service_helpers import TestClient, wait_converged, wait_until
 
-from service.config import Settings
-from service.embedded_redis import EmbeddedRedis
-from service.main import create_app
+from nmbatch.service.config import Settings
+from nmbatch.service.embedded_redis import EmbeddedRedis
+from nmbatch.service.main import create_app
 
 POINTS = [[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 20.0], [1.0, 20.0]]
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from service_helpers import npy_bytes
 
-from service.parsing import parse_query_vector, parse_vectors
-from service.problems import ProblemError
+from nmbatch.service.parsing import parse_query_vector, parse_vectors
+from nmbatch.service.problems import ProblemError
 
 
 def parse(body: bytes, content_type: str, dim: int | None = None, max_vectors: int = 1000):

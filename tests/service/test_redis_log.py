@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import redis
 
-from service.redis_log import (
+from nmbatch.service.redis_log import (
     CHUNK_BYTES,
     ModelConfigError,
     ModelKeys,

@@ -17,8 +17,8 @@ from service_helpers import (
     post_npy,
 )
 
-from service.main import create_app
-from service.redis_log import CHUNK_BYTES, ModelKeys
+from nmbatch.service.main import create_app
+from nmbatch.service.redis_log import CHUNK_BYTES, ModelKeys
 
 PROBLEM = "application/problem+json"
 

@@ -1,4 +1,4 @@
-"""``python -m service`` as users run it: embedded Redis, real socket, SIGTERM, restart."""
+"""``python -m nmbatch`` as users run it: embedded Redis, real socket, SIGTERM, restart."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from service_helpers import wait_until
 
-from service.embedded_redis import free_port, running_redis_pid
+from nmbatch.service.embedded_redis import free_port, running_redis_pid
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def start_service(data_dir: Path, port: int) -> subprocess.Popen[str]:
         NMBATCH_LOG_LEVEL="warning",
     )
     return subprocess.Popen(
-        [sys.executable, "-m", "service"],
+        [sys.executable, "-m", "nmbatch"],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -1,0 +1,78 @@
+"""The model's state as the engine reports it after a step or a restore.
+
+One record for every consumer: the engine child process sends it to the server as it is,
+the service publishes it (with a version) and persists it (with the log position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["IterationStats", "ModelState"]
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """What one ``step()`` did."""
+
+    iteration: int
+    batch_size: int
+    next_batch_size: int
+    n_samples: int
+    n_changed: int
+    n_new: int
+    doubled: bool
+    converged: bool
+    n_distances: int
+    n_skipped: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Centroids and the counters that describe them.
+
+    Attributes
+    ----------
+    centroids : ndarray (k, d) float32
+        ``C``; a new array after every step (never mutated in place).
+    counts : ndarray (k,) int64
+        ``v(j)``: prefix samples assigned to centroid ``j``.
+    batch_size : int
+        ``b``: the nested batch (prefix) size.
+    n_samples : int
+        ``N``: samples in the store.
+    iteration : int
+        Iterations run (``t``).
+    converged : bool
+        ``b == N`` and no assignment changed in the last iteration.
+    initialized : bool
+        The starting centroids are set (false until the first step).
+    energy : float or None
+        Mean ``d(i)^2`` of the prefix samples (``sse.sum() / b``); None before the first
+        iteration.
+    stats : IterationStats or None
+        What the step that produced this state did; None after a restore.
+    """
+
+    centroids: np.ndarray
+    counts: np.ndarray
+    batch_size: int
+    n_samples: int
+    iteration: int
+    converged: bool
+    initialized: bool
+    energy: float | None = None
+    stats: IterationStats | None = None
+
+    @property
+    def k(self) -> int:
+        """Number of centroids."""
+        return int(self.centroids.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Dimension of the samples."""
+        return int(self.centroids.shape[1])
