@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check nmbatch engine service tests tools || true
 
 bench: $(STAMP)
-	$(BIN)/python -m nmbatch.engine.bench --data ../shared/data/mnist.npz --seeds 5 --out bench-results/mnist
+	$(BIN)/python -m nmbatch.engine.bench --dataset mnist --seeds 5 --out bench-results/mnist
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m nmbatch.engine.bench --quick --out bench-results/quick

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from nmbatch.engine.kernels import (
     gemm_error,
     nearest_dense,
+    nearest_direct,
     sqdist32_error,
-    sqdist64,
-    sqdist_safe,
     sqnorms32,
 )
 
@@ -54,7 +52,7 @@ def nearest(X: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarra
     Ct = np.ascontiguousarray(C.T)
     for start in range(0, n, CHUNK_ROWS):
         Xc = X[start : start + CHUNK_ROWS]
-        with np.errstate(over="ignore", invalid="ignore"):  # huge values: see _gemm_estimate
+        with np.errstate(over="ignore", invalid="ignore"):  # huge values: see gemm_estimate
             dots = Xc @ Ct
         nearest_dense(
             Xc, sqnorms(Xc), dots, C, cc, g,
@@ -68,45 +66,12 @@ def energy(X: np.ndarray, centroids: np.ndarray) -> float:
     return float(nearest(X, centroids)[1].mean())
 
 
-@numba.njit(cache=True, nogil=True)
-def _nearest_one(x: np.ndarray, C: np.ndarray, g: float) -> tuple[int, float]:
-    """Exact nearest row of ``C`` to ``x`` (ties: lowest index) and its float64 squared distance.
-
-    x : (d,) float32     IN
-    C : (k, d) float32   IN   k >= 1
-    g : float            IN   ``sqdist32_error(d)``
-
-    Every centroid's distance is first taken in float32 (SIMD, relative error <= g);
-    only the centroids whose interval can reach the smallest upper bound (the bounds
-    widened to 2g for the float64 rounding of the products) are measured in float64,
-    exactly as ``nearest`` measures its candidates.
-    """
-    k = C.shape[0]
-    approx = np.empty(k, dtype=np.float64)
-    top = np.inf
-    for j in range(k):
-        s = sqdist_safe(x, C[j])
-        approx[j] = s
-        upper = s * (1.0 + 2.0 * g)
-        if upper < top:
-            top = upper
-    best = -1
-    best_e = np.inf
-    for j in range(k):
-        if approx[j] * (1.0 - 2.0 * g) <= top:
-            e = sqdist64(x, C[j])
-            if e < best_e:
-                best = j
-                best_e = e
-    return best, best_e
-
-
 def nearest_one(x: np.ndarray, centroids: np.ndarray) -> tuple[int, float]:
     """Nearest centroid of one sample, with the answer of :func:`nearest`, minus its overhead.
 
     For a single vector ``nearest`` pays for a BLAS call, a transposed copy of the
-    centroids and several temporary arrays; this is one small kernel (``/assign`` of
-    one vector).
+    centroids and several temporary arrays; this is one small kernel,
+    :func:`~nmbatch.engine.kernels.lookup.nearest_direct` (``/assign`` of one vector).
 
     Parameters
     ----------
@@ -124,5 +89,5 @@ def nearest_one(x: np.ndarray, centroids: np.ndarray) -> tuple[int, float]:
     C = np.ascontiguousarray(centroids, dtype=np.float32)
     if C.ndim != 2 or C.shape[0] == 0 or x.shape[0] != C.shape[1]:
         raise ValueError(f"shape mismatch: x {x.shape}, centroids {C.shape}")
-    label, sqdist = _nearest_one(x, C, sqdist32_error(C.shape[1]))
+    label, sqdist = nearest_direct(x, C, sqdist32_error(C.shape[1]))
     return int(label), float(sqdist)

@@ -44,9 +44,21 @@ random_state : int, numpy.random.RandomState, numpy.random.Generator or None, de
     Source of all randomness (the shuffle of the store and the seeding). An int makes
     ``fit`` reproducible.
 algorithm : str, default="nmbatch"
-    One of ``engine.ALGORITHMS``: ``"nmbatch"``, ``"nmbatch.deact"`` (bound test off),
-    ``"mbatch"`` (Sculley's mini-batch k-means), ``"mbatch.remove"`` (mini-batch with
+    One of ``nmbatch.engine.ALGORITHMS``: ``"nmbatch"``, ``"nmbatch.deact"`` (bound test
+    off), ``"mbatch"`` (Sculley's mini-batch k-means), ``"mbatch.remove"`` (mini-batch with
     removal of old votes), ``"lloyd"`` and ``"elkan"`` (exact full-batch algorithms).
+callback : callable ``callback(stats, state) -> bool | None`` or None, default=None
+    Called after every iteration with what the step did (``IterationStats``: iteration,
+    batch size, assignments changed, distances computed, ...) and the model it left
+    (``ModelState``: centroids ``(k, d)`` float32, counts ``(k,)`` int64, ``b``, ``N``,
+    the energy estimate; read-only, copy an array to keep it). In ``fit`` it runs before
+    the fitted attributes are set; returning ``True`` (exactly ``True``, so a function
+    that returns a count or a string does not stop by accident) ends the fit after that
+    iteration, which then describes the model as it stands, as ``max_iter`` would. In
+    ``partial_fit`` (one iteration per call) it runs after the fitted attributes are set,
+    and its return value is ignored. An exception it raises propagates. Not part of the
+    model: ``partial_fit`` accepts a new callback. It is pickled with the estimator, so an
+    estimator to pickle needs a module-level function (or None), not a lambda.
 
 Attributes
 ----------
@@ -70,7 +82,7 @@ n_features_in_ : int
 Examples
 --------
 >>> import numpy as np
->>> from engine import NestedMiniBatchKMeans
+>>> from nmbatch.engine import NestedMiniBatchKMeans
 >>> rng = np.random.default_rng(0)
 >>> means = np.array([[0.0, 0.0], [0.0, 5.0], [5.0, 5.0]])
 >>> X = np.concatenate([m + 0.1 * rng.standard_normal((200, 2)) for m in means])
@@ -89,6 +101,16 @@ The same model built from a stream, one chunk at a time:
 >>> stream.n_samples_seen_, stream.n_iter_
 (600, 6)
 
+Watching the fit and stopping it early with a callback:
+
+>>> seen = []
+>>> def watch(stats, state):
+...     seen.append((stats.iteration, state.batch_size))
+...     return stats.iteration == 2
+>>> km = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0, callback=watch)
+>>> km.fit(X).n_iter_, seen
+(2, [(1, 64), (2, 64)])
+
 References
 ----------
 Newling, J. and Fleuret, F. (2016). Nested Mini-Batch K-Means. Advances in Neural
@@ -98,70 +120,32 @@ Information Processing Systems 29 (NIPS 2016), pp. 1352-1360.
 from __future__ import annotations
 
 import inspect
-import numbers
-import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from nmbatch.engine._validation import as_float32_matrix
-from nmbatch.engine.algorithms import ALGORITHMS, IterationStats, make_algorithm
+from nmbatch.engine._estimator_checks import (
+    check_callback,
+    check_init,
+    check_params,
+    check_X,
+    not_fitted_error,
+    seed_sequence,
+    spawn_seeds,
+)
+from nmbatch.engine.algorithms import IterationStats, make_algorithm
 from nmbatch.engine.assign import nearest
+from nmbatch.engine.state import ModelState
 from nmbatch.engine.store import NestedBatchStore
 
-__all__ = ["NestedMiniBatchKMeans"]
+__all__ = ["Callback", "NestedMiniBatchKMeans"]
 
-_INIT_METHODS = ("k-means++", "first")
+#: ``callback(stats, state)``: called after every iteration; ``True`` stops ``fit``.
+Callback = Callable[[IterationStats, ModelState], bool | None]
+
 # Elements of one (rows, k, d) block of differences in ``transform``.
 _TRANSFORM_BLOCK = 1 << 20
-
-
-class _NotFittedError(ValueError, AttributeError):
-    """Raised by ``predict``, ``transform`` and ``score`` before the model is fitted.
-
-    Used when scikit-learn is not loaded; otherwise scikit-learn's ``NotFittedError``
-    (also a ``ValueError`` and ``AttributeError``) is raised, which is what its checks
-    and its users catch.
-    """
-
-
-def _not_fitted_error(message: str) -> Exception:
-    exceptions = sys.modules.get("sklearn.exceptions")
-    cls = getattr(exceptions, "NotFittedError", None) or _NotFittedError
-    return cls(message)
-
-
-def _is_sparse(X: object) -> bool:
-    """True for scipy.sparse matrices and arrays, recognised without importing scipy."""
-    return type(X).__module__.startswith("scipy.sparse") or (
-        hasattr(X, "tocsr") and hasattr(X, "nnz")
-    )
-
-
-def _seed_sequence(random_state: object) -> np.random.SeedSequence:
-    """One ``SeedSequence`` from ``random_state`` (int >= 0, None, RandomState, Generator).
-
-    A ``RandomState`` or ``Generator`` is advanced by one draw, as scikit-learn does.
-    """
-    if random_state is None:
-        return np.random.SeedSequence()
-    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
-        if random_state < 0:
-            raise ValueError(f"random_state must be a non-negative int, got {random_state}")
-        return np.random.SeedSequence(int(random_state))
-    if isinstance(random_state, np.random.RandomState):
-        return np.random.SeedSequence(int(random_state.randint(np.iinfo(np.int32).max)))
-    if isinstance(random_state, np.random.Generator):
-        return np.random.SeedSequence(int(random_state.integers(2**63 - 1)))
-    raise ValueError(
-        "random_state must be None, a non-negative int, a numpy.random.RandomState or a "
-        f"numpy.random.Generator, got {random_state!r}"
-    )
-
-
-def _spawn_seeds(seq: np.random.SeedSequence, n: int) -> list[int]:
-    """``n`` independent 63-bit integer seeds derived from ``seq``."""
-    return [int(child.generate_state(1, np.uint64)[0] >> 1) for child in seq.spawn(n)]
 
 
 class NestedMiniBatchKMeans:
@@ -181,6 +165,7 @@ class NestedMiniBatchKMeans:
         max_iter: int = 300,
         random_state: int | np.random.RandomState | np.random.Generator | None = None,
         algorithm: str = "nmbatch",
+        callback: Callback | None = None,
     ) -> None:
         self.n_clusters = n_clusters
         self.rho = rho
@@ -189,6 +174,7 @@ class NestedMiniBatchKMeans:
         self.max_iter = max_iter
         self.random_state = random_state
         self.algorithm = algorithm
+        self.callback = callback
 
     # -- parameters (scikit-learn's BaseEstimator protocol) -----------------------------
     @classmethod
@@ -272,89 +258,14 @@ class NestedMiniBatchKMeans:
         self.__dict__.update(state)
 
     # -- validation -------------------------------------------------------------------
-    def _check_params(self) -> None:
-        """Raise ``ValueError`` for a parameter value ``fit`` cannot use."""
-        k = self.n_clusters
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"n_clusters must be an int >= 1, got {k!r}")
-        rho = self.rho
-        if (
-            not isinstance(rho, numbers.Real)
-            or isinstance(rho, bool)
-            or not np.isfinite(rho)
-            or rho <= 0
-        ):
-            raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
-        for name in ("batch_size", "max_iter"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if isinstance(self.init, str) and self.init not in _INIT_METHODS:
-            raise ValueError(
-                f"init must be one of {_INIT_METHODS} or an array of shape "
-                f"(n_clusters, n_features), got {self.init!r}"
-            )
-
-    def _check_init(self, n_features: int) -> str | np.ndarray:
-        """The ``init`` to hand to the engine: a method name or a ``(k, d)`` float32 array."""
-        if isinstance(self.init, str):
-            return self.init
-        init = as_float32_matrix(self.init, name="init")
-        expected = (int(self.n_clusters), n_features)
-        if init.shape != expected:
-            raise ValueError(
-                f"init has shape {init.shape}, but (n_clusters, n_features) = {expected}"
-            )
-        return init
-
     def _check_X(self, X: object, *, reset: bool) -> np.ndarray:
-        """Return ``X`` as a C-contiguous ``(n, d)`` float32 array, or raise.
-
-        ``reset=False`` also checks ``d`` against ``n_features_in_``. The messages follow
-        scikit-learn's so its estimator checks recognise them; the numeric, shape and
-        finiteness checks are ``as_float32_matrix``'s.
-        """
-        if _is_sparse(X):
-            raise TypeError(
-                "Sparse input is not supported by NestedMiniBatchKMeans; "
-                "pass a dense array (X.toarray())."
-            )
-        try:
-            A = np.asarray(X)
-        except ValueError as exc:  # ragged nested lists
-            raise ValueError(f"X is not a numeric array: {exc}") from None
-        if A.dtype == object:
-            # Numbers stored as objects are accepted; anything else fails here with
-            # numpy's TypeError ("float() argument must be a string or a real number").
-            A = A.astype(np.float64)
-        if np.issubdtype(A.dtype, np.complexfloating):
-            raise ValueError("Complex data not supported: X must be real.")
-        if A.ndim == 1:
-            raise ValueError(
-                f"Expected a 2-D array, got a 1-D array of shape {A.shape} instead. "
-                "Reshape your data either using array.reshape(-1, 1) if it has a single "
-                "feature or array.reshape(1, -1) if it contains a single sample."
-            )
-        if A.ndim == 2 and A.shape[1] == 0:
-            raise ValueError(
-                f"Found array with 0 feature(s) (shape={A.shape}) while a minimum of 1 is required."
-            )
-        if A.ndim == 2 and A.shape[0] == 0:
-            raise ValueError(
-                f"Found array with 0 sample(s) (shape={A.shape}) while a minimum of 1 is required."
-            )
-        if not reset and A.ndim == 2 and A.shape[1] != self.n_features_in_:
-            raise ValueError(
-                f"X has {A.shape[1]} features, but {type(self).__name__} is expecting "
-                f"{self.n_features_in_} features as input."
-            )
-        return as_float32_matrix(A)
+        """``X`` as a C-contiguous ``(n, d)`` float32 array; ``reset=False`` also checks ``d``."""
+        n_features = None if reset else self.n_features_in_
+        return check_X(X, n_features=n_features, estimator=type(self).__name__)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
-            raise _not_fitted_error(
+            raise not_fitted_error(
                 f"This {type(self).__name__} instance is not fitted yet. Call 'fit' or "
                 "'partial_fit' with enough samples before using this estimator."
             )
@@ -387,25 +298,28 @@ class NestedMiniBatchKMeans:
     def fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
         """Cluster ``X`` (shape ``(n, d)``, any real dtype); ``y`` is ignored.
 
-        Runs iterations until the algorithm converges or ``max_iter`` is reached. On a
-        ``ValueError`` (bad parameter, bad ``X``, ``n_clusters > n``) the estimator is left
-        exactly as it was.
+        Runs iterations until the algorithm converges, ``max_iter`` is reached or
+        ``callback`` returns ``True``. On a ``ValueError`` (bad parameter, bad ``X``,
+        ``n_clusters > n``), or an exception of ``callback``, the estimator is left exactly
+        as it was.
         """
-        self._check_params()
+        check_params(self.get_params())
         X32 = self._check_X(X, reset=True)
         n, d = X32.shape
         k = int(self.n_clusters)
         if n < k:
             raise ValueError(f"n_samples={n} should be >= n_clusters={k}.")
-        init = self._check_init(d)
-        store_seed, algo_seed = _spawn_seeds(_seed_sequence(self.random_state), 2)
+        init = check_init(self.init, k, d)
+        store_seed, algo_seed = spawn_seeds(seed_sequence(self.random_state), 2)
 
         store = NestedBatchStore(d, seed=store_seed, capacity=n)
         store.append(X32)
         algo = self._make_algorithm(store, init, algo_seed)
+        callback = self.callback
         for _ in range(int(self.max_iter)):
             stats = algo.step()
-            if stats.converged:
+            stop = callback is not None and callback(stats, algo.state(stats)) is True
+            if stats.converged or stop:
                 break
 
         self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
@@ -422,11 +336,15 @@ class NestedMiniBatchKMeans:
     def _resume_after_unpickling(self) -> None:
         """Rebuild the store and algorithm dropped by pickling (see ``__getstate__``)."""
         samples = self.__dict__.pop("_pickled_samples")
-        store_seed, algo_seed = _spawn_seeds(np.random.SeedSequence(self._algo_seed), 2)
+        store_seed, algo_seed = spawn_seeds(np.random.SeedSequence(self._algo_seed), 2)
         store = NestedBatchStore(samples.shape[1], seed=store_seed, capacity=len(samples))
         store.append(samples)
         fitted = hasattr(self, "cluster_centers_")
-        init = self.cluster_centers_ if fitted else self._check_init(samples.shape[1])
+        init = (
+            self.cluster_centers_
+            if fitted
+            else check_init(self.init, self.n_clusters, samples.shape[1])
+        )
         algo = self._make_algorithm(store, init, algo_seed)
         if fitted and hasattr(algo, "restore"):
             algo.restore(self.cluster_centers_, self.batch_size_, self.n_iter_)
@@ -440,16 +358,17 @@ class NestedMiniBatchKMeans:
 
         The first call (or the first after ``fit``'s model was unpickled) starts the model.
         While the store holds fewer than ``n_clusters`` samples the chunk is only stored.
-        ``labels_`` and ``inertia_`` then describe the chunk ``X``. On a ``ValueError``
-        nothing is stored and the estimator is unchanged.
+        ``labels_`` and ``inertia_`` then describe the chunk ``X``; ``callback``, if set, is
+        called after the iteration. On a ``ValueError`` nothing is stored and the estimator
+        is unchanged.
         """
         started = "_store" in self.__dict__ or "_pickled_samples" in self.__dict__
         if not started:
-            self._check_params()
+            check_params(self.get_params())
             X32 = self._check_X(X, reset=True)
             d = X32.shape[1]
-            init = self._check_init(d)
-            store_seed, algo_seed = _spawn_seeds(_seed_sequence(self.random_state), 2)
+            init = check_init(self.init, self.n_clusters, d)
+            store_seed, algo_seed = spawn_seeds(seed_sequence(self.random_state), 2)
             store = NestedBatchStore(d, seed=store_seed, capacity=max(4096, len(X32)))
             algo = self._make_algorithm(store, init, algo_seed)
             self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
@@ -461,6 +380,7 @@ class NestedMiniBatchKMeans:
                     "n_clusters, algorithm, rho or batch_size changed since the model was "
                     "started; call fit() to start a new model."
                 )
+            check_callback(self.callback)
             X32 = self._check_X(X, reset=False)
             if "_pickled_samples" in self.__dict__:
                 self._resume_after_unpickling()
@@ -471,6 +391,8 @@ class NestedMiniBatchKMeans:
         if algo.ready():
             stats = algo.step()
             self._publish(algo, stats, store, X32)
+            if self.callback is not None:
+                self.callback(stats, algo.state(stats))
         return self
 
     # -- using the model --------------------------------------------------------------

@@ -24,12 +24,12 @@ import platform
 import sys
 import threading
 
+import numba
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
-from nmbatch.engine.kernels import shuffle_insert
 
-__all__ = ["RESERVE_BYTES", "NestedBatchStore"]
+__all__ = ["RESERVE_BYTES", "NestedBatchStore", "shuffle_insert"]
 
 RESERVE_BYTES = 64 << 30
 """Address space reserved per store for in-place growth (64 GiB, of the 128 TiB a 64-bit
@@ -51,6 +51,29 @@ def _reserve(nbytes: int) -> mmap.mmap | None:
         return mmap.mmap(-1, nbytes, flags=flags | noreserve)
     except (OSError, OverflowError, ValueError):
         return None
+
+
+@numba.njit(cache=True, nogil=True)
+def shuffle_insert(X, swap, n, data, ids):
+    """Inside-out Fisher-Yates insertion of new rows into the shuffled tail.
+
+    Row ``t`` of ``X`` goes to position ``swap[t]`` (uniform in ``[b, n + t]``), and the row
+    that was there moves to the end, ``n + t``.
+
+    X    : (m, d) float32   IN
+    swap : (m,) int64       IN
+    n    : int              IN   number of rows stored before the call
+    data : (cap, d) float32 INOUT
+    ids  : (cap,) int64     INOUT  insertion index of each stored row
+    """
+    for t in range(X.shape[0]):
+        end = n + t
+        r = swap[t]
+        if r != end:
+            data[end] = data[r]
+            ids[end] = ids[r]
+        data[r] = X[t]
+        ids[r] = end
 
 
 class NestedBatchStore:

@@ -21,9 +21,14 @@ from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.parsing import NPY, OCTET, media_type, parse_vectors
 from nmbatch.service.problems import ProblemError
-from nmbatch.service.redis_log import AsyncSampleLog, encode_chunks
 from nmbatch.service.state import ModelBoard, PublishedModel
-from nmbatch.service.worker import Worker
+from nmbatch.service.storage import (
+    AppendOutcome,
+    AsyncSampleLog,
+    IdempotencyKeyReusedError,
+    WrongDimensionError,
+)
+from nmbatch.service.worker import Role, Worker
 
 __all__ = ["Context", "ServiceContext", "assign", "get_context", "off_loop", "parse_body"]
 
@@ -32,7 +37,6 @@ T = TypeVar("T")
 _INLINE_VALUES = 65_536  # numpy work on fewer values runs on the event loop
 _INLINE_BINARY_BYTES = 4 << 20  # .npy / raw bodies up to this size are parsed on the loop
 _INLINE_JSON_BYTES = 16 << 10  # JSON bodies up to this size are parsed on the loop
-_COPY_WEIGHT = 16  # a plain copy costs about 1/16 of the numpy work off_loop counts
 
 
 async def off_loop(values: int, fn: Callable[..., T], *args: object) -> T:
@@ -70,7 +74,7 @@ def assign(model: PublishedModel, X: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
     Returns labels ``(n,)`` int64 and Euclidean distances ``(n,)`` float64.
     """
-    labels, sqdist = nearest(X, model.centroids)
+    labels, sqdist = nearest(X, model.state.centroids)
     return labels, np.sqrt(sqdist)
 
 
@@ -101,31 +105,40 @@ class ServiceContext:
             self.dim = await self.sample_log.dim()
         return self.dim
 
-    async def append_samples(self, X: np.ndarray) -> int:
-        """Append ``X`` (``(m, d)`` float32, validated) to the log; returns total samples.
+    async def append_samples(
+        self, X: np.ndarray, idempotency_key: str | None = None
+    ) -> AppendOutcome:
+        """Append ``X`` (``(m, d)`` float32, validated) to the log, once per ``idempotency_key``.
 
-        The first accepted batch fixes the dimension of a model that has none; a batch of
-        another dimension racing with it gets a ``wrong-dimension`` problem.
+        :meth:`AsyncSampleLog.append`; its refusals become problems: a batch of another
+        dimension racing with the first one gets ``wrong-dimension`` (422), a key used for
+        other vectors ``idempotency-key-reused`` (409).
         """
-        d = int(X.shape[1])
-        if self.dim is None:
-            stored = await self.sample_log.fix_dim(d)
-            self.dim = stored
-            if stored != d:
-                raise ProblemError(
-                    422,
-                    "wrong-dimension",
-                    f"vectors have {d} coordinates, but this model's dimension is {stored}",
-                    expected_dim=stored,
-                    got_dim=d,
-                )
-        entries = await off_loop(X.size // _COPY_WEIGHT, encode_chunks, X)
-        # This process's worker takes the rows from memory rather than from Redis.
-        rows = X if self.worker.role == "worker" else None
-        total = await self.sample_log.append(entries, X.shape[0], rows)
-        self.metrics.samples_ingested.inc(X.shape[0])
-        self.worker.notify()
-        return total
+        try:
+            outcome = await self.sample_log.append(
+                X,
+                dim=self.dim,
+                idempotency_key=idempotency_key,
+                key_seconds=self.settings.idempotency_seconds,
+                # This process's worker takes the rows from memory rather than from Redis.
+                hand_over=self.worker.role == Role.WORKER,
+                offload=off_loop,
+            )
+        except WrongDimensionError as exc:
+            self.dim = exc.expected
+            raise ProblemError(
+                422, "wrong-dimension", str(exc), expected_dim=exc.expected, got_dim=exc.got
+            ) from None
+        except IdempotencyKeyReusedError as exc:
+            raise ProblemError(
+                409, "idempotency-key-reused", str(exc), title="Idempotency-Key reused"
+            ) from None
+        if self.dim is None:  # this batch fixed it, or found it fixed as its own
+            self.dim = int(X.shape[1])
+        if outcome.stored:
+            self.metrics.samples_ingested.inc(outcome.accepted)
+            self.worker.notify()
+        return outcome
 
     async def require_model(self) -> PublishedModel:
         """The published model, or a problem saying why there is none yet."""

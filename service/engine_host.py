@@ -1,31 +1,31 @@
 """The worker's engine (store and nmbatch), in the worker thread or in a child process.
 
-The worker thread drives an engine through two small views, ``engine.store``
-(``dim``, ``n_samples``, ``append``) and ``engine.algo`` (``ready()``, ``step()``,
-``restore()``, ``energy_estimate()``, and the attributes ``centroids``, ``counts``,
-``batch_size``, ``iteration``, ``converged``), the same names as the engine's own
-``NestedBatchStore`` and ``NestedMiniBatch``. Two hosts provide them:
+The worker thread drives an engine through one small interface, :class:`EngineHost`:
+``engine.store`` (``dim``, ``n_samples``, ``append``: the engine's ``NestedBatchStore``
+or a view of it), ``engine.ready()``, ``engine.step()`` and ``engine.restore()``, the
+last two answering with the model's state as one record (:class:`ModelState`, made by
+``KMeansAlgorithm.state``), which ``engine.state`` keeps. Two hosts provide it:
 
 :class:`LocalEngine`
     The engine's objects themselves, in the worker thread (``NMBATCH_WORKER_PROCESS=false``).
 :class:`EngineProcess`
     The engine in a child process (the default). The server's event loop then shares its
-    GIL only with threads that mostly wait (the worker thread now waits on a pipe); the
+    GIL only with threads that mostly wait (the worker thread waits on a pipe); the
     child runs at a lower scheduling priority without the risk a low-priority *thread*
     runs, of being parked by the OS while it holds the GIL the event loop needs; and a
     child killed by the OOM killer (it holds the store: the biggest process) or crashed
-    leaves the HTTP side up, and the worker rebuilds it from the log. In the load
-    benchmark (2 cores, 200,000 vectors/s ingested, 1,000 ``/assign``/s) the ``/assign``
-    latency was the same either way (p99 3.9-4.9 ms); the process costs a copy of each
-    batch through the pipe and ~1-2 s more at start (a fresh interpreter).
+    leaves the HTTP side up, and the worker rebuilds it from the log. The process costs
+    a copy of each batch through the pipe and a second or two more at start (a fresh
+    interpreter); the ``/assign`` latency with it is in ``docs/bench/load/loadtest.md``.
 
 The child is a fresh interpreter (``spawn``): nothing of the server is copied into it.
 Rows go to it as raw ``float32`` bytes, without waiting (the pipe keeps them in order);
-``step()`` and ``restore()`` wait for its reply, which carries the state the views show.
-It exits when told to, or when the pipe's other end closes (the server is gone), and it
-asks Linux to kill it if the server dies (``PR_SET_PDEATHSIG``). If it dies, the next
-call raises :class:`EngineProcessError`, and the worker starts a new one (it replays the
-log and restores the centroids it served last).
+``step()`` and ``restore()`` wait for its reply, the :class:`ModelState` record as the
+algorithm made it (pickled). It exits when told to, or when the pipe's other end closes
+(the server is gone), and it asks Linux to kill it if the server dies
+(``PR_SET_PDEATHSIG``). If it dies, the next call raises :class:`EngineProcessError`,
+and the worker starts a new one (it replays the log and restores the centroids it
+served last).
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ import struct
 import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from nmbatch.engine import NestedBatchStore, make_algorithm
-from nmbatch.engine.algorithms import IterationStats, KMeansAlgorithm
+from nmbatch.engine.algorithms import KMeansAlgorithm
+from nmbatch.engine.state import ModelState
 
 __all__ = ["EngineConfig", "EngineHost", "EngineProcess", "EngineProcessError", "LocalEngine"]
 
@@ -83,6 +84,8 @@ class EngineConfig:
 
 
 class StoreView(Protocol):
+    """The store as the worker sees it: its dimension, its size, appending rows."""
+
     dim: int
 
     @property
@@ -91,27 +94,32 @@ class StoreView(Protocol):
     def append(self, X: np.ndarray) -> int: ...
 
 
-class AlgoView(Protocol):
-    centroids: np.ndarray
-    counts: np.ndarray
-    batch_size: int
-    iteration: int
-    converged: bool
-
-    def ready(self) -> bool: ...
-
-    def step(self) -> IterationStats: ...
-
-    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> None: ...
-
-    def energy_estimate(self) -> float: ...
-
-
 class EngineHost(Protocol):
-    store: StoreView
-    algo: AlgoView
+    """A store and nmbatch on it, driven from the worker thread.
 
-    def close(self) -> None: ...
+    ``state`` is the model after the last ``step()`` or ``restore()`` (before the first
+    one: zero centroids, ``batch_size`` and ``iteration`` 0, not initialised).
+    """
+
+    store: StoreView
+    state: ModelState
+
+    def ready(self) -> bool:
+        """True once ``step()`` can run (``k`` samples appended, or initialised)."""
+        ...
+
+    def step(self) -> ModelState:
+        """Run one iteration; the new state, with ``stats`` of the iteration."""
+        ...
+
+    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> ModelState:
+        """Start again from ``centroids`` (``(k, d)`` float32) over the first ``batch_size``
+        samples, counting iterations from ``iteration``; the new state (``stats`` None)."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine (end its process, if any)."""
+        ...
 
 
 def _build(config: EngineConfig) -> tuple[NestedBatchStore, KMeansAlgorithm]:
@@ -132,7 +140,20 @@ class LocalEngine:
     """The engine's own objects, used from the calling thread."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.store, self.algo = _build(config)
+        self.store, self._algo = _build(config)
+        self.state = self._algo.state()
+
+    def ready(self) -> bool:
+        return self._algo.ready()
+
+    def step(self) -> ModelState:
+        self.state = self._algo.state(self._algo.step())
+        return self.state
+
+    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> ModelState:
+        self._algo.restore(centroids, batch_size, iteration)
+        self.state = self._algo.state()
+        return self.state
 
     def close(self) -> None:
         """Nothing to release."""
@@ -150,21 +171,6 @@ def _die_with_parent() -> None:
             comm.write("nmbatch-engine")
 
 
-def _state(algo: KMeansAlgorithm, store: NestedBatchStore, stats: IterationStats | None) -> dict:
-    energy = algo.energy_estimate() if algo.iteration > 0 and algo.batch_size > 0 else None
-    return {
-        "stats": stats,
-        "centroids": algo.centroids,  # new arrays after every step, pickled at once
-        "counts": algo.counts,
-        "batch_size": int(algo.batch_size),
-        "iteration": int(algo.iteration),
-        "converged": bool(algo.converged),
-        "initialized": bool(algo.initialized),
-        "n_samples": int(store.n_samples),
-        "energy": energy,
-    }
-
-
 def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
     """The child's main: build the engine, then answer commands until told to stop."""
     _die_with_parent()
@@ -180,7 +186,7 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
     with threadpool_limits(limits=config.threads):
         numba.set_num_threads(min(config.threads, numba.config.NUMBA_NUM_THREADS))
         store, algo = _build(config)
-        conn.send({"ready": True})
+        conn.send(algo.state())  # the initial state: the child is ready
         d = config.dim
         while True:
             try:
@@ -193,12 +199,12 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
                     store.append(np.frombuffer(payload, dtype=np.float32).reshape(-1, d))
                     continue  # appends are not answered
                 if op == _STEP:
-                    conn.send(_state(algo, store, algo.step()))
+                    conn.send(algo.state(algo.step()))
                 elif op == _RESTORE:
                     rows, b, iteration = _RESTORE_HEADER.unpack_from(payload)
                     C = np.frombuffer(payload[_RESTORE_HEADER.size :], dtype=np.float32)
                     algo.restore(C.reshape(rows, d), b, iteration)
-                    conn.send(_state(algo, store, None))
+                    conn.send(algo.state())
                 elif op == _STOP:
                     return
                 else:
@@ -230,44 +236,6 @@ class _RemoteStore:
         return self._n
 
 
-class _RemoteAlgo:
-    def __init__(self, owner: EngineProcess, config: EngineConfig) -> None:
-        self._owner = owner
-        self.k = config.k
-        self.centroids = np.zeros((config.k, config.dim), dtype=np.float32)
-        self.counts = np.zeros(config.k, dtype=np.int64)
-        self.batch_size = 0
-        self.iteration = 0
-        self.converged = False
-        self.initialized = False
-        self._energy: float | None = None
-
-    def ready(self) -> bool:
-        return self.initialized or self._owner.store.n_samples >= self.k
-
-    def step(self) -> IterationStats:
-        state = self._owner._call(_STEP, b"")
-        self._take(state)
-        return state["stats"]
-
-    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> None:
-        C = np.ascontiguousarray(centroids, dtype=np.float32)
-        header = _RESTORE_HEADER.pack(C.shape[0], int(batch_size), int(iteration))
-        self._take(self._owner._call(_RESTORE, header + C.tobytes()))
-
-    def energy_estimate(self) -> float:
-        return float("nan") if self._energy is None else self._energy
-
-    def _take(self, state: dict[str, Any]) -> None:
-        self.centroids = state["centroids"]
-        self.counts = state["counts"]
-        self.batch_size = state["batch_size"]
-        self.iteration = state["iteration"]
-        self.converged = state["converged"]
-        self.initialized = state["initialized"]
-        self._energy = state["energy"]
-
-
 class EngineProcess:
     """The engine in a ``spawn``-ed child process, driven from one thread.
 
@@ -287,9 +255,9 @@ class EngineProcess:
         self.process.start()
         child_conn.close()
         self.store = _RemoteStore(self, config.dim)
-        self.algo = _RemoteAlgo(self, config)
+        self._k = config.k
         try:
-            self._reply(START_TIMEOUT)
+            self.state = self._reply(START_TIMEOUT)
         except BaseException:
             self.close()
             raise
@@ -297,6 +265,19 @@ class EngineProcess:
     @property
     def pid(self) -> int | None:
         return self.process.pid
+
+    def ready(self) -> bool:
+        return self.state.initialized or self.store.n_samples >= self._k
+
+    def step(self) -> ModelState:
+        self.state = self._call(_STEP, b"")
+        return self.state
+
+    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> ModelState:
+        C = np.ascontiguousarray(centroids, dtype=np.float32)
+        header = _RESTORE_HEADER.pack(C.shape[0], int(batch_size), int(iteration))
+        self.state = self._call(_RESTORE, header + C.tobytes())
+        return self.state
 
     def close(self, timeout: float = 10.0) -> None:
         """Ask the child to stop, then make sure it is gone."""
@@ -316,20 +297,21 @@ class EngineProcess:
         except (OSError, ValueError) as exc:
             raise EngineProcessError(f"the engine process is gone: {exc}") from None
 
-    def _call(self, op: bytes, payload: bytes) -> dict[str, Any]:
+    def _call(self, op: bytes, payload: bytes) -> ModelState:
         self._send(op, payload)
         return self._reply(None)
 
-    def _reply(self, timeout: float | None) -> dict[str, Any]:
+    def _reply(self, timeout: float | None) -> ModelState:
+        """The child's answer: a state, or ``{"error": message}`` (raised here)."""
         ready = wait([self._conn, self.process.sentinel], timeout)
         if self._conn in ready:
             try:
-                state = self._conn.recv()
+                reply = self._conn.recv()
             except (EOFError, OSError) as exc:
                 raise EngineProcessError(f"the engine process is gone: {exc!r}") from None
-            if "error" in state:
-                raise EngineProcessError(f"the engine process failed: {state['error']}")
-            return state
+            if not isinstance(reply, ModelState):
+                raise EngineProcessError(f"the engine process failed: {reply['error']}")
+            return reply
         if not ready:
             raise EngineProcessError(f"the engine process did not answer within {timeout} s")
         raise EngineProcessError(f"the engine process exited with code {self.process.exitcode}")

@@ -4,36 +4,29 @@ A plain ``GET /assign?vector=...`` is the request the service serves most often 
 answer in well under a millisecond while ingestion runs on the same cores. Through
 FastAPI it crosses a dozen middleware and routing layers, dependency resolution and a
 response model, about ten times the cost of the answer itself. :class:`AssignFastPath`
-is a pure ASGI middleware that answers that one request shape itself, with the same
-bytes FastAPI would send, and passes every other request through untouched:
+is a pure ASGI middleware that answers that one request shape by calling the route's own
+answer, :func:`service.routes.assign.assign_one_json` (same parser, same search, same
+bytes), and passes every other request through untouched:
 
 - only ``GET /assign`` whose query string is exactly one ``vector`` parameter (decoded
   as Starlette decodes it), when reads need no API key, a model is published and its
   ``k * d`` is small enough to search on the event loop;
-- the vector is parsed by :func:`service.parsing.parse_query_vector`, the route's own
-  parser: a vector it refuses goes to FastAPI, which answers with the problem;
-- the nearest centroid is :func:`engine.assign.nearest_one` over the published
-  (immutable) centroids: the same label and distance as ``engine.nearest``;
-- the body is serialised by pydantic's JSON serialiser, as FastAPI serialises
-  :class:`service.schemas.AssignOne`.
+- a vector that the answer refuses goes to FastAPI, whose route answers with the problem.
 
 It sits inside :class:`service.metrics.RequestTimingMiddleware`, so the request is
-timed and labelled ``/assign`` as before.
+timed and labelled ``/assign`` like the route's answers.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
-from pydantic_core import to_json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from nmbatch.engine.assign import nearest_one
 from nmbatch.service.config import Settings
-from nmbatch.service.parsing import parse_query_vector
 from nmbatch.service.problems import ProblemError
+from nmbatch.service.routes.assign import assign_one_json
 
 __all__ = ["AssignFastPath"]
 
@@ -85,11 +78,9 @@ class AssignFastPath:
         app = scope.get("app")
         context = getattr(getattr(app, "state", None), "context", None)
         model = context.board.model if context is not None else None
-        if model is None or model.centroids.size > MAX_INLINE_VALUES:
+        if model is None or model.state.centroids.size > MAX_INLINE_VALUES:
             return None
         try:
-            X = parse_query_vector(pairs[0][1], dim=model.dim)
+            return assign_one_json(model, pairs[0][1])
         except ProblemError:
             return None  # the route answers with the same problem
-        label, sqdist = nearest_one(X[0], model.centroids)
-        return to_json({"version": model.version, "cluster": label, "distance": math.sqrt(sqdist)})

@@ -14,7 +14,6 @@ from http import HTTPStatus
 from typing import Any
 
 import orjson
-import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
@@ -102,12 +101,19 @@ def problem_response(
     )
 
 
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` entries documenting problem answers with these statuses."""
+def problem_responses(
+    *statuses: int, described: dict[int, str] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries documenting problem answers with these statuses.
+
+    Each is described by its reason phrase, or by ``described[status]`` when given (what
+    the problem means for this operation: the ``type`` URNs, the extension members).
+    """
     schema = Problem.model_json_schema()
+    described = described or {}
     return {
         status: {
-            "description": HTTPStatus(status).phrase,
+            "description": described.get(status, HTTPStatus(status).phrase),
             "content": {PROBLEM_MEDIA_TYPE: {"schema": schema}},
         }
         for status in statuses
@@ -156,17 +162,6 @@ def _from_validation_error(request: Request, exc: Exception) -> Response:
     )
 
 
-def _from_redis_error(request: Request, exc: Exception) -> Response:
-    log.warning("Redis error on %s %s: %s", request.method, request.url.path, exc)
-    return problem_response(
-        503,
-        _TYPE_PREFIX + "storage-unavailable",
-        "Storage unavailable",
-        f"Redis did not answer ({type(exc).__name__}); the request may not have completed",
-        headers={"Retry-After": "1"},
-    )
-
-
 def _from_unexpected_error(request: Request, exc: Exception) -> Response:
     # A bug, not the client's fault: logged with its traceback, answered without details.
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -179,9 +174,11 @@ def _from_unexpected_error(request: Request, exc: Exception) -> Response:
 
 
 def install_problem_handlers(app: FastAPI) -> None:
-    """Make every error of ``app`` a problem details response (also unexpected ones: 500)."""
+    """Make every error of ``app`` a problem details response (also unexpected ones: 500).
+
+    Redis errors have a handler of their own (:mod:`nmbatch.service.redis_errors`).
+    """
     app.add_exception_handler(ProblemError, _from_problem_error)
     app.add_exception_handler(StarletteHTTPException, _from_http_exception)
     app.add_exception_handler(RequestValidationError, _from_validation_error)
-    app.add_exception_handler(redis.RedisError, _from_redis_error)
     app.add_exception_handler(Exception, _from_unexpected_error)

@@ -7,6 +7,8 @@ still describe them exactly.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "SamplesAccepted",
     "Stats",
     "VectorsIn",
+    "vectors_schema",
 ]
 
 
@@ -31,6 +34,25 @@ class VectorsIn(BaseModel):
         description="n vectors of d finite numbers each (n >= 1).",
         examples=[[[0.0, 1.5, -2.0], [3.0, 0.25, 1.0]]],
     )
+
+
+def vectors_schema(dim: int | None = None) -> dict[str, Any]:
+    """JSON schema of :class:`VectorsIn`; with ``dim``, each vector has exactly ``dim`` numbers.
+
+    The dimension is stated as ``minItems == maxItems == dim`` on the inner arrays (and
+    the example has that many numbers), so a client reading the OpenAPI document knows
+    the length a ``wrong-dimension`` problem would refuse.
+    """
+    schema = VectorsIn.model_json_schema()
+    if dim is not None:
+        vectors = schema["properties"]["vectors"]
+        vectors["items"].update(minItems=dim, maxItems=dim)
+        vectors["description"] = f"n vectors of {dim} finite numbers each (n >= 1)."
+        if dim <= 16:
+            vectors["examples"] = [[[0.5] * dim, [-1.0] * dim]]
+        else:  # an example of a million numbers would only weigh the document down
+            del vectors["examples"]
+    return schema
 
 
 class SamplesAccepted(BaseModel):
@@ -86,11 +108,16 @@ class Readiness(BaseModel):
 
 
 class DoublingOut(BaseModel):
-    """The nested batch grew from ``from_b`` to ``to_b`` after ``iteration``."""
+    """The nested batch grew from ``from_size`` to ``to_size`` after ``iteration``.
+
+    ``from_b`` and ``to_b`` are the same numbers under the paper's name ``b``.
+    """
 
     iteration: int
-    from_b: int
-    to_b: int
+    from_b: int = Field(description="b before the doubling (same as from_size).")
+    to_b: int = Field(description="b after it (same as to_size).")
+    from_size: int = Field(description="Nested batch size before the doubling.")
+    to_size: int = Field(description="Nested batch size after it (at most N).")
     at: str = Field(description="ISO 8601 UTC.")
 
 
@@ -100,8 +127,10 @@ class Stats(BaseModel):
     phase: str = Field(description="Worker phase: replaying, iterating, converged, ...")
     role: str = Field(description="'worker' or 'standby' (see /readyz).")
     version: int | None = Field(description="Published centroid version (None: none yet).")
-    b: int = Field(description="Nested batch (prefix) size.")
-    N: int = Field(description="Samples in the worker's store.")
+    b: int = Field(description="Nested batch (prefix) size (same as batch_size).")
+    N: int = Field(description="Samples in the worker's store (same as n_samples).")
+    batch_size: int = Field(description="b: nested batch (prefix) size, as in /centroids.")
+    n_samples: int = Field(description="N: samples in the worker's store, as in /centroids.")
     n_logged: int = Field(description="Samples in the Redis log (the worker may lag).")
     iteration: int
     converged: bool

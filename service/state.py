@@ -1,4 +1,4 @@
-"""The published model: immutable snapshots the worker swaps and the routes read.
+"""The published model: immutable records the worker swaps and the routes read.
 
 The worker builds a new :class:`PublishedModel` (and :class:`PublishedStats`) after each
 iteration and swaps it into the :class:`ModelBoard` with one reference assignment. A
@@ -9,11 +9,14 @@ read-only.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from nmbatch.engine.state import ModelState
 
 __all__ = ["DoublingEvent", "ModelBoard", "PublishedModel", "PublishedStats"]
 
@@ -26,68 +29,39 @@ def _frozen(array: np.ndarray, dtype: type) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class PublishedModel:
-    """Centroids of one version and what describes them.
+    """The model's state under a version number, as served.
 
     Attributes
     ----------
     version : int
         Increases by at least one with each publication; never decreases, also across
         restarts.
-    centroids : ndarray (k, d) float32, read-only
-    counts : ndarray (k,) int64, read-only
-        ``v(j)``: prefix samples assigned to centroid ``j``.
-    n_samples : int
-        ``N``: samples in the worker's store when published.
-    batch_size : int
-        ``b``: prefix size (the nested batch).
-    iteration : int
-    converged : bool
-        ``b == N`` and no assignment changed in the last iteration.
+    state : ModelState
+        Centroids ``(k, d)`` float32 and counts ``(k,)`` int64 (read-only copies), ``b``,
+        ``N`` (samples in the worker's store when published), iteration, convergence.
     updated_at : float
         Unix time of the centroid update.
     """
 
     version: int
-    centroids: np.ndarray
-    counts: np.ndarray
-    n_samples: int
-    batch_size: int
-    iteration: int
-    converged: bool
+    state: ModelState
     updated_at: float
 
     @classmethod
     def build(
-        cls,
-        *,
-        version: int,
-        centroids: np.ndarray,
-        counts: np.ndarray,
-        n_samples: int,
-        batch_size: int,
-        iteration: int,
-        converged: bool,
-        updated_at: float | None = None,
+        cls, *, version: int, state: ModelState, updated_at: float | None = None
     ) -> PublishedModel:
-        """Copy the arrays into read-only ones and build the record."""
+        """Copy the arrays of ``state`` into read-only ones and build the record."""
+        frozen = dataclasses.replace(
+            state,
+            centroids=_frozen(state.centroids, np.float32),
+            counts=_frozen(state.counts, np.int64),
+        )
         return cls(
             version=int(version),
-            centroids=_frozen(centroids, np.float32),
-            counts=_frozen(counts, np.int64),
-            n_samples=int(n_samples),
-            batch_size=int(batch_size),
-            iteration=int(iteration),
-            converged=bool(converged),
+            state=frozen,
             updated_at=time.time() if updated_at is None else float(updated_at),
         )
-
-    @property
-    def k(self) -> int:
-        return int(self.centroids.shape[0])
-
-    @property
-    def dim(self) -> int:
-        return int(self.centroids.shape[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +77,10 @@ class DoublingEvent:
 @dataclass(frozen=True, slots=True)
 class PublishedStats:
     """The algorithm's course so far, as shown by ``GET /stats``.
+
+    ``phase`` is the worker's phase then (a ``Phase`` of :mod:`nmbatch.service.worker.roles`,
+    which compares equal to its string; this module sits below the worker, so the default
+    is written as the string of ``Phase.STARTING``).
 
     ``distances_computed`` and ``distances_skipped`` count sample-centroid distances over
     all iterations of this process; ``energy`` is the mean squared distance of the prefix

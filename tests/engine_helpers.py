@@ -3,7 +3,7 @@
 The references are plain numpy, written to match the engine's documented formulas:
 
 - ``sqdist64_ref`` sums ``(float64(x) - float64(c))**2`` over the features *sequentially*
-  (the order of ``engine.kernels.sqdist64``), so its values are bit-identical to the
+  (the order of ``engine.kernels.common.sqdist64``), so its values are bit-identical to the
   kernel's, and its argmin (ties to the lowest index, which ``np.argmin`` gives) is the
   engine's exact nearest centroid, whatever the data.
 - ``check_step_invariants`` asserts what must hold after every ``step()`` of an algorithm

@@ -1,7 +1,9 @@
-"""The ``nmbatch`` command-line tool (``service/cli.py``): help, ``fit``, ``serve``, ``bench``.
+"""The ``nmbatch`` command-line tool: help, ``fit``, ``serve``, ``bench``.
 
-``fit`` runs in-process (one numba start-up for the module); ``--help``, the lazy-import
-guarantees and ``serve`` run ``python -m nmbatch.service.cli`` in a subprocess, as a user would.
+The parser and dispatch are ``nmbatch/cli.py``; ``fit`` runs in ``engine/fit.py``,
+``serve`` in ``service/cli.py``, ``bench`` in ``engine/bench``. ``fit`` runs in-process
+(one numba start-up for the module); ``--help``, the lazy-import guarantees and ``serve``
+run ``python -m nmbatch.cli`` in a subprocess, as a user would.
 """
 
 from __future__ import annotations
@@ -21,17 +23,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmbatch.service import cli
+from nmbatch import cli
+from nmbatch.service import cli as serve_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str, timeout: float = 120, **kwargs: object) -> subprocess.CompletedProcess:
-    """``python -m nmbatch.service.cli ARGS`` from the repository root, output captured."""
+    """``python -m nmbatch.cli ARGS`` from the repository root, output captured."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
     return subprocess.run(
-        [sys.executable, "-m", "nmbatch.service.cli", *args],
+        [sys.executable, "-m", "nmbatch.cli", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -81,7 +84,7 @@ def test_no_subcommand_is_a_usage_error() -> None:
 def test_help_imports_neither_numpy_nor_the_service() -> None:
     code = (
         "import sys\n"
-        "from service.cli import main\n"
+        "from nmbatch.cli import main\n"
         "try:\n"
         "    main(['fit', '--help'])\n"
         "except SystemExit:\n"
@@ -102,7 +105,7 @@ def test_help_imports_neither_numpy_nor_the_service() -> None:
 
 def test_console_script_entry_point_is_cli_main() -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["nmbatch"] == "nmbatch.service.cli:main"
+    assert scripts["nmbatch"] == "nmbatch.cli:main"
 
 
 def test_algorithm_choices_are_the_engines() -> None:
@@ -232,6 +235,15 @@ def test_fit_progress_shows_iteration_batch_and_energy(
     assert "converged after" in captured.err
 
 
+def test_fit_summary_says_when_max_iter_stopped_it(
+    tmp_path: Path, blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
+) -> None:
+    np.save(tmp_path / "x.npy", blobs)
+    fit(tmp_path, tmp_path / "x.npy", "--max-iter", "1")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("nmbatch: stopped at --max-iter 1 after 1 iterations in ")
+
+
 def test_fit_quiet_prints_nothing(
     tmp_path: Path, blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -244,7 +256,7 @@ def test_fit_does_not_import_fastapi(tmp_path: Path, blobs: np.ndarray) -> None:
     np.save(tmp_path / "x.npy", blobs)
     code = (
         "import sys\n"
-        "from service.cli import main\n"
+        "from nmbatch.cli import main\n"
         f"rc = main(['fit', {str(tmp_path / 'x.npy')!r}, '-k', '2', '-q',\n"
         f"           '--centroids', {str(tmp_path / 'c.npy')!r}])\n"
         "print(rc, sorted(m for m in ('fastapi', 'uvicorn', 'redis') if m in sys.modules))\n"
@@ -339,7 +351,7 @@ def test_serve_options_become_nmbatch_settings() -> None:
         ["serve", "--host", "127.0.0.1", "--port", "9999", "--redis-url", "redis://r:1/0",
          "--k", "5", "--set", "rho=50", "--set", "NMBATCH_BATCH_SIZE=100"]
     )  # fmt: skip
-    env = cli.serve_environment(args)
+    env = serve_cli.serve_environment(args)
     assert env == {
         "NMBATCH_HOST": "127.0.0.1",
         "NMBATCH_PORT": "9999",
@@ -354,8 +366,16 @@ def test_serve_options_become_nmbatch_settings() -> None:
 
 def test_serve_rejects_an_unknown_setting() -> None:
     args = cli.build_parser().parse_args(["serve", "--set", "no_such_setting=1"])
-    with pytest.raises(cli.CLIError, match="no_such_setting"):
-        cli.serve_environment(args)
+    with pytest.raises(serve_cli.ServeError, match="no_such_setting"):
+        serve_cli.serve_environment(args)
+
+
+def test_serve_bad_setting_is_an_error_line_and_status_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["serve", "--set", "no_such_setting=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("nmbatch serve: error: --set no_such_setting: no such setting")
 
 
 def free_port() -> int:
@@ -371,7 +391,7 @@ def serving(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int]]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("NMBATCH_")}
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nmbatch.service.cli", "serve", "--host", "127.0.0.1",
+        [sys.executable, "-m", "nmbatch.cli", "serve", "--host", "127.0.0.1",
          "--port", str(port), "--k", "3", "--set", f"data_dir={tmp_path / 'data'}"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

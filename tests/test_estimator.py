@@ -26,15 +26,22 @@ from sklearn.utils.estimator_checks import (
 )
 
 import nmbatch.engine.estimator as estimator_module
-from nmbatch.engine import ALGORITHMS, NestedMiniBatchKMeans
+from nmbatch.engine import ALGORITHMS, IterationStats, ModelState, NestedMiniBatchKMeans
 
 EXACT = ("nmbatch", "nmbatch.deact", "lloyd", "elkan")  # converge to a Lloyd fixed point
 
+
+def ignore_iteration(stats: IterationStats, state: ModelState) -> None:
+    """A callback that lets the fit run (module level, so the estimator still pickles)."""
+
+
 # One default estimator, one with a tiny first batch (so the batch doubles during the
-# checks), and one per algorithm.
+# checks) and a callback, and one per algorithm.
 CHECKED = [
     NestedMiniBatchKMeans(),
-    NestedMiniBatchKMeans(n_clusters=3, batch_size=20, rho=10.0, random_state=0),
+    NestedMiniBatchKMeans(
+        n_clusters=3, batch_size=20, rho=10.0, random_state=0, callback=ignore_iteration
+    ),
     *(
         NestedMiniBatchKMeans(n_clusters=3, batch_size=20, random_state=0, algorithm=name)
         for name in ALGORITHMS
@@ -120,7 +127,7 @@ def test_tags_describe_an_unsupervised_clusterer():
 def test_estimator_module_does_not_import_sklearn():
     code = (
         "import sys, numpy as np\n"
-        "from engine import NestedMiniBatchKMeans\n"
+        "from nmbatch.engine import NestedMiniBatchKMeans\n"
         "est = NestedMiniBatchKMeans(n_clusters=2, random_state=0)\n"
         "try:\n"
         "    est.predict(np.zeros((1, 2)))\n"
@@ -148,6 +155,7 @@ def test_get_params_set_params_and_repr():
     assert est.get_params() == {
         "algorithm": "nmbatch",
         "batch_size": 5000,
+        "callback": None,
         "init": "k-means++",
         "max_iter": 300,
         "n_clusters": 3,
@@ -168,6 +176,109 @@ def test_clone_copies_parameters_not_fit():
     copy = clone(est)
     assert copy.get_params() == est.get_params()
     assert not hasattr(copy, "cluster_centers_")
+
+
+def test_callback_is_a_parameter_that_clone_keeps():
+    est = NestedMiniBatchKMeans(n_clusters=3, callback=ignore_iteration)
+    assert est.get_params()["callback"] is ignore_iteration
+    assert clone(est).get_params()["callback"] is ignore_iteration
+    assert "callback=<function ignore_iteration" in repr(est)
+    assert est.set_params(callback=None).callback is None
+
+
+# -- the per-iteration callback --------------------------------------------------------
+class Recorder:
+    """A callback that keeps its arguments (and a copy of the centroids) of every call.
+
+    It returns ``answer`` at iteration ``stop_at`` and None at the others.
+    """
+
+    def __init__(self, stop_at: int | None = None, answer: object = True) -> None:
+        self.stop_at, self.answer = stop_at, answer
+        self.calls: list[tuple[IterationStats, ModelState, np.ndarray]] = []
+
+    def __call__(self, stats: IterationStats, state: ModelState) -> object:
+        self.calls.append((stats, state, state.centroids.copy()))
+        return self.answer if stats.iteration == self.stop_at else None
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_callback_sees_every_iteration_of_fit_and_changes_nothing(algorithm):
+    X, _ = blobs(100, seed=4)
+    params = {"n_clusters": 3, "batch_size": 40, "max_iter": 30, "random_state": 0}
+    plain = NestedMiniBatchKMeans(**params, algorithm=algorithm).fit(X)
+    recorder = Recorder()
+    est = NestedMiniBatchKMeans(**params, algorithm=algorithm, callback=recorder).fit(X)
+    assert_array_equal(est.cluster_centers_, plain.cluster_centers_)
+    assert est.n_iter_ == plain.n_iter_
+    assert [stats.iteration for stats, _, _ in recorder.calls] == list(range(1, est.n_iter_ + 1))
+    for stats, state, centroids in recorder.calls:
+        assert isinstance(stats, IterationStats) and isinstance(state, ModelState)
+        assert state.stats is stats
+        assert (state.iteration, state.n_samples) == (stats.iteration, len(X))
+        assert state.converged == stats.converged
+        assert centroids.shape == (3, 2) and centroids.dtype == np.float32
+        assert state.energy is not None and state.energy >= 0.0
+        if algorithm in EXACT:  # the batch is the prefix; each of its samples votes once
+            assert state.batch_size == stats.batch_size == int(state.counts.sum())
+    last_stats, _, last_centroids = recorder.calls[-1]
+    assert_array_equal(last_centroids, est.cluster_centers_)
+    assert last_stats.batch_size == est.batch_size_
+
+
+def test_callback_returning_true_stops_fit_after_that_iteration():
+    X, _ = blobs(200, seed=5)
+    params = {"n_clusters": 3, "batch_size": 16, "rho": 1000.0, "random_state": 0}
+    assert NestedMiniBatchKMeans(**params).fit(X).n_iter_ > 3
+    recorder = Recorder(stop_at=3)
+    est = NestedMiniBatchKMeans(**params, callback=recorder).fit(X)
+    assert est.n_iter_ == 3 and len(recorder.calls) == 3
+    assert not recorder.calls[-1][0].converged
+    assert_array_equal(est.cluster_centers_, recorder.calls[-1][2])
+    assert_array_equal(est.labels_, est.predict(X))
+    # The same model as a fit that ran out of iterations there.
+    at_max_iter = NestedMiniBatchKMeans(**params, max_iter=3).fit(X)
+    assert_same_state(est, fitted_state(at_max_iter))
+
+
+@pytest.mark.parametrize("answer", [False, 1, "stop", [True]], ids=repr)
+def test_callback_values_other_than_true_do_not_stop(answer):
+    X, _ = blobs(100, seed=6)
+    params = {"n_clusters": 3, "batch_size": 16, "random_state": 0}
+    plain = NestedMiniBatchKMeans(**params).fit(X)
+    est = NestedMiniBatchKMeans(**params, callback=Recorder(stop_at=1, answer=answer)).fit(X)
+    assert est.n_iter_ == plain.n_iter_ > 1
+    assert_array_equal(est.cluster_centers_, plain.cluster_centers_)
+
+
+def test_callback_runs_once_per_partial_fit_after_the_attributes_are_set():
+    X, _ = blobs(50)
+    seen = []
+
+    def stop_every_time(stats: IterationStats, state: ModelState) -> bool:
+        seen.append((stats.iteration, est.n_iter_, state.n_samples, est.n_samples_seen_))
+        return True
+
+    est = NestedMiniBatchKMeans(n_clusters=3, batch_size=20, callback=stop_every_time)
+    est.partial_fit(X[:2])  # fewer than n_clusters samples: stored, no iteration
+    assert seen == []
+    est.partial_fit(X[2:40]).partial_fit(X[40:80])
+    assert seen == [(1, 1, 40, 40), (2, 2, 80, 80)]
+
+
+def test_callback_exception_propagates_and_fit_leaves_the_estimator_as_it_was():
+    X, _ = blobs(60)
+    est = NestedMiniBatchKMeans(n_clusters=3, batch_size=40, random_state=0).fit(X)
+    before = fitted_state(est)
+
+    def fail(stats: IterationStats, state: ModelState) -> None:
+        raise RuntimeError(f"stopped at {stats.iteration}")
+
+    with pytest.raises(RuntimeError, match="stopped at 1"):
+        est.set_params(callback=fail, random_state=1).fit(X[:90])
+    assert_same_state(est, before)
+    est.set_params(callback=None).partial_fit(X[:5])
+    assert est.n_samples_seen_ == len(X) + 5
 
 
 # -- the fit ---------------------------------------------------------------------------
@@ -315,6 +426,8 @@ BAD_CALLS = {
     "fit max_iter 0": ("fit", X_GOOD, {"max_iter": 0}),
     "fit random_state negative": ("fit", X_GOOD, {"random_state": -1}),
     "fit random_state str": ("fit", X_GOOD, {"random_state": "seed"}),
+    "fit callback not callable": ("fit", X_GOOD, {"callback": "print"}),
+    "partial_fit callback not callable": ("partial_fit", X_GOOD[:5], {"callback": 1}),
     "partial_fit wrong d": ("partial_fit", np.zeros((5, 3)), {}),
     "partial_fit NaN": ("partial_fit", np.full((5, 2), np.nan), {}),
     "partial_fit empty": ("partial_fit", np.empty((0, 2)), {}),

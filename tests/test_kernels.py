@@ -3,12 +3,16 @@
 Every kernel is checked against a plain numpy version of the same formula:
 
 - the float32 distance ``sqdist32`` against the exact value (rational arithmetic), within
-  its documented relative bound ``sqdist32_error(d)``;
-- ``sqdist64``, ``row_sqnorms`` and ``nearest_dense`` bit for bit against sequential float64
-  sums (the kernels' summation order);
-- ``assign_dense`` and ``reassign_bounded`` against brute-force nearest centroids and sums
-  recomputed from scratch, with every lower bound checked against the true distance;
-- ``shuffle_insert`` against a python loop doing the same swaps.
+  its documented relative bound ``sqdist32_error(d)``, and the row norms ``sqnorms32``
+  within theirs;
+- ``sqdist64`` and ``nearest_dense`` bit for bit against sequential float64 sums (the
+  kernels' summation order);
+- ``assign_dense`` and the bounded revisit (``bound_sweep``, ``settle_assigned``,
+  ``reassign_rows``) against brute-force nearest centroids and sums recomputed from
+  scratch, with every lower bound checked against the true distance;
+- ``centroid_update`` against the numpy mean and ``sse``.
+
+(The store's shuffle kernel is tested with the store, in ``test_store``.)
 
 Integer-valued data make every float64 sum exact, so exact ties (duplicated centroids,
 points half-way between two centroids) are decided by the lowest-index rule, and the
@@ -36,15 +40,13 @@ from nmbatch.engine.kernels import (
     centroid_update,
     gemm_error,
     nearest_dense,
-    reassign_bounded,
     reassign_rows,
-    row_sqnorms,
     settle_assigned,
-    shuffle_insert,
     sqdist32,
     sqdist32_error,
     sqdist64,
     sqdist_safe,
+    sqnorms32,
 )
 from tests.engine_helpers import blobs, brute_nearest, sqdist64_ref
 
@@ -172,57 +174,20 @@ def test_sqdist64_is_the_sequential_float64_sum(seed, d):
 
 @SETTINGS
 @given(st.integers(0, 2**32 - 1), st.integers(1, 50), st.integers(1, 40))
-def test_row_sqnorms_equals_numpy_on_the_chosen_rows(seed, n, d):
+def test_sqnorms32_equals_numpy_on_the_chosen_rows(seed, n, d):
     rng = np.random.default_rng(seed)
     X = (rng.standard_normal((n, d)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
     rows = rng.integers(0, n, size=rng.integers(0, 2 * n)).astype(np.int64)
     out = np.full(rows.shape[0], np.nan)
-    row_sqnorms(X, rows, out)
+    sqnorms32(X[rows], out)
     X64 = X.astype(np.float64)[rows]
-    seq = np.zeros(rows.shape[0])
-    for t in range(d):
-        seq = seq + X64[:, t] * X64[:, t]
-    np.testing.assert_array_equal(out, seq)
+    # The squares are exact in float64; any order of summing d of them is within
+    # (d + 1) float64 ulps (relative) of the exact sum.
+    bound = Fraction((d + 1) * 2.0**-53)
+    for q, row in enumerate(X[rows]):
+        exact = sum((Fraction(float(a)) ** 2 for a in row), Fraction(0))
+        assert abs(Fraction(out[q]) - exact) <= bound * exact
     np.testing.assert_allclose(out, np.einsum("ij,ij->i", X64, X64), rtol=1e-14)
-
-
-# ---------------------------------------------------------------------------------------
-# store shuffle
-
-
-def python_shuffle_insert(X, swap, n, data, ids):
-    """The swaps ``shuffle_insert`` documents, one python statement at a time."""
-    for t in range(X.shape[0]):
-        end = n + t
-        r = int(swap[t])
-        data[end] = data[r]
-        ids[end] = ids[r]
-        data[r] = X[t]
-        ids[r] = end
-
-
-@SETTINGS
-@given(st.integers(0, 2**32 - 1), st.integers(0, 20), st.integers(0, 20), st.integers(1, 25))
-def test_shuffle_insert_matches_a_python_loop_of_the_same_swaps(seed, b, tail, m):
-    rng = np.random.default_rng(seed)
-    n = b + tail
-    d = 3
-    cap = n + m
-    data = np.zeros((cap, d), dtype=np.float32)
-    data[:n] = rng.standard_normal((n, d))
-    ids = np.full(cap, -7, dtype=np.int64)
-    ids[:n] = rng.permutation(n)
-    X = rng.standard_normal((m, d)).astype(np.float32)
-    swap = rng.integers(b, n + np.arange(m) + 1).astype(np.int64)
-    data_ref, ids_ref = data.copy(), ids.copy()
-    old_ids, old_prefix = ids[:n].copy(), data[:b].copy()
-    python_shuffle_insert(X, swap, n, data_ref, ids_ref)
-    shuffle_insert(X, swap, n, data, ids)
-    np.testing.assert_array_equal(data, data_ref)
-    np.testing.assert_array_equal(ids, ids_ref)
-    # The prefix is untouched and nothing is lost: the rows are the old ones plus X.
-    assert sorted(ids[: n + m].tolist()) == sorted([*old_ids.tolist(), *range(n, n + m)])
-    np.testing.assert_array_equal(data[:b], old_prefix)
 
 
 # ---------------------------------------------------------------------------------------
@@ -327,8 +292,8 @@ class State:
     def __init__(self, N: int, k: int, d: int, bounds: bool = True) -> None:
         self.labels = np.full(N, -1, dtype=np.int32)
         self.dist2 = np.zeros(N, dtype=np.float64)
-        self.lower = np.zeros((N if bounds else 0, k), dtype=np.float32)
-        self.upper = np.zeros(N if bounds else 0, dtype=np.float64)
+        self.lower = np.zeros((N, k), dtype=np.float32) if bounds else None
+        self.upper = np.zeros(N, dtype=np.float64) if bounds else None
         self.S = np.zeros((k, d), dtype=np.float64)
         self.v = np.zeros(k, dtype=np.int64)
         self.sse = np.zeros(k, dtype=np.float64)
@@ -337,36 +302,23 @@ class State:
     def copy(self) -> State:
         new = State.__new__(State)
         for name, value in vars(self).items():
-            setattr(new, name, value.copy())
+            setattr(new, name, None if value is None else value.copy())
         return new
 
 
 def run_assign_dense(
     X: np.ndarray, rows: np.ndarray, C: np.ndarray, remove: bool, state: State
 ) -> int:
-    """Call ``assign_dense`` with its inputs prepared as the engine does."""
+    """Call ``assign_dense`` with its inputs prepared as the engine does (norms known)."""
     rows = np.asarray(rows, dtype=np.int64)
     Xr = X[rows]
-    d = X.shape[1]
+    norms = np.full(X.shape[0], np.nan)
+    norms[rows] = sqnorms(Xr)
     return assign_dense(
-        X,
-        rows,
-        sqnorms(Xr),
-        False,
-        Xr @ np.ascontiguousarray(C.T),
-        C,
-        sqnorms(C),
-        gemm_error(d),
-        sqdist32_error(d),
-        remove,
-        state.labels,
-        state.dist2,
-        state.lower,
-        state.upper,
-        state.S,
-        state.v,
-        state.sse,
-        state.Q,
+        X, rows, C, dots=Xr @ np.ascontiguousarray(C.T), cc=sqnorms(C),
+        labels=state.labels, dist2=state.dist2, S=state.S, v=state.v, sse=state.sse, Q=state.Q,
+        remove=remove, sqnorms=norms, sqnorms_known=True,
+        lower_bounds=state.lower, upper_bounds=state.upper,
     )
 
 
@@ -533,19 +485,15 @@ def movement(C_old: np.ndarray, C_new: np.ndarray) -> np.ndarray:
     return np.sqrt((diff * diff).sum(axis=1))
 
 
-def reassign(X, C, p, state):
+def reassign_bounded(X, C, p, state):
+    """A bounded revisit of every row of ``X``, all scalar: :func:`bound_sweep`, then
+    :func:`reassign_rows` on the rows it lists. Returns ``(n_changed, n_distances)``."""
     n = X.shape[0]
-    return reassign_bounded(
-        X,
-        C,
-        p,
-        sqdist32_error(X.shape[1]),
-        state.labels[:n],
-        state.upper[:n],
-        state.lower[:n],
-        state.S,
-        state.v,
-        state.Q,
+    labels, upper, lower = state.labels[:n], state.upper[:n], state.lower[:n]
+    rows, _ = bound_sweep(p, labels, upper, lower)
+    return reassign_rows(
+        X, rows, C, labels=labels, upper_bounds=upper, lower_bounds=lower,
+        S=state.S, v=state.v, Q=state.Q,
     )
 
 
@@ -576,7 +524,7 @@ def test_reassign_bounded_is_exact_and_keeps_sums(seed, n, k, d, delta, integer,
             C_new = np.rint(C_new)
         p = movement(C, C_new)
         before = state.copy()
-        n_changed, n_dist = reassign(X, C_new, p, state)
+        n_changed, n_dist = reassign_bounded(X, C_new, p, state)
         ref_labels, ref_sqd = brute_nearest(X, C_new)
         np.testing.assert_array_equal(state.labels, ref_labels)
         assert n_changed == int((before.labels != ref_labels).sum())
@@ -659,8 +607,8 @@ def test_reassign_rows_touches_only_the_rows_it_is_given():
     rows = todo[::2]
     before = state.copy()
     reassign_rows(
-        X, rows, C_new, sqdist32_error(4), state.labels, state.upper, state.lower,
-        state.S, state.v, state.Q, s_assigned, True,
+        X, rows, C_new, labels=state.labels, upper_bounds=state.upper,
+        lower_bounds=state.lower, S=state.S, v=state.v, Q=state.Q, assigned_sqdist=s_assigned,
     )
     others = np.setdiff1d(np.arange(300), rows)
     np.testing.assert_array_equal(state.labels[others], before.labels[others])
@@ -682,7 +630,7 @@ def test_reassign_bounded_skips_far_centroids_on_separated_data():
     run_assign_dense(X, np.arange(n), C, False, state)
     np.testing.assert_array_equal(state.labels, which)
     C_new = (C + 0.5 * rng.standard_normal(C.shape)).astype(np.float32)
-    n_changed, n_dist = reassign(X, C_new, movement(C, C_new), state)
+    n_changed, n_dist = reassign_bounded(X, C_new, movement(C, C_new), state)
     # The bounds prove every label unchanged: no sample is even read.
     assert (n_changed, n_dist) == (0, 0)
     np.testing.assert_array_equal(state.labels, brute_nearest(X, C_new)[0])
@@ -690,7 +638,7 @@ def test_reassign_bounded_skips_far_centroids_on_separated_data():
     # Moving one centroid by a lot forces distances to it, and only to it.
     C_far = C_new.copy()
     C_far[0] = C_new[1]
-    n_changed, n_dist = reassign(X, C_far, movement(C_new, C_far), state)
+    n_changed, n_dist = reassign_bounded(X, C_far, movement(C_new, C_far), state)
     np.testing.assert_array_equal(state.labels, brute_nearest(X, C_far)[0])
     assert n_dist <= 2 * n and n_changed == int((which == 1).sum())  # tie: index 0 wins
     assert_state_consistent(X, state, check_sse=False)
@@ -702,7 +650,7 @@ def test_reassign_bounded_with_no_movement_changes_nothing():
     state = State(200, 6, 4)
     run_assign_dense(X, np.arange(200), C, False, state)
     before = state.copy()
-    n_changed, _ = reassign(X, C, np.zeros(6), state)
+    n_changed, _ = reassign_bounded(X, C, np.zeros(6), state)
     assert n_changed == 0
     np.testing.assert_array_equal(state.labels, before.labels)
     np.testing.assert_array_equal(state.v, before.v)
@@ -727,7 +675,7 @@ def test_centroid_update_matches_numpy(seed, k, d, with_sse):
     v = np.bincount(labels, minlength=k).astype(np.int64)
     Q = np.bincount(labels, weights=(X64 * X64).sum(1), minlength=k)
     sse = np.full(k, -1.0)
-    C_new, p = centroid_update(S, v, Q, C_old, with_sse, sse)
+    C_new, p = centroid_update(S, v, Q, C_old, sse_out=sse if with_sse else None)
     # numpy: the mean where v > 0 (float64 division, then float32), else unchanged
     nz = v > 0
     ref = C_old.astype(np.float64)

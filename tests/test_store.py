@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from nmbatch.engine import NestedBatchStore
+from nmbatch.engine.store import shuffle_insert
 
 
 def stream(n: int, d: int = 2, start: int = 0) -> np.ndarray:
@@ -242,6 +243,45 @@ def test_same_seed_same_order_different_seed_different_order():
 
     np.testing.assert_array_equal(order(4), order(4))
     assert not np.array_equal(order(4), order(5))
+
+
+# ---------------------------------------------------------------------------------------
+# the shuffle kernel
+
+
+def python_shuffle_insert(X, swap, n, data, ids):
+    """The swaps ``shuffle_insert`` documents, one python statement at a time."""
+    for t in range(X.shape[0]):
+        end = n + t
+        r = int(swap[t])
+        data[end] = data[r]
+        ids[end] = ids[r]
+        data[r] = X[t]
+        ids[r] = end
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 20), st.integers(0, 20), st.integers(1, 25))
+def test_shuffle_insert_matches_a_python_loop_of_the_same_swaps(seed, b, tail, m):
+    rng = np.random.default_rng(seed)
+    n = b + tail
+    d = 3
+    cap = n + m
+    data = np.zeros((cap, d), dtype=np.float32)
+    data[:n] = rng.standard_normal((n, d))
+    ids = np.full(cap, -7, dtype=np.int64)
+    ids[:n] = rng.permutation(n)
+    X = rng.standard_normal((m, d)).astype(np.float32)
+    swap = rng.integers(b, n + np.arange(m) + 1).astype(np.int64)
+    data_ref, ids_ref = data.copy(), ids.copy()
+    old_ids, old_prefix = ids[:n].copy(), data[:b].copy()
+    python_shuffle_insert(X, swap, n, data_ref, ids_ref)
+    shuffle_insert(X, swap, n, data, ids)
+    np.testing.assert_array_equal(data, data_ref)
+    np.testing.assert_array_equal(ids, ids_ref)
+    # The prefix is untouched and nothing is lost: the rows are the old ones plus X.
+    assert sorted(ids[: n + m].tolist()) == sorted([*old_ids.tolist(), *range(n, n + m)])
+    np.testing.assert_array_equal(data[:b], old_prefix)
 
 
 # ---------------------------------------------------------------------------------------

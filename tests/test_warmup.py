@@ -15,12 +15,13 @@ _PROBE = textwrap.dedent(
     import json, sys
     import numba
     import numpy as np
-    from nmbatch.engine import algorithms, assign, init, kernels, store
+    from nmbatch.engine import algorithms, assign, init, store
+    from nmbatch.engine.kernels import bounded, common, dense, lookup, update
     from nmbatch.engine import NestedBatchStore, energy, make_algorithm, nearest
     from nmbatch.engine.assign import nearest_one
     from nmbatch.engine.warmup import warm_up
 
-    MODULES = (kernels, assign, init, algorithms, store)
+    MODULES = (common, bounded, dense, update, lookup, assign, init, algorithms, store)
 
     def signatures():
         out = {}

@@ -1,9 +1,11 @@
 """``python -m nmbatch.engine.bench``: the benchmark of the paper's Results section, end to end.
 
-Loads the data, limits every thread pool, compiles our kernels before timing, warms every
-algorithm up alike, runs every algorithm from the same start for each seed (order rotated
-from seed to seed), computes ``E*_s``, and writes results.json, results.md, curves.png and
-curves.json (plus rho_study.json with ``--rho-study``) into ``--out``.
+Loads the data (``--dataset mnist``: ``--data``, or MNIST downloaded once into the data
+folder, see ``mnist.py``), limits every thread pool, compiles our kernels before timing,
+warms every algorithm up alike, runs every algorithm from the same start for each seed
+(order rotated from seed to seed), computes ``E*_s``, and writes results.json,
+results.md, curves.png and curves.json (plus rho_study.json with ``--rho-study``) into
+``--out``.
 """
 
 from __future__ import annotations
@@ -23,12 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from nmbatch.engine.bench import datasets
+from nmbatch.engine.bench import datasets, mnist
 from nmbatch.engine.bench.protocol import Budget, Curve, Problem, Runner, record, shuffled_problem
 
 __all__ = ["build_parser", "limit_threads", "main"]
 
-DEFAULT_MNIST = Path("..") / "shared" / "data" / "mnist.npz"
 _LIMITERS: list[Any] = []  # keeps the threadpoolctl limiter alive for the process
 
 
@@ -101,9 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = p.add_argument_group("data")
     d.add_argument("--data", type=Path, help="an .npz with keys train and test; for "
-                   "--dataset infmnist, the MNIST file to deform (default "
-                   f"{DEFAULT_MNIST}, relative to the working directory)")
-    d.add_argument("--dataset", choices=("npz", "patches", "infmnist", "blobs"),
+                   "--dataset mnist or infmnist, MNIST in that layout (default: "
+                   f"{mnist.MNIST_NPZ} in $NMBATCH_DATA_HOME, else $XDG_CACHE_HOME/nmbatch "
+                   "or ~/.cache/nmbatch, downloaded there once from the standard MNIST "
+                   "files, SHA-256 checked)")
+    d.add_argument("--dataset", choices=("npz", "mnist", "patches", "infmnist", "blobs"),
                    help="default: npz if --data is given, else blobs")
     d.add_argument("--infmnist-n", type=int, default=400_000)
     d.add_argument("--data-seed", type=int, default=0,
@@ -165,18 +168,25 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _mnist_path(args: argparse.Namespace) -> Path:
+    """``--data``, else MNIST from the data folder (downloaded there if missing)."""
+    return args.data or mnist.fetch_mnist(log=_log)
+
+
 def _load_dataset(args: argparse.Namespace) -> datasets.Dataset:
     kind = args.dataset or ("npz" if args.data else "blobs")
     if kind == "npz":
         if args.data is None:
             raise SystemExit("--dataset npz needs --data FILE.npz")
         ds = datasets.load_npz(args.data)
+    elif kind == "mnist":
+        ds = datasets.load_npz(_mnist_path(args), name="mnist")
     elif kind == "patches":
         ds = datasets.make_patches(seed=args.data_seed)
     elif kind == "infmnist":
         n = min(args.infmnist_n, 20_000) if args.quick else args.infmnist_n
         ds = datasets.make_infmnist(
-            args.data or DEFAULT_MNIST, n=n, seed=args.data_seed, cache_dir=args.cache_dir
+            _mnist_path(args), n=n, seed=args.data_seed, cache_dir=args.cache_dir
         )
     else:
         ds = (datasets.make_blobs(n_train=20_000, n_test=4_000, seed=args.data_seed)
@@ -266,14 +276,20 @@ def main(argv: list[str] | None = None) -> int:
     kept = False if args.no_keep_memory else keep_freed_memory()
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
-    ds = _load_dataset(args)
+    try:
+        ds = _load_dataset(args)
+    except mnist.MnistDownloadError as exc:
+        _log(f"python -m nmbatch.engine.bench: error: {exc}. No copy of MNIST is cached in "
+             f"{mnist.data_home()}: pass --data FILE.npz (arrays train and test, e.g. "
+             "MNIST as uint8 rows of 784 pixels), or retry when online.")
+        return 2
     data_seconds = time.perf_counter() - t0
     _log(f"data: {ds.description} ({data_seconds:.1f} s)")
     t0 = time.perf_counter()
     limit_threads(args.threads)
     import_seconds = time.perf_counter() - t0
 
-    from nmbatch.engine.bench import report
+    from nmbatch.engine.bench import machine, report
     from nmbatch.engine.bench.ours import OURS, jit_warmup
 
     if args.prefault_gb is None:
@@ -372,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rho_study:
         report.plot_curves(out / "rho_study.png", rho_curves, estar, rho_names,
                            title + ": rho study")
-    info = report.machine_info()
+    info = machine.machine_info()
     store_loads = [c.notes["store_load_seconds"] for s in seeds for c in curves[s].values()
                    if "store_load_seconds" in c.notes]
     report.write_markdown(

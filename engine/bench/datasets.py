@@ -4,7 +4,8 @@ Every loader returns a :class:`Dataset` whose ``train`` and ``test`` are C-conti
 ``float32`` arrays. ``train`` is what the algorithms cluster; ``test`` is the validation
 set on which the energy ``E_V`` is measured (the paper's protocol).
 
-- ``load_npz``: any file with keys ``train`` and ``test`` (e.g. ``mnist.npz``).
+- ``load_npz``: any file with keys ``train`` and ``test`` (e.g. ``mnist.npz``, which
+  ``mnist.fetch_mnist`` downloads and caches).
 - ``make_patches``: 6x6x3 colour patches (``d = 108``) of scikit-learn's two sample
   photographs on a stride-2 grid (134,196 patches, 20,000 held out): an analogue of the
   paper's STL10P.

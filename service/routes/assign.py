@@ -3,24 +3,45 @@
 Reads: they need the API key only with ``NMBATCH_API_KEY_READS=true``
 (:mod:`service.security`). The nearest-centroid search runs off the event loop once it
 touches more than a few ten thousand numbers (``k * d`` for one vector).
+
+``GET /assign`` has one implementation, :func:`assign_one_json`: the route below calls it,
+and so does :mod:`service.fastpath`, which answers the plain requests without FastAPI's
+layers. Any other method on ``/assign`` is a ``405`` problem with ``Allow: GET, POST``
+(:data:`OTHER_METHODS`).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import orjson
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic_core import to_json
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.routing import Match, Route
+from starlette.types import Receive, Scope, Send
 
+from nmbatch.engine.assign import nearest_one
 from nmbatch.service.context import Context, assign, off_loop, parse_body
 from nmbatch.service.parsing import parse_query_vector, read_body
 from nmbatch.service.problems import problem_responses
-from nmbatch.service.routes.samples import VECTORS_BODY
+from nmbatch.service.routes.samples import VECTORS_BODY, VECTORS_REFUSED
 from nmbatch.service.schemas import AssignMany, AssignOne
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key
 from nmbatch.service.state import PublishedModel
 
+__all__ = ["OTHER_METHODS", "assign_json", "assign_one_json", "router"]
+
 router = APIRouter(tags=["assign"], dependencies=[Depends(require_read_key)])
+
+QUERY_VECTOR_REFUSED = (
+    "The vector is refused. `type` names the fault: `urn:nmbatch:problem:wrong-dimension` "
+    "when it has another number of coordinates than the model's centroids (members "
+    "`expected_dim` and `got_dim`), `non-numeric`, `non-finite`, `not-a-matrix` (not "
+    "comma-separated numbers), `invalid-request` (no `vector` parameter)."
+)
 
 
 @router.get(
@@ -28,18 +49,17 @@ router = APIRouter(tags=["assign"], dependencies=[Depends(require_read_key)])
     response_model=AssignOne,
     summary="Nearest centroid of one vector",
     openapi_extra=OPTIONAL_KEY,
-    responses=problem_responses(401, 409, 422, 503),
+    responses=problem_responses(401, 409, 422, 503, described={422: QUERY_VECTOR_REFUSED}),
 )
 async def get_assign(
     context: Context,
     vector: str = Query(
         description="The vector's coordinates, comma-separated.", examples=["0.5,1,-2"]
     ),
-) -> AssignOne:
+) -> Response:
     model = await context.require_model()
-    X = parse_query_vector(vector, dim=model.dim)
-    labels, distances = await off_loop(model.centroids.size, assign, model, X)
-    return AssignOne(version=model.version, cluster=int(labels[0]), distance=float(distances[0]))
+    document = await off_loop(model.state.centroids.size, assign_one_json, model, vector)
+    return Response(document, media_type="application/json")
 
 
 @router.post(
@@ -48,7 +68,9 @@ async def get_assign(
     summary="Nearest centroid of each vector of a batch",
     description="Same bodies as `POST /samples`; nothing is stored.",
     openapi_extra=VECTORS_BODY | OPTIONAL_KEY,
-    responses=problem_responses(400, 401, 408, 409, 413, 415, 422, 503),
+    responses=problem_responses(
+        400, 401, 408, 409, 413, 415, 422, 503, described={422: VECTORS_REFUSED}
+    ),
 )
 async def post_assign(request: Request, context: Context) -> Response:
     settings = context.settings
@@ -58,13 +80,27 @@ async def post_assign(request: Request, context: Context) -> Response:
     X = await parse_body(  # binary bodies on the loop, JSON in the thread pool
         body,
         request.headers.get("content-type", ""),
-        dim=model.dim,
+        dim=model.state.dim,
         max_vectors=settings.max_vectors,
     )
     del body
     # Search and serialisation (100,000 labels and distances) both off the event loop.
-    document = await off_loop(X.size * model.k, assign_json, model, X)
+    document = await off_loop(X.size * model.state.k, assign_json, model, X)
     return Response(document, media_type="application/json")
+
+
+def assign_one_json(model: PublishedModel, vector: str) -> bytes:
+    """The :class:`AssignOne` document of the query's ``vector`` under ``model``.
+
+    ``vector`` is the query parameter's text (comma-separated coordinates), parsed by
+    :func:`service.parsing.parse_query_vector` (a refused vector raises its
+    :class:`ProblemError`); the nearest centroid is :func:`engine.assign.nearest_one`
+    over the published (immutable) centroids, exact like ``engine.nearest``; the body is
+    serialised by pydantic's JSON serialiser, as FastAPI serialises a response model.
+    """
+    X = parse_query_vector(vector, dim=model.state.dim)
+    label, sqdist = nearest_one(X[0], model.state.centroids)
+    return to_json({"version": model.version, "cluster": label, "distance": math.sqrt(sqdist)})
 
 
 def assign_json(model: PublishedModel, X: np.ndarray) -> bytes:
@@ -72,3 +108,36 @@ def assign_json(model: PublishedModel, X: np.ndarray) -> bytes:
     labels, distances = assign(model, X)
     payload = {"version": model.version, "clusters": labels, "distances": distances}
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def _method_not_allowed(request: Request) -> Response:
+    raise HTTPException(405, headers={"Allow": "GET, POST"})
+
+
+class _OtherMethods(Route):
+    """Every method on ``/assign`` but ``GET`` and ``POST``: a ``405`` naming both.
+
+    Starlette answers a method that no route of a path takes with the ``Allow`` header
+    of the path's first route only (``GET``). Added to the app's routes after the
+    routers (both methods match there first), this route matches ``/assign`` whatever
+    the method (its own ``methods`` are not checked) and its endpoint raises the ``405``
+    that the problem handler renders. It names itself the request's route, so the
+    request metrics label these answers ``/assign``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("/assign", _method_not_allowed, include_in_schema=False)
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child_scope = super().matches(scope)
+        if match is Match.NONE:
+            return match, child_scope
+        child_scope["route"] = self
+        return Match.FULL, child_scope
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+OTHER_METHODS = _OtherMethods()
+"""The route answering the methods ``/assign`` does not take (``405``, ``Allow: GET, POST``)."""

@@ -27,17 +27,18 @@ def iso_time(unix: float) -> str:
 
 def centroids_json(model: PublishedModel) -> bytes:
     """The :class:`Centroids` document of ``model``, serialised."""
+    state = model.state
     return orjson.dumps(
         {
             "version": model.version,
-            "k": model.k,
-            "dim": model.dim,
-            "centroids": model.centroids,
-            "counts": model.counts,
-            "n_samples": model.n_samples,
-            "batch_size": model.batch_size,
-            "iteration": model.iteration,
-            "converged": model.converged,
+            "k": state.k,
+            "dim": state.dim,
+            "centroids": state.centroids,
+            "counts": state.counts,
+            "n_samples": state.n_samples,
+            "batch_size": state.batch_size,
+            "iteration": state.iteration,
+            "converged": state.converged,
             "updated_at": iso_time(model.updated_at),
         },
         option=orjson.OPT_SERIALIZE_NUMPY,
@@ -47,7 +48,7 @@ def centroids_json(model: PublishedModel) -> bytes:
 def centroids_npy(model: PublishedModel) -> bytes:
     """The ``(k, d)`` float32 centroids in ``.npy`` format."""
     out = io.BytesIO()
-    np.save(out, model.centroids, allow_pickle=False)
+    np.save(out, model.state.centroids, allow_pickle=False)
     return out.getvalue()
 
 
@@ -96,7 +97,7 @@ async def get_centroids(request: Request, context: Context) -> Response:
     headers = {"ETag": etag, "Vary": "Accept", "Cache-Control": "no-cache"}
     if etag_matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
-    size = model.centroids.size
+    size = model.state.centroids.size
     if wants_npy(request.headers.get("accept")):
         body = await off_loop(size, centroids_npy, model)
         return Response(body, media_type=NPY, headers=headers)

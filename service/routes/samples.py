@@ -2,42 +2,78 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 
 from nmbatch.service.context import Context, parse_body
-from nmbatch.service.idempotency import KEY_MAX_LENGTH, KEY_PATTERN, append_once
 from nmbatch.service.parsing import JSON, NPY, OCTET, read_body
 from nmbatch.service.problems import ProblemError, problem_responses
-from nmbatch.service.schemas import SamplesAccepted, VectorsIn
+from nmbatch.service.schemas import SamplesAccepted, vectors_schema
 from nmbatch.service.security import OPTIONAL_KEY, require_write_key
+from nmbatch.service.storage import KEY_MAX_LENGTH, KEY_PATTERN
 
 router = APIRouter(tags=["samples"])
 
-VECTORS_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            JSON: {"schema": VectorsIn.model_json_schema()},
-            NPY: {
-                "schema": {
-                    "type": "string",
-                    "format": "binary",
-                    "description": "One 2-D real numeric array in NumPy .npy format.",
-                }
+VECTORS_REFUSED = (
+    "The vectors are refused; nothing is stored. `type` names the fault: "
+    "`urn:nmbatch:problem:wrong-dimension` when a vector has another number of coordinates "
+    "than the model's dimension (members `expected_dim` and `got_dim`; the dimension is "
+    "NMBATCH_DIM when set, as `minItems`/`maxItems` of the JSON vectors say, else the "
+    "first accepted batch fixes it for good), `dimension-too-large` (a first batch wider "
+    "than NMBATCH_MAX_DIM), `non-finite` (NaN, infinity, or beyond float32), "
+    "`non-numeric`, `not-a-matrix` (ragged or not 2-D), `empty`, `unknown-member`, "
+    "`invalid-request` (a header or parameter)."
+)
+"""Description of the ``422`` answer of the operations whose body is vectors."""
+
+
+def vectors_body(dim: int | None = None) -> dict[str, Any]:
+    """``openapi_extra`` of an operation whose body is vectors (JSON, ``.npy``, raw float32).
+
+    With ``dim``, the JSON schema gives every vector exactly ``dim`` numbers.
+    """
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                JSON: {"schema": vectors_schema(dim)},
+                NPY: {
+                    "schema": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "One 2-D real numeric array in NumPy .npy format.",
+                    }
+                },
+                OCTET: {
+                    "schema": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "Raw little-endian float32, row-major, n x d values "
+                        "(the model's dimension must be known).",
+                    }
+                },
             },
-            OCTET: {
-                "schema": {
-                    "type": "string",
-                    "format": "binary",
-                    "description": "Raw little-endian float32, row-major, n x d values "
-                    "(the model's dimension must be known).",
-                }
-            },
-        },
+        }
     }
-}
+
+
+VECTORS_BODY = vectors_body()
+
+
+def with_dimension(document: dict[str, Any], dim: int) -> dict[str, Any]:
+    """``document`` (OpenAPI) with every vectors body (:data:`VECTORS_BODY`) of length ``dim``.
+
+    The routers are built once per process, the dimension is a setting of each app: the
+    app's ``openapi()`` passes its document through here (edited in place, returned).
+    """
+    body = vectors_body(dim)["requestBody"]
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            if operation.get("requestBody") == VECTORS_BODY["requestBody"]:
+                operation["requestBody"] = body
+    return document
+
 
 IdempotencyKey = Annotated[
     str | None,
@@ -69,7 +105,9 @@ IdempotencyKey = Annotated[
     dependencies=[Depends(require_write_key)],
     responses={
         202: {"headers": {"Idempotent-Replayed": {"schema": {"type": "string"}}}},
-        **problem_responses(400, 401, 408, 409, 413, 415, 422, 503),
+        **problem_responses(
+            400, 401, 408, 409, 413, 415, 422, 503, described={422: VECTORS_REFUSED}
+        ),
     },
 )
 async def post_samples(
@@ -89,11 +127,7 @@ async def post_samples(
             max_dim=settings.max_dim,
         )
         del body
-        if idempotency_key is None:
-            return SamplesAccepted(
-                accepted=int(X.shape[0]), n_samples=await context.append_samples(X)
-            )
-        outcome = await append_once(context, X, idempotency_key)
+        outcome = await context.append_samples(X, idempotency_key)
     except ProblemError as exc:
         context.metrics.samples_rejected.labels(exc.slug).inc()
         raise

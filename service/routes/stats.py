@@ -29,6 +29,8 @@ async def get_stats(context: Context) -> Stats:
         version=model.version if model is not None else None,
         b=stats.batch_size,
         N=stats.n_samples,
+        batch_size=stats.batch_size,
+        n_samples=stats.n_samples,
         n_logged=await context.sample_log.n_samples(),
         iteration=stats.iteration,
         converged=stats.converged,
@@ -39,7 +41,12 @@ async def get_stats(context: Context) -> Stats:
         last_iteration_seconds=stats.last_iteration_seconds,
         doublings=[
             DoublingOut(
-                iteration=e.iteration, from_b=e.from_size, to_b=e.to_size, at=iso_time(e.at)
+                iteration=e.iteration,
+                from_b=e.from_size,
+                to_b=e.to_size,
+                from_size=e.from_size,
+                to_size=e.to_size,
+                at=iso_time(e.at),
             )
             for e in stats.doublings
         ],

@@ -7,7 +7,9 @@ import pytest
 import redis
 from fault_helpers import wait_until
 
-from nmbatch.service.redis_log import (
+from nmbatch.engine.state import ModelState
+from nmbatch.service.state import PublishedModel
+from nmbatch.service.storage import (
     LeaseLostError,
     ModelKeys,
     ModelRepository,
@@ -23,17 +25,16 @@ def lease_client(url: str) -> redis.Redis:
 
 
 def snapshot(version: int) -> Snapshot:
-    return Snapshot(
-        version=version,
+    state = ModelState(
         centroids=np.zeros((2, 2), dtype=np.float32),
         counts=np.zeros(2, dtype=np.int64),
         batch_size=2,
-        iteration=1,
-        last_id="1-0",
         n_samples=2,
+        iteration=1,
         converged=False,
-        updated_at=0.0,
+        initialized=True,
     )
+    return Snapshot(PublishedModel.build(version=version, state=state, updated_at=0.0), "1-0")
 
 
 def test_one_holder_renewal_and_compare_and_delete_release(redis_url: str, model_name: str) -> None:

@@ -23,7 +23,7 @@ from redis.retry import Retry
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.main import REQUEST_SOCKET_TIMEOUT, create_app
-from nmbatch.service.redis_log import ModelRepository
+from nmbatch.service.storage import ModelRepository
 from nmbatch.service.worker import Worker
 
 pytestmark = pytest.mark.fault

@@ -23,7 +23,7 @@ from fault_helpers import (
 )
 
 from nmbatch.service.embedded_redis import EmbeddedRedis
-from nmbatch.service.redis_log import ModelKeys
+from nmbatch.service.storage import ModelKeys
 
 pytestmark = pytest.mark.fault
 

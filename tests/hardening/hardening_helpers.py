@@ -21,7 +21,7 @@ import uvicorn
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import free_port
 from nmbatch.service.main import create_app
-from nmbatch.service.redis_log import ModelKeys, decode_chunk
+from nmbatch.service.storage import ModelKeys, decode_chunk
 
 with warnings.catch_warnings():
     # This starlette warns that its TestClient will move from httpx to httpx2.

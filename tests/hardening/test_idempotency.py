@@ -21,9 +21,8 @@ from hardening_helpers import (
     wait_until,
 )
 
-from nmbatch.service.idempotency import append_once, record_key
 from nmbatch.service.main import create_app
-from nmbatch.service.redis_log import CHUNK_BYTES
+from nmbatch.service.storage import CHUNK_BYTES, ModelKeys
 
 NPY = {"content-type": "application/x-npy"}
 
@@ -75,7 +74,7 @@ def test_a_refused_request_leaves_its_key_free(
     client.post("/samples", json={"vectors": [[1.0, 2.0]]})
     bad = client.post("/samples", json={"vectors": [[1.0, "x"]]}, headers=key("fix-me"))
     assert_problem(bad, 422, "non-numeric")
-    assert not redis_client.exists(record_key(model_name, "fix-me"))
+    assert not redis_client.exists(ModelKeys(model_name).idempotency("fix-me"))
     good = client.post("/samples", json={"vectors": [[3.0, 4.0]]}, headers=key("fix-me"))
     assert good.json() == {"accepted": 1, "n_samples": 2}
 
@@ -160,7 +159,7 @@ def test_concurrent_duplicates_store_once_in_one_event_loop(
         connections = [await pool.get_connection() for _ in range(20)]
         for connection in connections:
             await pool.release(connection)
-        return await asyncio.gather(*(append_once(context, X, "race") for _ in range(20)))
+        return await asyncio.gather(*(context.append_samples(X, "race") for _ in range(20)))
 
     outcomes = client.portal.call(race)
     assert sum(o.stored for o in outcomes) == 1
@@ -173,7 +172,7 @@ def test_keys_expire_after_idempotency_seconds(
 ) -> None:
     with TestClient(create_app(make_settings(idempotency_seconds=0.5))) as client:
         client.post("/samples", json={"vectors": [[1.0, 2.0]]}, headers=key("short-lived"))
-        record = record_key(model_name, "short-lived")
+        record = ModelKeys(model_name).idempotency("short-lived")
         assert 0 < redis_client.pttl(record) <= 500
         wait_until(lambda: not redis_client.exists(record), 10, "the key to expire")
         response = client.post(
@@ -182,5 +181,5 @@ def test_keys_expire_after_idempotency_seconds(
         assert response.json() == {"accepted": 1, "n_samples": 2}
     with TestClient(create_app(make_settings())) as client:
         client.post("/samples", json={"vectors": [[1.0, 2.0]]}, headers=key("long-lived"))
-        ttl = redis_client.pttl(record_key(model_name, "long-lived"))
+        ttl = redis_client.pttl(ModelKeys(model_name).idempotency("long-lived"))
         assert 86_000_000 < ttl <= 86_400_000

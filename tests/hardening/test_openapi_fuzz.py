@@ -6,7 +6,8 @@ malformed parameters and bodies, odd headers). Each answer must not be a ``5xx``
 crash the app), and must keep the documented contract: a documented status code, the
 documented content type, headers and response schema (problem details for errors). The
 model is seeded first, so ``/centroids`` and ``/assign`` answer with centroids, not
-only with 409.
+only with 409. The operations that take vectors are fuzzed a second time with the
+dimension set (``NMBATCH_DIM``), which the document then states.
 
 Bounded: ``EXAMPLES`` per operation and mode, derandomized, no example database.
 (schemathesis' own pytest loader, ``from_fixture``, does not run under pytest 9, so the
@@ -43,23 +44,29 @@ CHECKS = [
 
 # The operations, read from an app that is never started (nothing connects to Redis).
 _DOCUMENT = create_app(Settings(redis_url="redis://127.0.0.1:1/0")).openapi()
-# Negative mode needs something to make invalid: parameters or a body.
+# Negative mode needs something to make invalid: parameters or a body. The operations
+# with a vectors body run again with NMBATCH_DIM set (the document then fixes the
+# vectors' length: schema-valid bodies have the right one, invalid ones a wrong one).
 CASES = [
-    (method.upper(), path, mode)
+    (method.upper(), path, mode, dim)
     for path, ops in _DOCUMENT["paths"].items()
     for method, op in ops.items()
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    for dim in (None, len(SEED[0]))
     if mode is GenerationMode.POSITIVE or "parameters" in op or "requestBody" in op
+    if dim is None or "requestBody" in op
 ]
 
 
 @pytest.mark.parametrize(
-    ("method", "path", "mode"), CASES, ids=[f"{m} {p} {g.value}" for m, p, g in CASES]
+    ("method", "path", "mode", "dim"),
+    CASES,
+    ids=[f"{m} {p} {g.value}{'' if d is None else f' dim={d}'}" for m, p, g, d in CASES],
 )
 def test_every_generated_request_is_answered_within_the_contract(
-    make_settings: SettingsFactory, method: str, path: str, mode: GenerationMode
+    make_settings: SettingsFactory, method: str, path: str, mode: GenerationMode, dim: int | None
 ) -> None:
-    settings_ = make_settings(max_vectors=1000, max_body_bytes=256 * 1024)
+    settings_ = make_settings(max_vectors=1000, max_body_bytes=256 * 1024, dim=dim)
     with TestClient(create_app(settings_)) as client:  # seed, then stop: the snapshot stays
         assert client.post("/samples", json={"vectors": SEED}).status_code == 202
         wait_until(lambda: client.get("/centroids").status_code == 200, what="centroids")

@@ -76,3 +76,19 @@ def test_assign_before_any_centroids_is_a_409_problem(client: TestClient) -> Non
     response = client.get("/assign", params={"vector": "1,2"})
     assert response.status_code == 409
     assert response.json()["needed"] == 3
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "PUT", "DELETE", "PATCH", "HEAD"])
+def test_other_methods_are_a_405_problem_allowing_get_and_post(
+    client: TestClient, method: str
+) -> None:
+    response = client.request(method, "/assign", params={"vector": "1,2"})
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, POST"
+    assert response.headers["content-type"] == "application/problem+json"
+    if method != "HEAD":  # a HEAD answer has no body
+        problem = response.json()
+        assert problem["status"] == 405
+        assert problem["detail"] == f"{method} is not allowed on /assign"
+    count = f'nmbatch_request_seconds_count{{method="{method}",route="/assign",status="405"}}'
+    assert f"{count} 1.0" in client.get("/metrics").text

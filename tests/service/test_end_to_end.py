@@ -19,7 +19,7 @@ from service_helpers import (
 
 from nmbatch.engine import nearest
 from nmbatch.service.main import create_app
-from nmbatch.service.redis_log import ModelRepository
+from nmbatch.service.storage import ModelRepository
 
 MEANS = np.array([[0.0, 0.0, 0.0, 0.0], [20.0, 0.0, 5.0, 0.0], [0.0, 20.0, 0.0, -5.0]])
 

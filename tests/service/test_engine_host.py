@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from service_helpers import SettingsFactory, TestClient, wait_converged, wait_until
 
+from nmbatch.engine.state import ModelState
 from nmbatch.service.engine_host import EngineConfig, EngineProcess, EngineProcessError, LocalEngine
 from nmbatch.service.main import create_app
 
@@ -27,14 +28,18 @@ def _blobs(n: int, seed: int) -> np.ndarray:
 
 
 def _state(engine: LocalEngine | EngineProcess) -> tuple:
-    a = engine.algo
+    s = engine.state
+    assert isinstance(s, ModelState)
     return (
-        a.centroids.tobytes(),
-        a.counts.tolist(),
-        a.batch_size,
-        a.iteration,
-        a.converged,
-        a.ready(),
+        s.centroids.tobytes(),
+        s.counts.tolist(),
+        s.batch_size,
+        s.n_samples,
+        s.iteration,
+        s.converged,
+        s.initialized,
+        s.energy,
+        engine.ready(),
         engine.store.n_samples,
     )
 
@@ -45,29 +50,32 @@ def test_process_and_thread_engines_agree_bit_for_bit() -> None:
     local, remote = LocalEngine(CONFIG), EngineProcess(CONFIG)
     try:
         for engine in (local, remote):
-            assert not engine.algo.ready()
+            assert not engine.ready()
             engine.store.append(X[:2])  # fewer rows than k: not ready yet
-            assert not engine.algo.ready()
+            assert not engine.ready()
             engine.store.append(X[2:1000])
         assert _state(local) == _state(remote)
         for i in range(25):
-            stats = local.algo.step(), remote.algo.step()
+            states = local.step(), remote.step()
+            assert states[0] is local.state and states[1] is remote.state
+            stats = states[0].stats, states[1].stats
+            assert stats[0] is not None and stats[1] is not None
             assert stats[0] == stats[1] or (
                 {**vars(stats[0]), "seconds": 0} == {**vars(stats[1]), "seconds": 0}
             )
             assert _state(local) == _state(remote), f"step {i}"
-            assert local.algo.energy_estimate() == remote.algo.energy_estimate()
+            assert local.state.energy is not None
             if i == 5:
                 for engine in (local, remote):
                     engine.store.append(X[1000:])
-        C = local.algo.centroids + np.float32(0.25)
-        b = local.algo.batch_size
+        C = local.state.centroids + np.float32(0.25)
+        b = local.state.batch_size
         for engine in (local, remote):
-            engine.algo.restore(C, b, 99)
+            assert engine.restore(C, b, 99).stats is None
         assert _state(local) == _state(remote)
-        assert (local.algo.batch_size, local.algo.iteration) == (b, 99)
-        assert np.array_equal(local.algo.centroids, C)
-        local.algo.step(), remote.algo.step()
+        assert (local.state.batch_size, local.state.iteration) == (b, 99)
+        assert np.array_equal(local.state.centroids, C)
+        local.step(), remote.step()
         assert _state(local) == _state(remote)
     finally:
         remote.close()
@@ -91,13 +99,13 @@ def test_a_dead_child_is_an_error_at_the_next_call_not_a_hang() -> None:
     engine = EngineProcess(CONFIG)
     try:
         engine.store.append(_blobs(200, seed=2))
-        engine.algo.step()
+        engine.step()
         os.kill(engine.pid, signal.SIGKILL)
         engine.process.join(10)
         with pytest.raises(EngineProcessError, match=r"gone|exited"):
             for _ in range(3):  # the first append may still fit in the pipe
                 engine.store.append(_blobs(10, seed=3))
-                engine.algo.step()
+                engine.step()
     finally:
         engine.close()
 

@@ -15,13 +15,12 @@ import numpy as np
 import redis
 import redis.asyncio
 
-from nmbatch.service.redis_log import (
+from nmbatch.service.storage import (
     AsyncSampleLog,
     LocalEntries,
     ModelKeys,
     ModelRepository,
     decode_chunk,
-    encode_chunks,
 )
 
 DIM = 4
@@ -56,7 +55,7 @@ def append(url: str, model: str, arrays: list[np.ndarray], local: LocalEntries |
         try:
             log = AsyncSampleLog(client, model, local)
             for X in arrays:
-                await log.append(encode_chunks(X), X.shape[0], X if local is not None else None)
+                await log.append(X, dim=DIM, hand_over=True)
         finally:
             await client.aclose()
 
@@ -137,9 +136,9 @@ def test_dropped_handovers_fall_back_to_redis(
 def test_multi_entry_requests_hand_over_each_entry(
     redis_url: str, redis_client: redis.Redis, model_name: str, monkeypatch
 ) -> None:
-    import nmbatch.service.redis_log as redis_log_module
+    import nmbatch.service.storage.codec as codec
 
-    monkeypatch.setattr(redis_log_module, "CHUNK_BYTES", 2 * DIM * 4)  # 2 rows per entry
+    monkeypatch.setattr(codec, "CHUNK_BYTES", 2 * DIM * 4)  # 2 rows per entry
     local = LocalEntries()
     append(redis_url, model_name, [batch(3, 7)], local)
     assert len(local) == 4  # 2 + 2 + 2 + 1 rows

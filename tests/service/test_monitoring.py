@@ -74,10 +74,14 @@ def test_stats_show_the_course_of_the_algorithm(client: TestClient) -> None:
     stats = client.get("/stats").json()
     assert stats["phase"] == "converged" and stats["converged"] is True
     assert (stats["b"], stats["N"], stats["n_logged"]) == (120, 120, 120)
+    # The names of /centroids too, with the same numbers.
+    assert (stats["batch_size"], stats["n_samples"]) == (120, 120)
+    assert (centroids["batch_size"], centroids["n_samples"]) == (120, 120)
     assert stats["iteration"] == centroids["iteration"]
     assert stats["version"] == centroids["version"]
     # Initial batch 32 doubles to 64, then to min(128, N) = 120.
     assert [(e["from_b"], e["to_b"]) for e in stats["doublings"]] == [(32, 64), (64, 120)]
+    assert [(e["from_size"], e["to_size"]) for e in stats["doublings"]] == [(32, 64), (64, 120)]
     assert all(e["at"].endswith("+00:00") for e in stats["doublings"])
     assert stats["energy"] == 0.25  # every point is 0.5 from its cluster mean
     assert stats["distances_computed"] > 0 and 0.0 <= stats["skipped_share"] <= 1.0

@@ -17,8 +17,9 @@ from service_helpers import (
     post_npy,
 )
 
+from nmbatch.service.config import Settings
 from nmbatch.service.main import create_app
-from nmbatch.service.redis_log import CHUNK_BYTES, ModelKeys
+from nmbatch.service.storage import CHUNK_BYTES, ModelKeys
 
 PROBLEM = "application/problem+json"
 
@@ -169,3 +170,42 @@ def test_a_dimension_fixed_by_another_process_is_used_for_raw_bodies(
         "/samples", content=raw, headers={"content-type": "application/octet-stream"}
     )
     assert response.json() == {"accepted": 1, "n_samples": 1}
+
+
+VECTOR_BODIES = [("/samples", "post"), ("/assign", "post")]
+
+
+def vectors_property(document: dict, path: str, method: str) -> dict:
+    """The JSON schema of ``vectors`` in the body of ``method path``."""
+    content = document["paths"][path][method]["requestBody"]["content"]
+    return content["application/json"]["schema"]["properties"]["vectors"]
+
+
+@pytest.mark.parametrize("dim", [1, 3, 100])
+def test_a_configured_dimension_is_in_the_openapi_document(dim: int) -> None:
+    # The document of an app that is never started: nothing connects to Redis.
+    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0", dim=dim))
+    document = app.openapi()
+    for path, method in VECTOR_BODIES:
+        vectors = vectors_property(document, path, method)
+        assert vectors["items"]["minItems"] == vectors["items"]["maxItems"] == dim
+        for example in vectors.get("examples", []):
+            assert all(len(vector) == dim for vector in example)
+    assert app.openapi() is document  # built once
+
+
+def test_without_a_configured_dimension_the_document_fixes_none() -> None:
+    document = create_app(Settings(redis_url="redis://127.0.0.1:1/0")).openapi()
+    for path, method in VECTOR_BODIES:
+        items = vectors_property(document, path, method)["items"]
+        assert "minItems" not in items and "maxItems" not in items
+
+
+@pytest.mark.parametrize("dim", [None, 2])
+def test_the_wrong_dimension_422_is_documented(dim: int | None) -> None:
+    document = create_app(Settings(redis_url="redis://127.0.0.1:1/0", dim=dim)).openapi()
+    for path, method in [*VECTOR_BODIES, ("/assign", "get")]:
+        refused = document["paths"][path][method]["responses"]["422"]
+        assert "urn:nmbatch:problem:wrong-dimension" in refused["description"]
+        assert "`expected_dim`" in refused["description"]
+        assert PROBLEM in refused["content"]

@@ -1,0 +1,61 @@
+"""nmbatch and its baselines, one iteration per ``step()``, on a ``NestedBatchStore``.
+
+- ``base``: ``KMeansAlgorithm``, the state and passes every algorithm shares (the dense
+  assignment pass in chunks, the centroid update, the doubling test);
+- ``nested``: ``NestedMiniBatch``: ``nmbatch``, ``nmbatch.deact`` and ``elkan``;
+- ``baselines``: ``Lloyd`` (``lloyd``) and ``MiniBatch`` (``mbatch``, ``mbatch.remove``).
+
+``make_algorithm(name, store, k)`` builds any of ``ALGORITHMS`` by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nmbatch.engine.algorithms.base import SPAN_PRODUCT_RATIO, KMeansAlgorithm
+from nmbatch.engine.algorithms.baselines import Lloyd, MiniBatch
+from nmbatch.engine.algorithms.nested import DENSE_REVISIT_FRACTION, NestedMiniBatch
+from nmbatch.engine.state import IterationStats, ModelState
+from nmbatch.engine.store import NestedBatchStore
+
+__all__ = [
+    "ALGORITHMS",
+    "DENSE_REVISIT_FRACTION",
+    "SPAN_PRODUCT_RATIO",
+    "IterationStats",
+    "KMeansAlgorithm",
+    "Lloyd",
+    "MiniBatch",
+    "ModelState",
+    "NestedMiniBatch",
+    "make_algorithm",
+]
+
+ALGORITHMS = ("nmbatch", "nmbatch.deact", "mbatch", "mbatch.remove", "lloyd", "elkan")
+
+
+def make_algorithm(
+    name: str,
+    store: NestedBatchStore,
+    n_clusters: int,
+    *,
+    init: str | np.ndarray = "first",
+    rho: float = 100.0,
+    batch_size: int = 5000,
+    random_state: int | None = None,
+) -> KMeansAlgorithm:
+    """Build the algorithm ``name`` (one of ``ALGORITHMS``) on ``store``."""
+    common = {"init": init, "batch_size": batch_size, "random_state": random_state}
+    if name == "nmbatch":
+        return NestedMiniBatch(store, n_clusters, rho=rho, **common)
+    if name == "nmbatch.deact":
+        return NestedMiniBatch(store, n_clusters, rho=rho, bounds=False, **common)
+    if name == "elkan":
+        return NestedMiniBatch(store, n_clusters, rho=rho, full=True, **common)
+    if name == "lloyd":
+        return Lloyd(store, n_clusters, **common)
+    if name == "mbatch":
+        return MiniBatch(store, n_clusters, **common)
+    if name == "mbatch.remove":
+        return MiniBatch(store, n_clusters, remove=True, **common)
+    raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")

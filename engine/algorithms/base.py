@@ -1,0 +1,210 @@
+"""``KMeansAlgorithm``: the state every algorithm shares and the passes they share.
+
+Names follow the paper (Newling & Fleuret, "Nested Mini-Batch K-Means", NIPS 2016):
+``b`` batch size (the prefix ``M_t = [0, b)`` of the store), ``C``/``c(j)`` centroids,
+``S(j)`` and ``v(j)`` sum and count of the samples assigned to ``j``, ``sse(j)`` their
+sum of ``d(i)^2``, ``Q(j)`` their sum of ``||x(i)||^2``, ``p(j)`` the distance ``c(j)``
+moved at the last update, ``sigma_C(j) = sqrt(sse(j) / (v(j) (v(j) - 1)))``, and ``rho``
+the doubling threshold.
+
+Decisions the paper leaves open (docs/design.md): the initial centroids are not votes
+(``S = 0``, ``v = 0``); sums are float64; empty clusters keep their centroid and take no
+part in the doubling test; a cluster with ``p(j) = 0`` never blocks doubling; one with
+``v(j) = 1`` and ``p(j) > 0`` has no spread estimate yet and blocks it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nmbatch.engine._validation import as_float32_matrix
+from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
+from nmbatch.engine.init import kmeans_plusplus
+from nmbatch.engine.kernels import assign_dense, centroid_update, sqdist32_error
+from nmbatch.engine.state import IterationStats, ModelState
+from nmbatch.engine.store import NestedBatchStore
+
+__all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm"]
+
+# Sorted rows whose span is at most this many times their number are multiplied in place
+# (extra rows of the product are cheaper than gathering a copy).
+SPAN_PRODUCT_RATIO = 1.5
+
+
+class KMeansAlgorithm:
+    """State shared by all algorithms: centroids, sums and the centroid update.
+
+    Parameters
+    ----------
+    store : NestedBatchStore
+    n_clusters : int
+        ``k``.
+    init : "first", "k-means++" or array of shape (k, d)
+    batch_size : int
+        Initial (nmbatch) or fixed (mbatch) batch size.
+    random_state : int or None
+        Seeds k-means++ and mbatch's sampling.
+    """
+
+    name = "base"
+    # Whether the centroid update computes ``sse`` from the sums (nmbatch), or the
+    # assignment pass accumulated it (the others).
+    _sse_from_sums_on_update = False
+
+    def __init__(
+        self,
+        store: NestedBatchStore,
+        n_clusters: int,
+        *,
+        init: str | np.ndarray = "first",
+        batch_size: int = 5000,
+        random_state: int | None = None,
+    ) -> None:
+        if n_clusters < 1:
+            raise ValueError(f"n_clusters must be >= 1, got {n_clusters}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.store = store
+        self.n_clusters = int(n_clusters)
+        self.initial_batch_size = int(batch_size)
+        self.random_state = random_state
+        self._rng = np.random.default_rng(random_state)
+        self.dim = store.dim
+        if isinstance(init, str):
+            if init not in ("first", "k-means++"):
+                raise ValueError(f"init must be 'first', 'k-means++' or an array, got {init!r}")
+            self._init: str | np.ndarray = init
+        else:
+            self._init = as_float32_matrix(init, dim=self.dim, name="init")
+            if self._init.shape[0] != self.n_clusters:
+                raise ValueError(
+                    f"init has {self._init.shape[0]} centroids, n_clusters is {self.n_clusters}"
+                )
+        k, d = self.n_clusters, self.dim
+        self.centroids = np.zeros((k, d), dtype=np.float32)
+        self.S = np.zeros((k, d), dtype=np.float64)
+        self.v = np.zeros(k, dtype=np.int64)
+        self.sse = np.zeros(k, dtype=np.float64)
+        self.Q = np.zeros(k, dtype=np.float64)
+        self.p = np.zeros(k, dtype=np.float64)
+        self.counts = self.v.copy()
+        self.iteration = 0
+        self.batch_size = 0
+        self.converged = False
+        self.initialized = False
+        self._g = sqdist32_error(d)
+
+    # -- public -----------------------------------------------------------------------
+    def ready(self) -> bool:
+        """True when the store holds at least ``k`` samples, so ``step()`` can run."""
+        return self.initialized or self.store.n_samples >= self.n_clusters
+
+    def step(self) -> IterationStats:
+        """Run one iteration; returns what it did."""
+        raise NotImplementedError
+
+    def energy_estimate(self) -> float:
+        """Mean ``d(i)^2`` over the samples the algorithm holds (``sse.sum() / b``)."""
+        b = int(self.v.sum())
+        return float(max(self.sse.sum(), 0.0) / b) if b else float("nan")
+
+    def state(self, stats: IterationStats | None = None) -> ModelState:
+        """The model as it stands, as one record (``stats``: of the step just run)."""
+        energy = self.energy_estimate() if self.iteration > 0 and self.batch_size > 0 else None
+        return ModelState(
+            centroids=self.centroids,
+            counts=self.counts,
+            batch_size=int(self.batch_size),
+            n_samples=int(self.store.n_samples),
+            iteration=int(self.iteration),
+            converged=bool(self.converged),
+            initialized=bool(self.initialized),
+            energy=energy,
+            stats=stats,
+        )
+
+    # -- shared machinery -------------------------------------------------------------
+    def _initialise(self, X: np.ndarray) -> None:
+        """Set the starting centroids from the first rows ``X`` of the store (not votes)."""
+        k = self.n_clusters
+        if isinstance(self._init, np.ndarray):
+            C = self._init
+        elif self._init == "first":
+            C = X[:k]
+        else:
+            C = kmeans_plusplus(X, k, self._rng)
+        self.centroids = np.array(C, dtype=np.float32, order="C")
+        self.initialized = True
+
+    def _require_samples(self) -> None:
+        if not self.ready():
+            raise ValueError(
+                f"the store holds {self.store.n_samples} samples; {self.n_clusters} "
+                f"(n_clusters) are needed before the first iteration"
+            )
+
+    def _dense_pass(
+        self,
+        data: np.ndarray,
+        rows: np.ndarray,
+        *,
+        remove: bool,
+        labels: np.ndarray,
+        dist2: np.ndarray,
+        lower: np.ndarray | None = None,
+        upper: np.ndarray | None = None,
+        norms: np.ndarray | None = None,
+        fresh: bool = True,
+    ) -> int:
+        """Assign ``rows`` (sorted, int64) of ``data`` with BLAS distances in chunks.
+
+        Arguments as :func:`~nmbatch.engine.kernels.dense.assign_dense`; ``lower`` and
+        ``upper``: the bounds to write (None: none). ``norms`` (N,) float64, optional: a
+        cache of ``||data[i]||^2`` by row, written for ``rows`` when ``fresh`` (the kernel
+        computes them as it reads each row), read from otherwise. A chunk that fills most
+        of its span of ``data`` is multiplied in place rather than gathered.
+
+        Returns the number of rows whose label changed.
+        """
+        C = self.centroids
+        Ct = np.ascontiguousarray(C.T)
+        cc = sqnorms(C)
+        changed = 0
+        for start in range(0, rows.shape[0], CHUNK_ROWS):
+            r = rows[start : start + CHUNK_ROWS]
+            if r.shape[0] == 0:
+                continue
+            lo, span = r[0], r[-1] + 1 - r[0]
+            # A product that overflows float32 is treated as unknown by the kernel.
+            with np.errstate(over="ignore", invalid="ignore"):
+                if span == r.shape[0]:  # contiguous rows: no gather copy
+                    dots = data[lo : lo + span] @ Ct
+                elif span <= SPAN_PRODUCT_RATIO * r.shape[0]:
+                    dots = (data[lo : lo + span] @ Ct)[r - lo]
+                else:
+                    dots = data[r] @ Ct
+            changed += assign_dense(
+                data, r, C, dots=dots, cc=cc, labels=labels, dist2=dist2,
+                S=self.S, v=self.v, sse=self.sse, Q=self.Q, remove=remove,
+                sqnorms=norms, sqnorms_known=not fresh, lower_bounds=lower, upper_bounds=upper,
+            )
+        return changed
+
+    def _update_centroids(self) -> None:
+        """``c(j) = S(j)/v(j)`` where ``v(j) > 0``; ``p(j)`` = distance moved (rounded up)."""
+        self.centroids, self.p = centroid_update(
+            self.S, self.v, self.Q, self.centroids,
+            sse_out=self.sse if self._sse_from_sums_on_update else None,
+        )
+        self.counts = self.v.copy()
+
+    def _doubling_test(self, rho: float) -> bool:
+        """``min_j sigma_C(j) / p(j) > rho`` over non-empty clusters, with the rules above."""
+        v = self.v.astype(np.float64)
+        p = self.p
+        testing = (v > 0) & (p > 0.0)
+        if (testing & (v == 1)).any():
+            return False
+        vt = v[testing]
+        sigma = np.sqrt(np.maximum(self.sse[testing], 0.0) / (vt * (vt - 1.0)))
+        return bool((sigma / p[testing] > rho).all())

@@ -1,0 +1,227 @@
+"""nmbatch (Alg. ``nmbatch`` of the paper) and its variants nmbatch.deact and elkan.
+
+- ``nmbatch``: nested batches, one sample one vote, bounds.
+- ``nmbatch.deact``: the same, but every revisited sample's distances recomputed by BLAS.
+- ``elkan``: the bounded exact algorithm: nmbatch's bounded kernel over all samples.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from nmbatch.engine._validation import as_float32_matrix
+from nmbatch.engine.algorithms.base import KMeansAlgorithm
+from nmbatch.engine.kernels import bound_sweep, centroid_update, reassign_rows, settle_assigned
+from nmbatch.engine.state import IterationStats
+from nmbatch.engine.store import NestedBatchStore
+
+__all__ = ["DENSE_REVISIT_FRACTION", "NestedMiniBatch"]
+
+# A bounded revisit goes through BLAS when the bounds leave open more than this fraction
+# of the listed rows' (row, centroid) pairs (measured: see NestedMiniBatch._revisit_bounded).
+DENSE_REVISIT_FRACTION = 0.45
+
+
+class NestedMiniBatch(KMeansAlgorithm):
+    """nmbatch (``bounds=True``), nmbatch.deact (``bounds=False``) and elkan (``full=True``).
+
+    Per-sample state lives in memory only: ``labels`` (a), ``upper`` (u, an upper bound on
+    d) and ``lower`` (l). ``sse(j)``, the sum of ``d(i)^2`` over the samples of ``j`` with
+    the centroids in force during the iteration, is computed exactly from the per-cluster
+    sums, ``sse(j) = Q(j) - 2 c(j).S(j) + v(j) ||c(j)||^2`` with ``Q(j) = sum ||x(i)||^2``,
+    so a sample whose bounds prove its label unchanged need not be read at all.
+    """
+
+    def __init__(
+        self,
+        store: NestedBatchStore,
+        n_clusters: int,
+        *,
+        rho: float = 100.0,
+        bounds: bool = True,
+        full: bool = False,
+        **kwargs,
+    ) -> None:
+        super().__init__(store, n_clusters, **kwargs)
+        if not rho > 0:
+            raise ValueError(f"rho must be > 0, got {rho}")
+        self.rho = float(rho)
+        self.bounds = bool(bounds)
+        self.full = bool(full)
+        self.dense_revisit_fraction = DENSE_REVISIT_FRACTION
+        self.name = "elkan" if full else ("nmbatch" if bounds else "nmbatch.deact")
+        self._sse_from_sums_on_update = True
+        self._grow = False
+        self._xx = np.empty(0, dtype=np.float64)  # ||x(i)||^2 of the prefix rows
+        self._clear_rows()
+
+    def labels(self) -> np.ndarray:
+        """Assignments ``a(i)`` of the prefix rows ``[0, b)``: ``(b,)`` int32 copy."""
+        return self._labels[: self.batch_size].copy()
+
+    def lower_bounds(self) -> np.ndarray:
+        """Lower bounds ``l(i, j)`` of the prefix rows: ``(b, k)`` float32 copy."""
+        return self._lower[: self.batch_size].copy()
+
+    def upper_bounds(self) -> np.ndarray:
+        """Upper bounds ``u(i)`` of the prefix rows: ``(b,)`` float64 copy."""
+        return self._upper[: self.batch_size].copy()
+
+    def _clear_rows(self) -> None:
+        """Forget every per-row array but the norms cache (no row is assigned)."""
+        self._labels = np.empty(0, dtype=np.int32)
+        self._dist2 = np.empty(0, dtype=np.float64)  # scratch of the BLAS path
+        self._upper = np.empty(0, dtype=np.float64)
+        self._lower = np.empty((0, self.n_clusters), dtype=np.float32)
+
+    def _reserve(self, b: int) -> None:
+        if self._labels.shape[0] >= b:
+            return
+        cap = max(b, 2 * self._labels.shape[0])
+        k = self.n_clusters
+        old = self.batch_size
+        labels = np.full(cap, -1, dtype=np.int32)
+        labels[:old] = self._labels[:old]
+        dist2 = np.zeros(cap, dtype=np.float64)
+        dist2[:old] = self._dist2[:old]
+        xx = np.zeros(cap, dtype=np.float64)
+        xx[:old] = self._xx[:old]
+        self._labels, self._dist2, self._xx = labels, dist2, xx
+        if self.bounds:
+            lower = np.zeros((cap, k), dtype=np.float32)
+            lower[:old] = self._lower[:old]
+            upper = np.zeros(cap, dtype=np.float64)
+            upper[:old] = self._upper[:old]
+            self._lower, self._upper = lower, upper
+
+    def _target_batch(self, n: int) -> int:
+        if self.full or not self.initialized:
+            return n if self.full else min(self.initial_batch_size, n)
+        if self._grow:
+            return min(2 * self.batch_size, n)
+        return self.batch_size
+
+    def _assign_new(self, data: np.ndarray, start: int, stop: int) -> None:
+        """Assign the rows ``[start, stop)`` that join the batch (all their distances)."""
+        self._dense_pass(
+            data, np.arange(start, stop, dtype=np.int64), remove=False,
+            labels=self._labels, dist2=self._dist2,
+            lower=self._lower if self.bounds else None,
+            upper=self._upper if self.bounds else None, norms=self._xx,
+        )
+
+    def _revisit_bounded(self, data: np.ndarray, b_old: int) -> tuple[int, int]:
+        """nmbatch lines 10-21 over the prefix ``[0, b_old)``; returns (changes, distances).
+
+        The bound sweep lists the rows whose label the bounds cannot settle, and counts the
+        (row, centroid) pairs they leave open. Usually those are few: each listed row is
+        read once, for its distance to ``a(i)`` and to the open centroids. When they are
+        most of the listed rows' pairs (the first revisits, after big centroid moves), the
+        exact distance to ``a(i)`` first settles some rows and tightens the others' bounds;
+        if the pairs still open remain most of theirs, one BLAS product computes them
+        faster than a scalar distance per pair (and leaves every bound tight).
+        """
+        k = self.n_clusters
+        X = data[:b_old]
+        labels, upper, lower = self._labels[:b_old], self._upper[:b_old], self._lower[:b_old]
+        s_assigned = self._dist2[:b_old]  # scratch
+        fraction = self.dense_revisit_fraction
+        rows, n_open = bound_sweep(self.p, labels, upper, lower)
+        n_dist = 0
+        known = None
+        if n_open > fraction * rows.shape[0] * k:
+            n_dist = rows.shape[0]
+            rows, n_open = settle_assigned(
+                X, rows, self.centroids, self._g, labels, upper, lower, s_assigned
+            )
+            known = s_assigned
+            if n_open > fraction * rows.shape[0] * k:
+                changed = self._dense_pass(
+                    data, rows, remove=True, labels=self._labels, dist2=self._dist2,
+                    lower=self._lower, upper=self._upper, norms=self._xx, fresh=False,
+                )
+                # Pairs computed (the distance to a(i), done again, is counted once).
+                return changed, n_dist + rows.shape[0] * (k - 1)
+        changed, n_more = reassign_rows(
+            X, rows, self.centroids, labels=labels, upper_bounds=upper, lower_bounds=lower,
+            S=self.S, v=self.v, Q=self.Q, assigned_sqdist=known,
+        )
+        return changed, n_dist + n_more
+
+    def step(self) -> IterationStats:
+        self._require_samples()
+        t0 = time.perf_counter()
+        n_now = self.store.n_samples
+        data, b = self.store.freeze(max(self._target_batch(n_now), self.n_clusters))
+        if not self.initialized:
+            self._initialise(data[:b])
+        b_old = self.batch_size
+        self._reserve(b)
+        k = self.n_clusters
+        n_changed = 0
+        n_dist = 0
+        if b_old > 0:
+            if self.bounds:
+                n_changed, n_dist = self._revisit_bounded(data, b_old)
+            else:
+                n_changed = self._dense_pass(
+                    data, np.arange(b_old, dtype=np.int64), remove=True,
+                    labels=self._labels, dist2=self._dist2, norms=self._xx, fresh=False,
+                )
+                n_dist = b_old * k
+        if b > b_old:
+            self._assign_new(data, b_old, b)
+            n_dist += (b - b_old) * k
+        self.batch_size = b
+        self._update_centroids()
+        self.iteration += 1
+        self.converged = b == n_now and b == b_old and n_changed == 0
+        self._grow = (not self.full) and self._doubling_test(self.rho)
+        next_b = min(2 * b, n_now) if self._grow else b
+        n_possible = b_old * k + (b - b_old) * k
+        return IterationStats(
+            iteration=self.iteration,
+            batch_size=b,
+            next_batch_size=next_b,
+            n_samples=n_now,
+            n_changed=n_changed,
+            n_new=b - b_old,
+            doubled=self._grow,
+            converged=self.converged,
+            n_distances=n_dist,
+            n_skipped=n_possible - n_dist,
+            seconds=time.perf_counter() - t0,
+        )
+
+    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> None:
+        """Start from given centroids over the prefix ``[0, min(batch_size, N))``.
+
+        One exact assignment pass rebuilds ``a``, ``d``, ``l``, ``S``, ``v`` and ``sse``;
+        the centroids are then left as given (``p = 0``), so the next ``step()`` moves them
+        to the means of the restored prefix.
+        """
+        C = as_float32_matrix(centroids, dim=self.dim, name="centroids")
+        if C.shape[0] != self.n_clusters:
+            raise ValueError(f"centroids has {C.shape[0]} rows, n_clusters is {self.n_clusters}")
+        data, b = self.store.freeze(max(int(batch_size), self.n_clusters))
+        self.centroids = C.copy()
+        self.initialized = True
+        k = self.n_clusters
+        self.S = np.zeros((k, self.dim), dtype=np.float64)
+        self.v = np.zeros(k, dtype=np.int64)
+        self.sse = np.zeros(k, dtype=np.float64)
+        self.Q = np.zeros(k, dtype=np.float64)
+        self.p = np.zeros(k, dtype=np.float64)
+        self.batch_size = 0
+        self._clear_rows()
+        self._reserve(b)
+        self._assign_new(data, 0, b)
+        # sse from the sums under the restored centroids (the kernel's update is discarded).
+        centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
+        self.batch_size = b
+        self.counts = self.v.copy()
+        self.iteration = int(iteration)
+        self.converged = False
+        self._grow = False

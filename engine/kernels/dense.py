@@ -1,0 +1,154 @@
+"""Assignment of rows from a BLAS product of all their distances (the dense path).
+
+Used for new samples (every distance is needed), for revisits that the bounds leave
+mostly open, and by the baselines. ``||x - c||^2 = xx + cc - 2 x.c`` with the error of
+the float32 product bounded by ``2 g_gemm ||x|| ||c||``: candidates that the bound cannot
+rule out are separated by a direct distance, in float64 when needed. ``d(i)^2`` is always
+a direct computation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from nmbatch.engine.kernels.common import (
+    DOWN,
+    EMPTY_F64,
+    FLT_MAX,
+    UP,
+    add_vote,
+    bound_factors,
+    down32,
+    exact_argmin,
+    gemm_error,
+    gemm_estimates,
+    move_vote,
+    push_candidate,
+    sqdist32_error,
+    sqdist_safe,
+    sqnorm,
+)
+
+__all__ = ["assign_dense"]
+
+
+@numba.njit(cache=True, nogil=True)
+def _assign_dense(
+    X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper, S, v,
+    sse, Q,
+):
+    """The kernel of :func:`assign_dense`.
+
+    xx      : (m,) float64   ``||X[rows[q]]||^2``: IN, or OUT when ``fill_xx``
+    lower   : (N, k) float32, or (0, k): no lower bounds
+    upper   : (N,) float64, or (0,): no upper bounds
+    """
+    m = rows.shape[0]
+    k = C.shape[0]
+    d = X.shape[1]
+    g_lo, g_hi = bound_factors(g)
+    keep_bounds = lower.shape[0] > 0
+    keep_upper = upper.shape[0] > 0
+    cand = np.empty(k, dtype=np.int64)
+    cand_s = np.empty(k, dtype=np.float64)
+    low = np.empty(k, dtype=np.float64)
+    norm_c = np.sqrt(cc)
+    n_changed = 0
+    for q in range(m):
+        i = rows[q]
+        x = X[i]
+        if fill_xx:
+            xx[q] = sqnorm(x)
+        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low)
+        # Candidates whose lower estimate does not exceed the best upper estimate.
+        nc = 0
+        best = -1
+        best_s = np.inf
+        for j in range(k):
+            if low[j] <= top:
+                s_j = sqdist_safe(x, C[j])
+                nc, best, best_s = push_candidate(j, s_j, cand, cand_s, nc, best, best_s)
+        best, s_new = exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
+        if keep_bounds:
+            li = lower[i]
+            for j in range(k):  # branch-free down32 (vectorised)
+                li[j] = np.float32(min(math.sqrt(max(low[j], 0.0)) * DOWN, FLT_MAX))
+            for q2 in range(nc):
+                li[cand[q2]] = down32(math.sqrt(cand_s[q2] * g_lo))
+        if keep_upper:
+            upper[i] = math.sqrt(s_new * g_hi) * UP
+        old = labels[i]
+        if old >= 0 and old != best:
+            n_changed += 1
+        if remove and old >= 0:
+            sse[old] -= dist2[i]
+            sse[best] += s_new
+            if old != best:
+                move_vote(x, xx[q], old, best, S, v, Q)
+        else:
+            sse[best] += s_new
+            add_vote(x, xx[q], best, S, v, Q)
+        labels[i] = best
+        dist2[i] = s_new
+    return n_changed
+
+
+def assign_dense(
+    X: np.ndarray,
+    rows: np.ndarray,
+    C: np.ndarray,
+    *,
+    dots: np.ndarray,
+    cc: np.ndarray,
+    labels: np.ndarray,
+    dist2: np.ndarray,
+    S: np.ndarray,
+    v: np.ndarray,
+    sse: np.ndarray,
+    Q: np.ndarray,
+    remove: bool = False,
+    sqnorms: np.ndarray | None = None,
+    sqnorms_known: bool = False,
+    lower_bounds: np.ndarray | None = None,
+    upper_bounds: np.ndarray | None = None,
+) -> int:
+    """Assign ``rows`` from a BLAS product of all their distances; update sums (and bounds).
+
+    X             : (N, d) float32   IN   sample buffer (rows indexed by ``rows``)
+    rows          : (m,) int64       IN   the rows to assign
+    C             : (k, d) float32   IN
+    dots          : (m, k) float32   IN   ``X[rows] @ C.T``
+    cc            : (k,) float64     IN   ``||C[j]||^2``
+    labels        : (N,) int32       INOUT  ``-1`` for unassigned rows
+    dist2         : (N,) float64     INOUT  ``d(i)^2``
+    S, v, sse, Q                     INOUT  ``Q``: sum of ``||x||^2`` per cluster
+    remove        : bool  one sample, one vote: a row with ``labels >= 0`` gives back its
+                    old contribution (only if its label changes, plus its old ``sse``
+                    term). ``False``: always add (mbatch, and a fresh pass whose sums
+                    start at zero).
+    sqnorms       : (N,) float64 or None  ``||X[i]||^2`` by row. Read for ``rows`` when
+                    ``sqnorms_known``; otherwise computed as each row is read (one pass
+                    over the rows, not two) and written for ``rows``. None: computed,
+                    not kept.
+    lower_bounds  : (N, k) float32 or None  OUT  tight lower bounds of ``rows``
+    upper_bounds  : (N,) float64 or None    OUT  ``u(i)`` of ``rows``
+
+    Returns ``n_changed``: rows that had a label and now have another.
+    """
+    d = X.shape[1]
+    fill = sqnorms is None or not sqnorms_known
+    xx = np.empty(rows.shape[0], dtype=np.float64) if fill else sqnorms[rows]
+    if lower_bounds is None:
+        lower_bounds = np.empty((0, C.shape[0]), dtype=np.float32)
+    if upper_bounds is None:
+        upper_bounds = EMPTY_F64
+    n_changed = _assign_dense(
+        X, rows, xx, fill, dots, C, cc, gemm_error(d), sqdist32_error(d), remove,
+        labels, dist2, lower_bounds, upper_bounds, S, v, sse, Q,
+    )
+    if fill and sqnorms is not None:
+        sqnorms[rows] = xx
+    return int(n_changed)

@@ -1,0 +1,80 @@
+"""Exact nearest centroid of arbitrary samples (prediction, ``/assign``, energies).
+
+Both kernels measure every candidate that the float32 estimates cannot rule out in
+float64, summed sequentially: the answer (ties to the lowest index) and its squared
+distance are the same whichever kernel computes them.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from nmbatch.engine.kernels.common import gemm_estimates, sqdist64, sqdist_safe
+
+__all__ = ["nearest_dense", "nearest_direct"]
+
+
+@numba.njit(cache=True, nogil=True)
+def nearest_dense(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out):
+    """Exact nearest centroid of every row (ties: lowest index) and its squared distance.
+
+    X          : (m, d) float32   IN
+    xx         : (m,) float64     IN   ``||X[q]||^2``
+    dots       : (m, k) float32   IN   ``X @ C.T``
+    C          : (k, d) float32   IN
+    cc         : (k,) float64     IN
+    g_gemm     : float            IN   ``gemm_error(d)``
+    labels_out : (m,) int64       OUT
+    sqdist_out : (m,) float64     OUT  ``||X[q] - C[label]||^2`` accumulated in float64
+    """
+    k = C.shape[0]
+    d = X.shape[1]
+    low = np.empty(k, dtype=np.float64)
+    norm_c = np.sqrt(cc)
+    for q in range(X.shape[0]):
+        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low)
+        x = X[q]
+        best = -1
+        best_e = np.inf
+        for j in range(k):
+            if low[j] <= top:
+                e = sqdist64(x, C[j])
+                if e < best_e:
+                    best = j
+                    best_e = e
+        labels_out[q] = best
+        sqdist_out[q] = best_e
+
+
+@numba.njit(cache=True, nogil=True)
+def nearest_direct(x: np.ndarray, C: np.ndarray, g: float) -> tuple[int, float]:
+    """Exact nearest row of ``C`` to ``x`` (ties: lowest index) and its float64 squared distance.
+
+    x : (d,) float32     IN
+    C : (k, d) float32   IN   k >= 1
+    g : float            IN   ``sqdist32_error(d)``
+
+    Every centroid's distance is first taken in float32 (SIMD, relative error <= g);
+    only the centroids whose interval can reach the smallest upper bound (the bounds
+    widened to 2g for the float64 rounding of the products) are measured in float64,
+    exactly as :func:`nearest_dense` measures its candidates.
+    """
+    k = C.shape[0]
+    approx = np.empty(k, dtype=np.float64)
+    top = np.inf
+    for j in range(k):
+        s = sqdist_safe(x, C[j])
+        approx[j] = s
+        upper = s * (1.0 + 2.0 * g)
+        if upper < top:
+            top = upper
+    best = -1
+    best_e = np.inf
+    for j in range(k):
+        if approx[j] * (1.0 - 2.0 * g) <= top:
+            e = sqdist64(x, C[j])
+            if e < best_e:
+                best = j
+                best_e = e
+    return best, best_e

@@ -1,0 +1,69 @@
+"""The centroid update (nmbatch lines 31-35) and the per-cluster ``sse`` from the sums."""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from nmbatch.engine.kernels.common import EMPTY_F64
+
+__all__ = ["centroid_update"]
+
+
+@numba.njit(cache=True, nogil=True)
+def _centroid_update(S, v, Q, C_old, sse_from_sums, sse):
+    """The kernel of :func:`centroid_update`; ``sse`` is written only if ``sse_from_sums``."""
+    k, d = C_old.shape
+    C_new = np.empty((k, d), dtype=np.float32)
+    p = np.empty(k, dtype=np.float64)
+    for j in range(k):
+        cj = C_old[j]
+        if sse_from_sums:
+            cs = 0.0
+            cc = 0.0
+            for t in range(d):
+                c64 = np.float64(cj[t])
+                cs += c64 * S[j, t]
+                cc += c64 * c64
+            sse[j] = max(Q[j] - 2.0 * cs + v[j] * cc, 0.0)
+        moved = 0.0
+        if v[j] > 0:
+            inv = np.float64(v[j])
+            for t in range(d):
+                new = np.float32(S[j, t] / inv)
+                C_new[j, t] = new
+                diff = np.float64(new) - np.float64(cj[t])
+                moved += diff * diff
+        else:
+            for t in range(d):
+                C_new[j, t] = cj[t]
+        p[j] = math.sqrt(moved) * (1.0 + 1e-9)
+    return C_new, p
+
+
+def centroid_update(
+    S: np.ndarray,
+    v: np.ndarray,
+    Q: np.ndarray,
+    C_old: np.ndarray,
+    *,
+    sse_out: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The centroid update in one pass over ``S``.
+
+    ``c(j) = S(j)/v(j)`` (float64 division, rounded to float32) where ``v(j) > 0``, else
+    ``c(j)`` stays; ``p(j) = ||c_new(j) - c_old(j)||`` (float64, times ``1 + 1e-9``). With
+    ``sse_out``, ``sse(j) = max(Q(j) - 2 c_old(j).S(j) + v(j) ||c_old(j)||^2, 0)`` first:
+    the sum of ``d(i)^2`` under the centroids in force during the iteration.
+
+    S, v, Q : (k, d) float64, (k,) int64, (k,) float64   IN
+    C_old   : (k, d) float32   IN
+    sse_out : (k,) float64 or None   OUT  ``sse`` from the sums
+
+    Returns ``(C_new (k, d) float32, p (k,) float64)``.
+    """
+    if sse_out is None:
+        return _centroid_update(S, v, Q, C_old, False, EMPTY_F64)
+    return _centroid_update(S, v, Q, C_old, True, sse_out)

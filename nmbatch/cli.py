@@ -1,0 +1,216 @@
+"""The ``nmbatch`` command-line tool: run the service, cluster a file, run the benchmark.
+
+Subcommands, each run by the package it belongs to:
+
+- ``nmbatch serve`` (``nmbatch.service.cli``): the HTTP service, exactly as
+  ``python -m nmbatch``; options override the ``NMBATCH_*`` settings (``--host``,
+  ``--port``, ``--redis-url``, ``--k``, or any setting with ``--set NAME=VALUE``).
+- ``nmbatch fit`` (``nmbatch.engine.fit``): cluster the rows of an ``.npy``, ``.npz`` or
+  CSV file with an engine algorithm (default ``nmbatch``) and write the centroids
+  ``(k, d)`` and the labels ``(n,)`` of every row (its exact nearest centroid). A
+  progress line on stderr shows the iteration, the nested batch size and the energy
+  estimate.
+- ``nmbatch bench`` (``nmbatch.engine.bench``): the benchmark, also ``python -m
+  nmbatch.engine.bench``; every argument after ``bench`` is passed on unchanged,
+  ``--help`` included.
+
+This module holds the argument parser and the dispatch. Imports are lazy: ``nmbatch
+fit`` loads numpy and the engine only, never FastAPI, and ``nmbatch --help`` loads
+neither. ``python -m nmbatch.cli`` is the same as the ``nmbatch`` console script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["ALGORITHM_CHOICES", "build_parser", "main"]
+
+PROG = "nmbatch"
+#: Algorithms of the engine (``nmbatch.engine.ALGORITHMS``), repeated here so ``--help``
+#: needs no numba.
+ALGORITHM_CHOICES = ("nmbatch", "nmbatch.deact", "mbatch", "mbatch.remove", "lloyd", "elkan")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``nmbatch`` with its three subcommands."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Streaming k-means on Nested Mini-Batch K-Means (Newling & Fleuret, 2016).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the HTTP service (like `python -m nmbatch`)",
+        description=(
+            "Run the clustering service. Settings come from NMBATCH_* environment variables "
+            "(and a .env file); the options below override them for this run. With no Redis "
+            "URL the service starts its own embedded redis-server."
+        ),
+    )
+    serve.add_argument("--host", help="address to listen on (NMBATCH_HOST)")
+    serve.add_argument("--port", type=int, help="TCP port to listen on (NMBATCH_PORT)")
+    serve.add_argument(
+        "--redis-url", help="Redis to persist to, e.g. redis://localhost:6379/0 (NMBATCH_REDIS_URL)"
+    )
+    serve.add_argument(
+        "-k", "--k", dest="k", type=_positive_int, help="number of clusters (NMBATCH_K)"
+    )
+    serve.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override any setting, e.g. --set rho=50 (repeatable; names as in NMBATCH_NAME)",
+    )
+
+    fit = sub.add_parser(
+        "fit",
+        help="cluster the rows of a .npy/.npz/.csv file",
+        description=(
+            "Cluster the rows of a data file and write the centroids and the labels. "
+            "Input: .npy (a 2-D array), .npz (the array named by --key; default 'train' if "
+            "present, else the first), or .csv/.tsv/.txt (numbers; a header line is skipped). "
+            "Arrays with more than 2 dimensions are flattened to (n, features). Outputs are "
+            ".npy, or text when the name ends in .csv/.txt. The labels are each row's exact "
+            "nearest centroid."
+        ),
+    )
+    fit.add_argument("input", type=Path, help="data file: .npy, .npz, .csv, .tsv or .txt")
+    fit.add_argument(
+        "-k", "--k", dest="k", type=_positive_int, required=True, help="number of clusters"
+    )
+    fit.add_argument(
+        "--centroids",
+        type=Path,
+        required=True,
+        help="output file for the centroids, shape (k, d), float32",
+    )
+    fit.add_argument(
+        "--labels",
+        type=Path,
+        help="output file for the label of every input row, shape (n,), int64",
+    )
+    fit.add_argument("--key", help="array name inside a .npz file")
+    fit.add_argument(
+        "--algorithm",
+        choices=ALGORITHM_CHOICES,
+        default="nmbatch",
+        help="engine algorithm (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--rho",
+        type=_positive_float,
+        default=100.0,
+        help="batch doubling threshold of nmbatch (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=5000,
+        help="first (nested) batch size (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--init",
+        choices=("k-means++", "first"),
+        default="k-means++",
+        help="initial centroids (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--max-iter",
+        type=_positive_int,
+        default=300,
+        help="stop after this many iterations (default: %(default)s)",
+    )
+    fit.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="random seed (shuffle and initialisation); default: random",
+    )
+    fit.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress line and no summary on stderr"
+    )
+
+    # Everything after `bench` goes to nmbatch.engine.bench untouched (main() never parses
+    # it); this entry only makes `bench` appear in `nmbatch --help`.
+    sub.add_parser(
+        "bench",
+        help="run the benchmark (arguments as for `python -m nmbatch.engine.bench`)",
+        add_help=False,
+    )
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nmbatch")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def run_bench(argv: Sequence[str]) -> int:
+    """Call the benchmark's ``main`` with ``argv`` (as ``python -m nmbatch.engine.bench argv``)."""
+    from nmbatch.engine.bench.cli import main as bench_main
+
+    try:
+        code = bench_main(list(argv))
+    except SystemExit as exc:  # argparse's --help and usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return int(code or 0)
+
+
+def _error(command: str, exc: Exception) -> int:
+    print(f"{PROG} {command}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``nmbatch`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        # Not parsed here: the benchmark owns its options (and its --help).
+        return run_bench(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from nmbatch.service.cli import ServeError, run_serve
+
+        try:
+            return run_serve(args)
+        except ServeError as exc:
+            return _error(args.command, exc)
+    if args.command == "fit":
+        from nmbatch.engine.fit import FitError, run_fit
+
+        try:
+            return run_fit(args, sys.stderr)
+        except FitError as exc:
+            return _error(args.command, exc)
+    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse checks
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Start-up of one app: Redis, the start-up checks, the worker; everything the lifespan owns.
+
+:func:`start_service` starts, in this order (and the lifespan's exit stack stops them in
+the reverse order): the embedded ``redis-server`` (only when ``NMBATCH_REDIS_URL`` is
+unset), the Redis clients, the start-up checks (a ``k`` or dimension that contradicts
+Redis stops here), the worker lease and the restored snapshot (published at once, so
+``GET /centroids`` answers before the log replay ends), the kernels' warm-up
+(:mod:`nmbatch.service.runtime`), and the worker thread. On exit the worker writes a
+last snapshot and releases the lease.
+
+Redis clients: every client has short socket timeouts and no automatic retries (a
+retried transaction could log a batch twice, and a request must fail fast rather than
+hang); Redis errors during a request are answered by
+:mod:`nmbatch.service.redis_errors`. A Redis that cannot be used at start-up (refused
+connection, bad password or certificate) or settings that contradict it raise
+:class:`StartupError`, with any password in the URL masked.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from starlette.concurrency import run_in_threadpool
+
+from nmbatch.service.config import Settings
+from nmbatch.service.context import ServiceContext
+from nmbatch.service.embedded_redis import EmbeddedRedis
+from nmbatch.service.metrics import ServiceMetrics
+from nmbatch.service.runtime import WORKER_NICE, tune_worker_thread, warm_up_kernels
+from nmbatch.service.state import ModelBoard
+from nmbatch.service.storage import (
+    AsyncSampleLog,
+    LocalEntries,
+    ModelConfigError,
+    ModelRepository,
+    WorkerLease,
+)
+from nmbatch.service.worker import Worker
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "LEASE_SOCKET_TIMEOUT",
+    "REQUEST_SOCKET_TIMEOUT",
+    "WORKER_READ_BYTES",
+    "WORKER_SOCKET_TIMEOUT",
+    "StartupError",
+    "safe_url",
+    "start_service",
+]
+
+log = logging.getLogger("service")
+
+REQUEST_SOCKET_TIMEOUT = 5.0
+"""Seconds a request handler waits for a Redis reply before answering 503."""
+CONNECT_TIMEOUT = 2.0
+"""Seconds to open a connection to Redis."""
+WORKER_SOCKET_TIMEOUT = 10.0
+"""Seconds the worker waits for a Redis reply (log pages of up to 32 MiB)."""
+WORKER_READ_BYTES = 4 << 20
+"""Receive buffer of the worker's Redis connection (bytes read per ``recv``)."""
+LEASE_SOCKET_TIMEOUT = 2.0
+"""Seconds the lease connection waits for a reply (it renews every third of the expiry)."""
+
+
+class StartupError(RuntimeError):
+    """The service cannot start (Redis unreachable, settings contradicting Redis ...)."""
+
+
+async def start_service(
+    settings: Settings, metrics: ServiceMetrics, stack: AsyncExitStack
+) -> ServiceContext:
+    """Start everything; every started thing is registered on ``stack`` for the exit."""
+    url = settings.redis_url
+    embedded: EmbeddedRedis | None = None
+    if url is None:
+        embedded = EmbeddedRedis(
+            settings.data_dir,
+            port=settings.embedded_redis_port,
+            appendfsync=settings.appendfsync,
+        )
+        # Started on the event loop's own thread, not a pool thread: the child is told to
+        # exit when the thread that started it ends (Linux), and pool threads come and go.
+        url = embedded.start()
+        stack.callback(embedded.stop)
+        log.info("embedded Redis at %s, data in %s", url, embedded.data_dir)
+
+    # Request handlers use the async client; the synchronous one serves the start-up checks
+    # and then the worker thread; the lease has a connection of its own (its CLIENT ID
+    # names the holder). No retries: see the module docstring.
+    async_client = redis.asyncio.Redis.from_url(
+        url,
+        socket_timeout=REQUEST_SOCKET_TIMEOUT,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        retry=AsyncRetry(NoBackoff(), 0),
+    )
+    stack.push_async_callback(async_client.aclose)
+    # The worker's operations are idempotent (reads, a snapshot write refusing an equal
+    # version, a max() reservation, compare-and-set lease scripts): one immediate retry
+    # on a broken connection (a socket Redis closed when it restarted) is safe.
+    reconnect_once = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+    sync_client = redis.Redis.from_url(
+        url,
+        socket_timeout=WORKER_SOCKET_TIMEOUT,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        retry=reconnect_once,
+        # Log pages are MiBs: a big receive buffer means few recv calls, each of which
+        # needs the GIL back (with 64 KiB reads the worker queues for the GIL behind
+        # the event loop hundreds of times per page and falls behind the ingestion).
+        socket_read_size=WORKER_READ_BYTES,
+    )
+    stack.callback(sync_client.close)
+    try:  # a single-connection client connects here: a bad password or certificate fails
+        lease_client = redis.Redis.from_url(
+            url,
+            socket_timeout=min(LEASE_SOCKET_TIMEOUT, settings.worker_lock_seconds / 3),
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            retry=reconnect_once,
+            single_connection_client=True,
+        )
+    except redis.RedisError as exc:
+        raise _unusable(url, exc) from None
+    stack.callback(lease_client.close)
+
+    # Entries appended here reach this process's worker in memory (see LocalEntries).
+    local_entries = LocalEntries()
+    repository = ModelRepository(sync_client, settings.model, local_entries)
+    try:
+        dim = await run_in_threadpool(repository.check_meta, settings.k, settings.dim)
+        snapshot = await run_in_threadpool(repository.read_snapshot)
+        if embedded is None:
+            await run_in_threadpool(_warn_without_persistence, sync_client, url)
+    except ModelConfigError as exc:
+        log.error("start-up refused: %s", exc)
+        raise StartupError(str(exc)) from None
+    except redis.RedisError as exc:
+        raise _unusable(url, exc) from None
+
+    board = ModelBoard()
+    worker = Worker(
+        settings,
+        repository,
+        board,
+        metrics,
+        WorkerLease(lease_client, settings.model, settings.worker_lock_seconds),
+        snapshot=snapshot,
+        dim=dim,
+        engine_nice=WORKER_NICE if settings.worker_process else 0,
+    )
+    try:
+        # Takes the lease if free and publishes the snapshot (renumbered above every
+        # version a crashed worker may have shown), before the first request.
+        await run_in_threadpool(worker.begin)
+    except redis.RedisError as exc:
+        raise _unusable(url, exc) from None
+    if snapshot is not None:
+        model = board.model
+        log.info(
+            "restored snapshot version %d (b = %d, iteration %d), served as version %d; role %s",
+            snapshot.model.version,
+            snapshot.model.state.batch_size,
+            snapshot.model.state.iteration,
+            model.version if model is not None else snapshot.model.version,
+            worker.role,
+        )
+    seconds = await run_in_threadpool(warm_up_kernels)
+    log.info("kernels loaded in %.2f s", seconds)
+    worker.start()
+    stack.push_async_callback(run_in_threadpool, worker.stop)
+    # With the engine in a child process the worker thread mostly waits: it keeps the
+    # default priority (lowered, it could be parked while holding the GIL), the child
+    # gets the lower one.
+    tune_worker_thread(settings.model, 0 if settings.worker_process else WORKER_NICE)
+
+    return ServiceContext(
+        settings=settings,
+        sample_log=AsyncSampleLog(async_client, settings.model, local_entries),
+        board=board,
+        metrics=metrics,
+        worker=worker,
+        dim=dim,
+        embedded_redis=embedded,
+    )
+
+
+def _unusable(url: str, exc: redis.RedisError) -> StartupError:
+    """Log that the Redis at ``url`` cannot be used, and the error to raise for it."""
+    log.error("start-up refused: Redis at %s unusable: %s", safe_url(url), exc)
+    return StartupError(f"Redis at {safe_url(url)} is unusable: {exc}")
+
+
+def _warn_without_persistence(client: redis.Redis, url: str) -> None:
+    """Log a warning if the Redis at ``url`` keeps no append-only file."""
+    try:
+        config = client.config_get("appendonly")
+    except redis.ResponseError:  # CONFIG disabled (managed Redis): nothing to check
+        return
+    if config.get("appendonly", config.get(b"appendonly")) in ("no", b"no"):
+        log.warning(
+            "Redis at %s runs without appendonly: accepted samples are lost if it restarts; "
+            "run it with --appendonly yes",
+            safe_url(url),
+        )
+
+
+def safe_url(url: str) -> str:
+    """``url`` without its credentials (``redis://***@host:6379/0``) if it has a password."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.rsplit("@", 1)[-1]
+        return urlunsplit(parts._replace(netloc=f"***@{netloc}"))
+    return url

@@ -1,0 +1,56 @@
+"""Redis storage of one model: key schema, codecs, sample log, repository, lease, snapshot.
+
+=================  ==============================================================
+``keys``           :class:`ModelKeys`: key names and what each key holds
+``codec``          float32 rows in log entries, stream ids, row fingerprints
+``errors``         storage's exceptions, :func:`redis_unavailable`
+``handoff``        :class:`LocalEntries`: appended rows handed to the worker in memory
+``log``            :class:`AsyncSampleLog`: the request handlers' one ``append``
+``repository``     :class:`ModelRepository`: start-up checks, log reading, snapshots
+``lease``          :class:`WorkerLease` and the version reservation
+``snapshot``       :class:`Snapshot`: the persisted state of the model
+=================  ==============================================================
+"""
+
+from nmbatch.service.storage.codec import (
+    CHUNK_BYTES,
+    LogChunk,
+    decode_chunk,
+    encode_chunks,
+    fingerprint,
+)
+from nmbatch.service.storage.errors import (
+    IdempotencyKeyReusedError,
+    LeaseLostError,
+    ModelConfigError,
+    WrongDimensionError,
+    redis_unavailable,
+)
+from nmbatch.service.storage.handoff import LocalEntries
+from nmbatch.service.storage.keys import KEY_MAX_LENGTH, KEY_PATTERN, ModelKeys
+from nmbatch.service.storage.lease import WorkerLease
+from nmbatch.service.storage.log import AppendOutcome, AsyncSampleLog
+from nmbatch.service.storage.repository import ModelRepository
+from nmbatch.service.storage.snapshot import Snapshot
+
+__all__ = [
+    "CHUNK_BYTES",
+    "KEY_MAX_LENGTH",
+    "KEY_PATTERN",
+    "AppendOutcome",
+    "AsyncSampleLog",
+    "IdempotencyKeyReusedError",
+    "LeaseLostError",
+    "LocalEntries",
+    "LogChunk",
+    "ModelConfigError",
+    "ModelKeys",
+    "ModelRepository",
+    "Snapshot",
+    "WorkerLease",
+    "WrongDimensionError",
+    "decode_chunk",
+    "encode_chunks",
+    "fingerprint",
+    "redis_unavailable",
+]

@@ -1,0 +1,77 @@
+"""Bytes of the sample log: float32 rows in stream entries, stream ids, row fingerprints.
+
+A log entry holds ``n`` rows of ``d`` coordinates as raw little-endian ``float32`` bytes
+(field ``x``, row-major), with ``n`` and ``d`` as decimal fields; a request is split into
+entries of at most :data:`CHUNK_BYTES` of rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "CHUNK_BYTES",
+    "LogChunk",
+    "as_str",
+    "decode_chunk",
+    "encode_chunks",
+    "fingerprint",
+    "id_key",
+]
+
+CHUNK_BYTES = 1 << 20
+"""Largest ``float32`` payload of one log entry (a request may span several)."""
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """One decoded log entry: its stream id and rows ``X``, shape ``(n, d)``, float32."""
+
+    entry_id: str
+    X: np.ndarray
+
+
+def encode_chunks(X: np.ndarray) -> list[dict[str, bytes | int]]:
+    """Split ``X`` (``(n, d)`` float32) into log entry field maps of <= CHUNK_BYTES each."""
+    X = np.ascontiguousarray(X, dtype="<f4")
+    n, d = X.shape
+    rows = max(1, CHUNK_BYTES // (4 * d))
+    return [
+        {"n": int(min(rows, n - start)), "d": int(d), "x": X[start : start + rows].tobytes()}
+        for start in range(0, n, rows)
+    ]
+
+
+def decode_chunk(fields: dict[bytes, bytes]) -> np.ndarray:
+    """Rows of one log entry, shape ``(n, d)``, float32 (read-only view of the bytes)."""
+    n, d = int(fields[b"n"]), int(fields[b"d"])
+    X = np.frombuffer(fields[b"x"], dtype="<f4")
+    if X.size != n * d:
+        raise ValueError(f"corrupt log entry: {X.size} values for {n} x {d}")
+    return X.reshape(n, d)
+
+
+def as_str(raw: bytes | str) -> str:
+    """A Redis reply (stream id, lease value, fingerprint), bytes or str, as ``str``."""
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def id_key(stream_id: str) -> tuple[int, int]:
+    """A stream id ``"<ms>-<seq>"`` as a tuple that sorts like Redis sorts ids."""
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def fingerprint(X: np.ndarray) -> str:
+    """SHA-256 of the shape and ``float32`` values of ``X`` (``(n, d)``), as hex.
+
+    Rows that parse to the same ``float32`` matrix have one fingerprint, whatever the
+    encoding they came in (JSON or ``.npy``).
+    """
+    X = np.ascontiguousarray(X, dtype="<f4")
+    digest = hashlib.sha256(f"{X.shape[0]}x{X.shape[1]}:".encode())
+    digest.update(memoryview(X).cast("B"))
+    return digest.hexdigest()

@@ -1,0 +1,60 @@
+"""What storage raises: conflicts with what Redis holds, a lost lease, a refused append.
+
+The HTTP side maps :class:`WrongDimensionError` and :class:`IdempotencyKeyReusedError`
+to its problem documents (``service.context``); :func:`redis_unavailable` sorts Redis
+errors into "retry later" and faults.
+"""
+
+from __future__ import annotations
+
+import redis
+
+__all__ = [
+    "IdempotencyKeyReusedError",
+    "LeaseLostError",
+    "ModelConfigError",
+    "WrongDimensionError",
+    "redis_unavailable",
+]
+
+
+class ModelConfigError(RuntimeError):
+    """A setting contradicts what Redis already holds for the model."""
+
+
+class LeaseLostError(RuntimeError):
+    """This process no longer holds the model's worker lease (another one took over)."""
+
+
+class WrongDimensionError(ValueError):
+    """Vectors of ``got`` coordinates for a model whose dimension is ``expected``.
+
+    Raised when a batch of another dimension fixed the model's dimension first.
+    """
+
+    def __init__(self, expected: int, got: int) -> None:
+        super().__init__(
+            f"vectors have {got} coordinates, but this model's dimension is {expected}"
+        )
+        self.expected = expected
+        self.got = got
+
+
+class IdempotencyKeyReusedError(ValueError):
+    """An ``Idempotency-Key`` already stored a request with other vectors."""
+
+
+_UNAVAILABLE_REPLIES = ("LOADING", "MISCONF", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "READONLY")
+
+
+def redis_unavailable(exc: BaseException) -> bool:
+    """True if ``exc`` means Redis cannot serve now (down, slow, loading, refusing writes).
+
+    Such errors are worth a retry later: the service answers ``503`` with ``Retry-After``
+    and the worker backs off. Other Redis errors (wrong type, script bug) are faults.
+    """
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.ReadOnlyError):
+        return True  # BusyLoadingError is a ConnectionError
+    if isinstance(exc, redis.ResponseError):
+        return str(exc).upper().startswith(_UNAVAILABLE_REPLIES)
+    return False

@@ -1,0 +1,91 @@
+"""In-process hand-off of appended log entries from the request path to the worker.
+
+Entries appended by this process are also handed to its worker in memory: reading every
+sample back from Redis costs Redis more than storing it (it sends a reply of many MiB in
+64 KiB pieces per event-loop turn, between the writes it serves), so a worker reading the
+log back falls behind a fast stream. The log stays the one source of truth:
+:meth:`service.storage.repository.ModelRepository.read_log` serves a held entry only
+after Redis confirms (an exclusive ``XRANGE`` of the gap, empty) that no other entry lies
+between the last one consumed and it; otherwise it reads Redis. Entries written by other
+processes, or not handed over, are read from Redis.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from nmbatch.service.storage.codec import id_key
+
+__all__ = ["LocalEntries"]
+
+
+class LocalEntries:
+    """Log entries this process appended, kept for its worker so it need not read them back.
+
+    Request handlers :meth:`put` the rows of each entry they appended (with the id Redis
+    gave it); the worker's :meth:`ModelRepository.read_log` takes them in id order once
+    Redis confirmed there is no other entry in between. Entries the worker has passed
+    are dropped at each read; so are entries older than ``max_age`` seconds (a worker
+    that is away or standing by) and entries beyond ``max_bytes`` (never put): the
+    worker then reads them from Redis, as any entry of another process. Thread-safe.
+
+    Parameters
+    ----------
+    max_bytes : int
+        Most bytes of rows held.
+    max_age : float
+        Seconds after which an entry is dropped.
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20, max_age: float = 30.0) -> None:
+        self.max_bytes = int(max_bytes)
+        self.max_age = float(max_age)
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[int, int], tuple[str, np.ndarray, float]] = {}
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of rows held."""
+        return self._bytes
+
+    def put(self, entry_ids: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+        """Hold ``arrays[i]`` (``(n_i, d)`` float32, never modified) as entry ``entry_ids[i]``."""
+        now = time.monotonic()
+        size = sum(a.nbytes for a in arrays)
+        with self._lock:
+            self._drop_old(now)
+            if self._bytes + size > self.max_bytes:
+                return
+            for entry_id, X in zip(entry_ids, arrays, strict=True):
+                self._entries[id_key(entry_id)] = (entry_id, X, now)
+            self._bytes += size
+
+    def after(self, after_id: str, limit: int) -> list[tuple[str, np.ndarray]]:
+        """Up to ``limit`` held entries with ids above ``after_id``, in id order.
+
+        Entries at or below ``after_id`` (consumed) are dropped.
+        """
+        floor = id_key(after_id)
+        with self._lock:
+            self._drop_old(time.monotonic())
+            passed = [key for key in self._entries if key <= floor]
+            for key in passed:
+                self._bytes -= self._entries.pop(key)[1].nbytes
+            keys = sorted(self._entries)[:limit]
+            return [self._entries[key][:2] for key in keys]
+
+    def _drop_old(self, now: float) -> None:
+        if not self._entries:
+            return
+        limit = now - self.max_age
+        old = [key for key, (_, _, at) in self._entries.items() if at < limit]
+        for key in old:
+            self._bytes -= self._entries.pop(key)[1].nbytes

@@ -1,0 +1,210 @@
+"""The sample log as request handlers write it (``redis.asyncio``): one ``append``.
+
+:meth:`AsyncSampleLog.append` stores a batch of vectors in the log
+(``nmbatch:{model}:log``) and adds its rows to ``n_samples`` of the meta hash, all of it
+or nothing. Before that, the first batch of a model without a dimension fixes it
+(``HSETNX`` of ``dim``); a batch of another dimension racing with it is refused with
+:class:`~service.storage.errors.WrongDimensionError` and stores nothing.
+
+Without an ``Idempotency-Key`` the entries are appended in one MULTI/EXEC transaction,
+and handed to this process's worker in memory when asked
+(:mod:`service.storage.handoff`).
+
+With an ``Idempotency-Key`` (``POST /samples``; any 1 to 255 visible ASCII characters,
+see :data:`~service.storage.keys.KEY_PATTERN`), a retry with the same key and the same
+vectors stores nothing and returns the first answer; the same key with other vectors is
+refused with :class:`~service.storage.errors.IdempotencyKeyReusedError`. "Same vectors"
+means the same ``float32`` matrix after parsing (shape and values,
+:func:`~service.storage.codec.fingerprint`), so a retry that re-encodes the batch (JSON
+instead of ``.npy``) is still a retry. The check of the key, the append of the entries
+(the same fields ``n``, ``d``, ``x`` as the plain path) with the ``n_samples`` increment,
+and the record of the key are one Lua script (:data:`APPEND_ONCE`), so two concurrent
+requests with one key store the samples once, whatever their timing. The record
+(:meth:`~service.storage.keys.ModelKeys.idempotency`) expires ``key_seconds`` after its
+request was stored. Entries of this path are not handed over: the worker reads them from
+Redis. A request refused before the append (bad body, wrong dimension ...) leaves no
+record: the client may fix it and retry under the same key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import redis.asyncio
+
+from nmbatch.service.storage.codec import as_str, encode_chunks, fingerprint
+from nmbatch.service.storage.errors import IdempotencyKeyReusedError, WrongDimensionError
+from nmbatch.service.storage.handoff import LocalEntries
+from nmbatch.service.storage.keys import ModelKeys
+
+__all__ = ["APPEND_ONCE", "AppendOutcome", "AsyncSampleLog", "Offload", "inline"]
+
+T = TypeVar("T")
+
+Offload = Callable[..., Awaitable[Any]]
+"""``await offload(values, fn, *args)`` returns ``fn(*args)``, run where the caller wants
+it (``service.context.off_loop``: in the thread pool for large inputs); ``values``
+estimates the work in numbers touched."""
+
+_COPY_WEIGHT = 16  # a plain copy costs about 1/16 of the numpy work an Offload counts
+
+APPEND_ONCE = """
+-- KEYS[1] idempotency record (hash), KEYS[2] sample log (stream), KEYS[3] meta (hash)
+-- ARGV[1] fingerprint, ARGV[2] expiry in ms, ARGV[3] rows in the request,
+-- then (n, d, x) of every log entry, as service.storage.codec.encode_chunks makes them.
+local stored = redis.call('HMGET', KEYS[1], 'fingerprint', 'accepted', 'n_samples')
+if stored[1] then
+  return {0, stored[1], stored[2], stored[3]}
+end
+for i = 4, #ARGV, 3 do
+  redis.call('XADD', KEYS[2], '*', 'n', ARGV[i], 'd', ARGV[i + 1], 'x', ARGV[i + 2])
+end
+local total = redis.call('HINCRBY', KEYS[3], 'n_samples', ARGV[3])
+redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'accepted', ARGV[3], 'n_samples', total)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, ARGV[1], ARGV[3], total}
+"""
+
+
+async def inline(values: int, fn: Callable[..., T], *args: object) -> T:
+    """The :data:`Offload` that runs ``fn(*args)`` right here."""
+    return fn(*args)
+
+
+@dataclass(frozen=True)
+class AppendOutcome:
+    """What :meth:`AsyncSampleLog.append` did.
+
+    Attributes
+    ----------
+    stored : bool
+        True if this call appended the samples; False for a replay of an earlier request
+        with the same ``Idempotency-Key``.
+    accepted : int
+        Vectors accepted by the (first) request.
+    n_samples : int
+        Total samples in the log right after the (first) request was stored.
+    """
+
+    stored: bool
+    accepted: int
+    n_samples: int
+
+
+def _script_args(X: np.ndarray) -> tuple[str, list[bytes | int]]:
+    """Fingerprint and flat :data:`APPEND_ONCE` arguments (n, d, x per log entry) of ``X``."""
+    args: list[bytes | int] = []
+    for fields in encode_chunks(X):
+        args += [fields["n"], fields["d"], fields["x"]]
+    return fingerprint(X), args
+
+
+class AsyncSampleLog:
+    """What request handlers need: append samples (fixing the dimension), read counters.
+
+    Parameters
+    ----------
+    client : redis.asyncio.Redis
+        Returns bytes (``decode_responses=False``).
+    model : str
+    local : LocalEntries or None
+        Where appended entries are handed to this process's worker.
+    """
+
+    def __init__(
+        self, client: redis.asyncio.Redis, model: str, local: LocalEntries | None = None
+    ) -> None:
+        self.client = client
+        self.keys = ModelKeys(model)
+        self.local = local
+        self._once_script = client.register_script(APPEND_ONCE)
+
+    async def append(
+        self,
+        X: np.ndarray,
+        *,
+        dim: int | None,
+        idempotency_key: str | None = None,
+        key_seconds: float | None = None,
+        hand_over: bool = False,
+        offload: Offload = inline,
+    ) -> AppendOutcome:
+        """Append ``X`` (``(m, d)`` float32, validated, not modified afterwards) to the log.
+
+        Parameters
+        ----------
+        X : ndarray (m, d) float32
+        dim : int or None
+            The model's dimension as the caller knows it; None: ``X`` fixes it unless
+            another batch did (then :class:`WrongDimensionError` if ``d`` differs).
+        idempotency_key : str or None
+            Store ``X`` once for this key (see the module); :class:`IdempotencyKeyReusedError`
+            if the key stored other vectors.
+        key_seconds : float or None
+            How long the key is remembered; needed with ``idempotency_key``.
+        hand_over : bool
+            Hand the entries to this process's worker in memory (:attr:`local`; plain
+            path only).
+        offload : Offload
+            Runs the encoding (and fingerprint) of ``X``.
+        """
+        m, d = int(X.shape[0]), int(X.shape[1])
+        if dim is None:
+            await self._fix_dim(d)
+        if idempotency_key is not None:
+            if key_seconds is None:
+                raise ValueError("key_seconds is needed with an idempotency_key")
+            return await self._append_once(X, idempotency_key, key_seconds, offload)
+        entries = await offload(X.size // _COPY_WEIGHT, encode_chunks, X)
+        async with self.client.pipeline(transaction=True) as pipe:
+            for fields in entries:
+                pipe.xadd(self.keys.log, fields)
+            pipe.hincrby(self.keys.meta, "n_samples", m)
+            reply = await pipe.execute()
+        if hand_over and self.local is not None:
+            ids = [as_str(raw) for raw in reply[:-1]]
+            parts, start = [], 0
+            for fields in entries:
+                n = int(fields["n"])
+                parts.append(X[start : start + n])
+                start += n
+            self.local.put(ids, parts)
+        return AppendOutcome(stored=True, accepted=m, n_samples=int(reply[-1]))
+
+    async def _append_once(
+        self, X: np.ndarray, idempotency_key: str, key_seconds: float, offload: Offload
+    ) -> AppendOutcome:
+        """:data:`APPEND_ONCE` of ``X`` under ``idempotency_key``."""
+        mine, args = await offload(X.size, _script_args, X)
+        ttl_ms = max(1, round(key_seconds * 1000))
+        reply = await self._once_script(
+            keys=[self.keys.idempotency(idempotency_key), self.keys.log, self.keys.meta],
+            args=[mine, ttl_ms, int(X.shape[0]), *args],
+        )
+        stored, theirs = bool(int(reply[0])), as_str(reply[1])
+        if not stored and theirs != mine:
+            raise IdempotencyKeyReusedError(
+                "this Idempotency-Key was used for a request with other vectors; use a new "
+                "key for new samples"
+            )
+        return AppendOutcome(stored=stored, accepted=int(reply[2]), n_samples=int(reply[3]))
+
+    async def _fix_dim(self, d: int) -> None:
+        """Set the model's dimension to ``d`` unless set; raise if it is another one."""
+        await self.client.hsetnx(self.keys.meta, "dim", d)
+        stored = int(await self.client.hget(self.keys.meta, "dim"))
+        if stored != d:
+            raise WrongDimensionError(expected=stored, got=d)
+
+    async def dim(self) -> int | None:
+        """The model's dimension, once fixed."""
+        raw = await self.client.hget(self.keys.meta, "dim")
+        return int(raw) if raw is not None else None
+
+    async def n_samples(self) -> int:
+        """Total number of samples in the log."""
+        raw = await self.client.hget(self.keys.meta, "n_samples")
+        return int(raw) if raw is not None else 0

@@ -1,0 +1,431 @@
+"""The worker thread: sample log -> store -> nmbatch iterations -> published model.
+
+:class:`Worker` runs the loop of each role and the transitions between roles and phases
+(:mod:`nmbatch.service.worker.roles`); the lease, the Redis backoff and the publication
+are its parts (:mod:`~nmbatch.service.worker.lease`, :mod:`~nmbatch.service.worker.backoff`,
+:mod:`~nmbatch.service.worker.publisher`). What each role does is told in
+:mod:`nmbatch.service.worker`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+import numba
+from threadpoolctl import threadpool_limits
+
+from nmbatch.engine.state import ModelState
+from nmbatch.service.config import Settings
+from nmbatch.service.engine_host import (
+    EngineConfig,
+    EngineHost,
+    EngineProcess,
+    EngineProcessError,
+    LocalEngine,
+)
+from nmbatch.service.metrics import ServiceMetrics
+from nmbatch.service.state import ModelBoard
+from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
+from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
+from nmbatch.service.worker.lease import VERSION_BLOCK, LeaseKeeper
+from nmbatch.service.worker.publisher import Publisher
+from nmbatch.service.worker.roles import Phase, Role
+
+__all__ = ["Worker"]
+
+log = logging.getLogger(__name__)
+
+_LOG_PAGE = 32  # log entries read at a time (<= 1 MiB each): bounded replies, also in replay
+
+
+class Worker:
+    """Runs nmbatch on the model's sample log in a background thread, or stands by.
+
+    Parameters
+    ----------
+    settings : Settings
+    repository : ModelRepository
+        Synchronous Redis access, used by this object's threads once started.
+    board : ModelBoard
+        Where models and statistics are published.
+    metrics : ServiceMetrics
+    lease : WorkerLease
+        The model's worker lease (its own single-connection client).
+    snapshot : Snapshot or None
+        The snapshot read at start-up.
+    dim : int or None
+        The model's dimension if already known.
+    engine_nice : int
+        Niceness of the engine's child process (0: unchanged).
+
+    Attributes
+    ----------
+    role : Role
+    phase : Phase
+    error : BaseException or None
+        What ended the thread, if it failed.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        repository: ModelRepository,
+        board: ModelBoard,
+        metrics: ServiceMetrics,
+        lease: WorkerLease,
+        *,
+        snapshot: Snapshot | None = None,
+        dim: int | None = None,
+        engine_nice: int = 0,
+    ) -> None:
+        self.settings = settings
+        self.repository = repository
+        self.board = board
+        self.metrics = metrics
+        self.snapshot = snapshot
+        self.dim = dim
+        self.engine_nice = engine_nice
+        self.wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"nmbatch-worker-{settings.model}", daemon=True
+        )
+        self.backoff = RedisBackoff(metrics)
+        self.lease = LeaseKeeper(
+            lease,
+            repository,
+            self.backoff,
+            model=settings.model,
+            seconds=settings.worker_lock_seconds,
+            worker_alive=self._thread.is_alive,
+            on_lost=self.wake.set,
+        )
+        self.publisher = Publisher(board, metrics, self.lease, self.backoff)
+        self.error: BaseException | None = None
+        self.phase = Phase.STARTING
+        self.role = Role.STARTING
+        self.engine: EngineHost | None = None
+        self.last_id = "0-0"  # the last log entry read into the engine's store
+        self._snapshot_version = 0  # version of the snapshot known to be in Redis
+        self._last_snapshot = time.monotonic()
+
+    # -- control (any thread) -------------------------------------------------------------
+    def begin(self) -> None:
+        """Take the lease if free and publish the first model; call once before :meth:`start`.
+
+        Raises a Redis error if Redis does not answer (the service does not start then).
+        """
+        if self.lease.acquire():
+            try:
+                self._assume(self.snapshot)
+                return
+            except LeaseLostError:  # taken by another process in between
+                self.lease.holding.clear()
+        self._set_role(Role.STANDBY)
+        if self.snapshot is not None:
+            self.publisher.show(self.snapshot.model)
+        log.info("another process is the worker of model '%s': standing by",
+                 self.settings.model)  # fmt: skip
+
+    def start(self) -> None:
+        """Start the threads."""
+        self.lease.start()
+        self._thread.start()
+
+    def notify(self) -> None:
+        """Tell the worker that samples were appended to the log."""
+        self.wake.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the step, write a last snapshot, release the lease, end; wait for it."""
+        self._stopping.set()
+        self.wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.error("worker did not stop within %.0f s", timeout)
+        self.lease.stop()
+        self.lease.join(timeout)
+
+    def alive(self) -> bool:
+        """True while the thread runs without a fatal error."""
+        return self._thread.is_alive() and self.error is None
+
+    # -- the thread: roles ----------------------------------------------------------------
+    def _run(self) -> None:
+        threads = self.settings.worker_threads
+        try:
+            with threadpool_limits(limits=threads):
+                numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+                while not self._stopping.is_set():
+                    if self.role == Role.WORKER:
+                        try:
+                            if self._prepare():
+                                self._loop()
+                        except EngineProcessError as exc:
+                            self._restart_engine(exc)
+                            continue
+                        if self.lease.lost.is_set() and not self._stopping.is_set():
+                            self._demote()
+                    else:
+                        self._stand_by()
+        except BaseException as exc:
+            self.error = exc
+            self.phase = Phase.FAILED
+            log.exception("worker failed: %s", exc)
+        finally:
+            self.lease.stop()
+            try:
+                self._finish()
+            except Exception:
+                log.exception("could not write the final snapshot or release the lease")
+            self._close_engine()
+            if self.error is None:
+                self.phase = Phase.STOPPED
+            self._publish_stats()
+
+    def _set_role(self, role: Role) -> None:
+        self.role = role
+        self.metrics.is_worker.set(int(role == Role.WORKER))
+        if role == Role.STANDBY:
+            self.phase = Phase.STANDBY
+
+    def _assume(self, snapshot: Snapshot | None) -> None:
+        """Become the worker: reserve versions above all shown, publish ``snapshot``.
+
+        Raises Redis errors and :class:`LeaseLostError` to the caller.
+        """
+        model = snapshot.model if snapshot is not None else None
+        base = self.publisher.base_version(self.repository.reserved_versions(), model)
+        self.lease.reserve(base + VERSION_BLOCK)
+        self.snapshot = snapshot
+        self._snapshot_version = model.version if model is not None else 0
+        self.publisher.resume(base, model)
+        self.lease.lost.clear()
+        self._set_role(Role.WORKER)
+        log.info("worker of model '%s' (centroid versions from %d)", self.settings.model,
+                 self.publisher.version)  # fmt: skip
+
+    def _stand_by(self) -> None:
+        """Follow the snapshots in Redis until the lease is ours (or we stop)."""
+        self._set_role(Role.STANDBY)
+        self._publish_stats()
+        while not self._stopping.is_set():
+            try:
+                if self.backoff.call(self.lease.acquire):
+                    snapshot = self.backoff.call(self.repository.read_snapshot)
+                    self.backoff.call(self._assume, snapshot)
+                    return
+                self._follow()
+            except RedisAwayError:
+                pass
+            except LeaseLostError:  # lost it between taking it and reserving: stand by
+                self.lease.holding.clear()
+            self.wake.wait(self.settings.poll_seconds)
+            self.wake.clear()
+
+    def _follow(self) -> None:
+        """Publish the snapshot in Redis if newer than the served model (standby)."""
+        version = self.backoff.call(self.repository.snapshot_version)
+        model = self.board.model
+        if version is None or (model is not None and version <= model.version):
+            return
+        snapshot = self.backoff.call(self.repository.read_snapshot)
+        if snapshot is not None and self.publisher.show(snapshot.model):
+            self._publish_stats()
+
+    def _demote(self) -> None:
+        """Another process holds the lease: drop the engine state and stand by."""
+        log.warning("the worker lease of model '%s' was taken by another process: "
+                    "standing by", self.settings.model)  # fmt: skip
+        self.lease.drop()
+        self._close_engine()
+        self.last_id = "0-0"
+        self._set_role(Role.STANDBY)
+
+    def _finish(self) -> None:
+        """On stop as the worker: last snapshot, then release the lease."""
+        if self.role != Role.WORKER or not self.lease.holding.is_set():
+            return
+        self.lease.join(10.0)
+        self.backoff.retry_now()  # one last attempt even during a backoff
+        try:
+            self._write_snapshot()
+            model = self.board.model
+            settled = model is None or model.version <= self._snapshot_version
+            # Everything shown is in the snapshot: the next worker may go on from it as is.
+            self.lease.release(self._snapshot_version if settled else None)
+        except (RedisAwayError, LeaseLostError):
+            log.warning("stopped without the last snapshot or lease release (Redis away or "
+                        "lease lost); the lease expires in %.0f s",
+                        self.settings.worker_lock_seconds)  # fmt: skip
+        self.lease.holding.clear()
+
+    # -- the thread: the engine -----------------------------------------------------------
+    def _prepare(self) -> bool:
+        """Wait for the dimension, build the engine, replay the log, restore.
+
+        False: stopped, or the lease was lost.
+        """
+        self.phase = Phase.WAITING_FOR_DIMENSION
+        self._publish_stats()
+        while self.dim is None:
+            if self._stopping.is_set() or self.lease.lost.is_set():
+                return False
+            with contextlib.suppress(RedisAwayError):
+                self.dim = self.backoff.call(self.repository.dim)
+            if self.dim is None:
+                self.wake.wait(self.settings.poll_seconds)
+                self.wake.clear()
+        s = self.settings
+        config = EngineConfig(
+            dim=self.dim,
+            k=s.k,
+            init=s.init,
+            rho=s.rho,
+            batch_size=s.batch_size,
+            seed=s.seed,
+            threads=s.worker_threads,
+            nice=self.engine_nice,
+        )
+        self._close_engine()
+        self.phase = Phase.STARTING_ENGINE
+        self.engine = engine = EngineProcess(config) if s.worker_process else LocalEngine(config)
+        self.last_id = "0-0"
+        self.phase = Phase.REPLAYING
+        self._publish_stats()
+        started = time.perf_counter()
+        while True:
+            if self._stopping.is_set() or self.lease.lost.is_set():
+                return False
+            try:
+                if not self._pull_log():
+                    break
+            except RedisAwayError:
+                self._stopping.wait(max(0.01, self.backoff.seconds_to_retry()))
+        log.info(
+            "replayed %d samples from the log in %.2f s",
+            engine.store.n_samples,
+            time.perf_counter() - started,
+        )
+        if self.snapshot is not None and engine.store.n_samples > 0:
+            state = self.snapshot.model.state
+            self._publish(engine.restore(state.centroids, state.batch_size, state.iteration))
+        return True
+
+    def _restart_engine(self, exc: EngineProcessError) -> None:
+        """The engine's process died: rebuild it from the log and the served centroids.
+
+        The next :meth:`_prepare` replays the whole log into a new process and restores
+        the centroids published last (versions go on increasing). Waits a second first,
+        so a process that cannot start is not restarted in a tight loop.
+        """
+        log.error("%s: restarting the engine (log replay, restore from version %s)", exc,
+                  self.board.model.version if self.board.model else None)  # fmt: skip
+        self.metrics.engine_restarts.inc()
+        self._close_engine()
+        model = self.board.model
+        if model is not None and model.state.n_samples > 0:
+            self.snapshot = Snapshot(model, self.last_id)
+        self._stopping.wait(1.0)
+
+    def _close_engine(self) -> None:
+        """Drop the engine (and end its process, if any)."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
+    def _loop(self) -> None:
+        engine = self.engine
+        assert engine is not None
+        poll = self.settings.poll_seconds
+        last_pull = time.monotonic()
+        idle_logged = False
+        while not self._stopping.is_set() and not self.lease.lost.is_set():
+            if self.wake.is_set() or time.monotonic() - last_pull >= poll:
+                self.wake.clear()
+                try:
+                    while self._pull_log():  # everything available, page by page
+                        pass
+                except RedisAwayError:
+                    pass  # iterate on what we have; the next pull retries
+                last_pull = time.monotonic()
+            state = engine.state
+            idle = state.converged and engine.store.n_samples == state.batch_size
+            if engine.ready() and not idle:
+                self.phase = Phase.ITERATING
+                idle_logged = False
+                self._step()
+            else:
+                if not idle_logged:
+                    self.phase = Phase.CONVERGED if state.converged else Phase.WAITING_FOR_SAMPLES
+                    self._publish_stats()
+                    idle_logged = True
+                self.wake.wait(max(0.0, poll - (time.monotonic() - last_pull)))
+            if time.monotonic() - self._last_snapshot >= self.settings.snapshot_seconds:
+                try:
+                    self._write_snapshot()
+                except RedisAwayError:
+                    pass
+                except LeaseLostError:
+                    self.lease.check()
+
+    def _step(self) -> None:
+        assert self.engine is not None
+        state = self.engine.step()
+        assert state.stats is not None
+        self.publisher.count(state.stats)
+        self._publish(state)
+
+    def _publish(self, state: ModelState) -> None:
+        if self.publisher.publish(state):
+            self._publish_stats()
+
+    def _publish_stats(self) -> None:
+        engine = self.engine
+        if self.role == Role.STANDBY or engine is None:
+            self.publisher.show_stats(self.phase)  # a standby shows the snapshot it serves
+        else:
+            self.publisher.show_stats(self.phase, engine.state, engine.store.n_samples)
+
+    # -- Redis ----------------------------------------------------------------------------
+    def _pull_log(self) -> bool:
+        """Read one page of new log entries into the store; True if a full page was read."""
+        assert self.engine is not None
+        store = self.engine.store
+        chunks = self.backoff.call(self.repository.read_log, self.last_id, _LOG_PAGE)
+        if not chunks:
+            return False
+        for chunk in chunks:
+            if chunk.X.shape[1] != store.dim:
+                log.error(
+                    "log entry %s has dimension %d, the model %d: skipped",
+                    chunk.entry_id,
+                    chunk.X.shape[1],
+                    store.dim,
+                )
+            else:
+                store.append(chunk.X)
+            self.last_id = chunk.entry_id
+        self.metrics.samples_in_store.set(store.n_samples)
+        return len(chunks) == _LOG_PAGE
+
+    def _write_snapshot(self) -> None:
+        """Store the published model in Redis if it is newer than the last snapshot.
+
+        Raises :class:`RedisAwayError` (try at the next cadence) and :class:`LeaseLostError`.
+        """
+        self._last_snapshot = time.monotonic()
+        model = self.board.model
+        if model is None or model.version <= self._snapshot_version:
+            return
+        snapshot = Snapshot(model, self.last_id)  # at the log position read so far
+        written = self.backoff.call(self.repository.write_snapshot, snapshot, self.lease.token)
+        self._snapshot_version = model.version
+        if written:
+            self.metrics.snapshot_written()
+        else:
+            log.warning("Redis holds a snapshot newer than version %d: not replaced", model.version)
