@@ -114,11 +114,10 @@ def _orphaned(pid: int) -> bool:
 AOF_REWRITE_ARGS = ("--rdbcompression", "no", "--auto-aof-rewrite-percentage", "400")
 """Cheaper rewrites of the append-only file, which Redis runs in a forked child that
 takes a core while it writes the whole dataset. The sample log is ``float32`` noise to
-LZF: compressing it saves nothing and makes each rewrite ~40% longer (measured: 800 MB
-of samples, 4.5 s with compression, 2.8 s without). A log that only grows is not made
-smaller by a rewrite, so it runs when the file has grown 400% since the last one
-(Redis's default 100% rewrote the whole log at every doubling): under the load
-benchmark's 100 MB/s, Redis used 0.14 instead of 0.21 cores."""
+LZF: compressing it saves nothing and makes each rewrite longer. A log that only grows
+is not made smaller by a rewrite, so it runs when the file has grown 400% since the last
+one (Redis's default of 100% rewrites the whole log at every doubling). Measured effect:
+``README.md``, "Service load benchmark"."""
 
 
 class EmbeddedRedis:

@@ -5,10 +5,11 @@ parser is loaded (:func:`nmbatch.engine.warmup.warm_up`), so no request and no i
 waits for a compilation.
 
 Heap freeze: the server process (``python -m nmbatch``) then freezes the heap
-(``gc.collect(); gc.freeze()``): the modules, the app and the kernels' objects (about
-170,000) leave the cyclic garbage collector's view. Without it, each collection of the
-oldest generation walks them all, 60-120 ms holding the GIL, a stall of every request in
-flight and the worst ``/assign`` latencies of the load benchmark (``docs/bench/load/``).
+(``gc.collect(); gc.freeze()``): the modules, the app and the kernels' objects leave the
+cyclic garbage collector's view. Without it, each collection of the oldest generation
+walks them all while holding the GIL, a stall of every request in flight and the worst
+``/assign`` latencies of the load benchmark (figures: ``README.md``, "Service load
+benchmark", and ``docs/bench/load/``).
 
 Worker thread: named ``nmbatch-worker`` for the OS and, when the engine runs in the
 thread itself, given a lower priority (:data:`WORKER_NICE`), so the event loop wins the

@@ -44,30 +44,6 @@ def brute_nearest(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return labels.astype(np.int64), D[np.arange(D.shape[0]), labels]
 
 
-def blobs(
-    n: int,
-    d: int,
-    n_blobs: int,
-    *,
-    seed: int = 0,
-    spread: float = 1.0,
-    separation: float = 10.0,
-    integer: bool = False,
-) -> np.ndarray:
-    """``n`` samples around ``n_blobs`` random centres, ``(n, d)`` float32, in random order.
-
-    ``integer=True`` rounds every value to an integer (sums of such float32 rows are exact
-    in float64, so means and sums compare exactly between algorithms).
-    """
-    rng = np.random.default_rng(seed)
-    centres = separation * rng.standard_normal((n_blobs, d))
-    which = rng.integers(0, n_blobs, size=n)
-    X = centres[which] + spread * rng.standard_normal((n, d))
-    if integer:
-        X = np.rint(X)
-    return X.astype(np.float32)
-
-
 def filled_store(X: np.ndarray, *, seed: int = 0, capacity: int = 64) -> NestedBatchStore:
     """A store holding the rows of ``X`` (appended in one call), tail shuffled by ``seed``."""
     store = NestedBatchStore(X.shape[1], seed=seed, capacity=capacity)

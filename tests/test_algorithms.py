@@ -8,9 +8,9 @@ satisfy, exactly where the math allows (see ``tests.engine_helpers.check_step_in
 step, and every lower bound holds for the centroids it was computed for and, after
 subtracting ``p``, for the new ones.
 
-Then: bounds on and off agree bit for bit, elkan and lloyd agree, the doubling rule of
-DESIGN.md, convergence and re-growth after new samples, streaming (also from another
-thread), reproducibility, restore(), and edge cases.
+Then: bounds on and off agree bit for bit, elkan and lloyd agree, the doubling rule
+(``docs/design.md``), convergence and re-growth after new samples, streaming (also from
+another thread), reproducibility, restore(), and edge cases.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from nmbatch.engine import ALGORITHMS, NestedBatchStore, make_algorithm
 from nmbatch.engine.algorithms import NestedMiniBatch
 from tests.engine_helpers import (
     assert_sums_are_means,
-    blobs,
     brute_nearest,
     check_step_invariants,
     filled_store,
     snapshot,
     sqdist64_ref,
 )
+from tests.testkit import blobs
 
 ONE_VOTE = ("nmbatch", "nmbatch.deact", "elkan", "lloyd")
 NESTED = ("nmbatch", "nmbatch.deact", "elkan")
@@ -95,8 +95,8 @@ def test_iteration_stats_describe_the_step(name):
 
 @pytest.mark.parametrize("name", ONE_VOTE)
 def test_n_changed_counts_only_revisited_samples(name):
-    # ENGINE_API: "n_changed: revisited samples whose label changed". On the first step
-    # nothing is revisited, so it is 0 for every algorithm.
+    # IterationStats.n_changed counts the revisited samples whose label changed. On the
+    # first step nothing is revisited, so it is 0 for every algorithm.
     X = blobs(200, 2, 3, seed=2)
     algo = make_algorithm(name, filled_store(X), 3, batch_size=50)
     assert algo.step().n_changed == 0

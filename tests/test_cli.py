@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,24 +24,37 @@ import pytest
 
 from nmbatch import cli
 from nmbatch.service import cli as serve_cli
+from nmbatch.service.embedded_redis import free_port
+from tests import testkit
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, timeout: float = 120, **kwargs: object) -> subprocess.CompletedProcess:
-    """``python -m nmbatch.cli ARGS`` from the repository root, output captured."""
+def run_python(
+    *args: str, timeout: float = 120, check: bool = False, **kwargs: object
+) -> subprocess.CompletedProcess:
+    """``python ARGS`` from the repository root (also on ``PYTHONPATH``), output captured.
+
+    ``env`` adds variables to this process's environment; ``check=True`` raises on a
+    non-zero exit status.
+    """
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
     return subprocess.run(
-        [sys.executable, "-m", "nmbatch.cli", *args],
+        [sys.executable, *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
-        check=False,
+        check=check,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def run_cli(*args: str, **kwargs: object) -> subprocess.CompletedProcess:
+    """``python -m nmbatch.cli ARGS``, as :func:`run_python`."""
+    return run_python("-m", "nmbatch.cli", *args, **kwargs)  # type: ignore[arg-type]
 
 
 def brute_force_labels(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -53,12 +65,9 @@ def brute_force_labels(X: np.ndarray, C: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def blobs() -> np.ndarray:
+def four_blobs() -> np.ndarray:
     """600 samples, ``(600, 3)`` float32, around 4 well separated means."""
-    rng = np.random.default_rng(7)
-    means = rng.normal(scale=20.0, size=(4, 3))
-    X = means[rng.integers(0, 4, size=600)] + rng.normal(size=(600, 3))
-    return X.astype(np.float32)
+    return testkit.blobs(600, 3, 4, seed=7, separation=20.0)
 
 
 # -- help ---------------------------------------------------------------------------------
@@ -91,15 +100,7 @@ def test_help_imports_neither_numpy_nor_the_service() -> None:
         "    pass\n"
         "print(sorted(m for m in ('numpy', 'numba', 'fastapi', 'uvicorn') if m in sys.modules))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    result = run_python("-c", code, timeout=60, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
@@ -135,73 +136,75 @@ def assert_is_kmeans_solution(X: np.ndarray, C: np.ndarray, labels: np.ndarray, 
 
 
 def test_fit_npy_writes_centroids_and_nearest_centroid_labels(
-    tmp_path: Path, blobs: np.ndarray
+    tmp_path: Path, four_blobs: np.ndarray
 ) -> None:
-    np.save(tmp_path / "x.npy", blobs)
+    np.save(tmp_path / "x.npy", four_blobs)
     C, labels = fit(tmp_path, tmp_path / "x.npy")
-    assert_is_kmeans_solution(blobs, C, labels, 4)
+    assert_is_kmeans_solution(four_blobs, C, labels, 4)
 
 
 def test_fit_converged_centroids_are_the_means_of_their_samples(
-    tmp_path: Path, blobs: np.ndarray
+    tmp_path: Path, four_blobs: np.ndarray
 ) -> None:
-    np.save(tmp_path / "x.npy", blobs)
+    np.save(tmp_path / "x.npy", four_blobs)
     C, labels = fit(tmp_path, tmp_path / "x.npy", "--max-iter", "1000")
     for j in range(4):
-        np.testing.assert_allclose(C[j], blobs[labels == j].mean(axis=0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(C[j], four_blobs[labels == j].mean(axis=0), rtol=1e-5, atol=1e-5)
 
 
-def test_fit_matches_the_estimator_with_the_same_seed(tmp_path: Path, blobs: np.ndarray) -> None:
+def test_fit_matches_the_estimator_with_the_same_seed(
+    tmp_path: Path, four_blobs: np.ndarray
+) -> None:
     from nmbatch.engine import NestedMiniBatchKMeans
 
-    np.save(tmp_path / "x.npy", blobs)
+    np.save(tmp_path / "x.npy", four_blobs)
     C, labels = fit(tmp_path, tmp_path / "x.npy")
-    km = NestedMiniBatchKMeans(4, batch_size=100, random_state=3).fit(blobs)
+    km = NestedMiniBatchKMeans(4, batch_size=100, random_state=3).fit(four_blobs)
     np.testing.assert_array_equal(C, km.cluster_centers_)
     np.testing.assert_array_equal(labels, km.labels_)
 
 
-def test_fit_npz_uses_train_by_default(tmp_path: Path, blobs: np.ndarray) -> None:
-    np.savez(tmp_path / "x.npz", aaa=blobs[:50], train=blobs)
+def test_fit_npz_uses_train_by_default(tmp_path: Path, four_blobs: np.ndarray) -> None:
+    np.savez(tmp_path / "x.npz", aaa=four_blobs[:50], train=four_blobs)
     C, labels = fit(tmp_path, tmp_path / "x.npz")
-    assert_is_kmeans_solution(blobs, C, labels, 4)
+    assert_is_kmeans_solution(four_blobs, C, labels, 4)
 
 
-def test_fit_npz_uses_the_first_array_without_train(tmp_path: Path, blobs: np.ndarray) -> None:
-    np.savez(tmp_path / "x.npz", first=blobs, second=blobs[:50])
+def test_fit_npz_uses_the_first_array_without_train(tmp_path: Path, four_blobs: np.ndarray) -> None:
+    np.savez(tmp_path / "x.npz", first=four_blobs, second=four_blobs[:50])
     C, labels = fit(tmp_path, tmp_path / "x.npz")
-    assert_is_kmeans_solution(blobs, C, labels, 4)
+    assert_is_kmeans_solution(four_blobs, C, labels, 4)
 
 
-def test_fit_npz_key_selects_the_array(tmp_path: Path, blobs: np.ndarray) -> None:
-    np.savez(tmp_path / "x.npz", train=blobs, other=blobs[:200])
+def test_fit_npz_key_selects_the_array(tmp_path: Path, four_blobs: np.ndarray) -> None:
+    np.savez(tmp_path / "x.npz", train=four_blobs, other=four_blobs[:200])
     C, labels = fit(tmp_path, tmp_path / "x.npz", "--key", "other")
-    assert_is_kmeans_solution(blobs[:200], C, labels, 4)
+    assert_is_kmeans_solution(four_blobs[:200], C, labels, 4)
 
 
-def test_fit_csv_with_header(tmp_path: Path, blobs: np.ndarray) -> None:
+def test_fit_csv_with_header(tmp_path: Path, four_blobs: np.ndarray) -> None:
     path = tmp_path / "x.csv"
-    np.savetxt(path, blobs, delimiter=",", header="a,b,c", comments="", fmt="%.9g")
+    np.savetxt(path, four_blobs, delimiter=",", header="a,b,c", comments="", fmt="%.9g")
     C, labels = fit(tmp_path, path)
     assert_is_kmeans_solution(np.loadtxt(path, delimiter=",", skiprows=1), C, labels, 4)
 
 
-def test_fit_csv_without_header(tmp_path: Path, blobs: np.ndarray) -> None:
+def test_fit_csv_without_header(tmp_path: Path, four_blobs: np.ndarray) -> None:
     path = tmp_path / "x.csv"
-    np.savetxt(path, blobs, delimiter=",", fmt="%.9g")
+    np.savetxt(path, four_blobs, delimiter=",", fmt="%.9g")
     C, labels = fit(tmp_path, path)
     assert labels.shape == (600,)
     assert_is_kmeans_solution(np.loadtxt(path, delimiter=","), C, labels, 4)
 
 
-def test_fit_flattens_images_to_rows(tmp_path: Path, blobs: np.ndarray) -> None:
-    np.save(tmp_path / "x.npy", blobs.reshape(600, 3, 1))
+def test_fit_flattens_images_to_rows(tmp_path: Path, four_blobs: np.ndarray) -> None:
+    np.save(tmp_path / "x.npy", four_blobs.reshape(600, 3, 1))
     C, labels = fit(tmp_path, tmp_path / "x.npy")
-    assert_is_kmeans_solution(blobs, C, labels, 4)
+    assert_is_kmeans_solution(four_blobs, C, labels, 4)
 
 
-def test_fit_writes_csv_outputs(tmp_path: Path, blobs: np.ndarray) -> None:
-    np.save(tmp_path / "x.npy", blobs)
+def test_fit_writes_csv_outputs(tmp_path: Path, four_blobs: np.ndarray) -> None:
+    np.save(tmp_path / "x.npy", four_blobs)
     code = cli.main(
         ["fit", str(tmp_path / "x.npy"), "-k", "4", "--seed", "1", "-q",
          "--centroids", str(tmp_path / "c.csv"), "--labels", str(tmp_path / "l.csv")]
@@ -211,20 +214,20 @@ def test_fit_writes_csv_outputs(tmp_path: Path, blobs: np.ndarray) -> None:
     labels = np.loadtxt(tmp_path / "l.csv", dtype=np.int64)
     assert C.shape == (4, 3)
     assert labels.shape == (600,)
-    np.testing.assert_array_equal(labels, brute_force_labels(blobs, C.astype(np.float32)))
+    np.testing.assert_array_equal(labels, brute_force_labels(four_blobs, C.astype(np.float32)))
 
 
 @pytest.mark.parametrize("algorithm", ["mbatch", "lloyd"])
-def test_fit_other_algorithms(tmp_path: Path, blobs: np.ndarray, algorithm: str) -> None:
-    np.save(tmp_path / "x.npy", blobs)
+def test_fit_other_algorithms(tmp_path: Path, four_blobs: np.ndarray, algorithm: str) -> None:
+    np.save(tmp_path / "x.npy", four_blobs)
     C, labels = fit(tmp_path, tmp_path / "x.npy", "--algorithm", algorithm, "--max-iter", "20")
-    assert_is_kmeans_solution(blobs, C, labels, 4)
+    assert_is_kmeans_solution(four_blobs, C, labels, 4)
 
 
 def test_fit_progress_shows_iteration_batch_and_energy(
-    tmp_path: Path, blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, four_blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    np.save(tmp_path / "x.npy", blobs)
+    np.save(tmp_path / "x.npy", four_blobs)
     fit(tmp_path, tmp_path / "x.npy")
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -236,24 +239,24 @@ def test_fit_progress_shows_iteration_batch_and_energy(
 
 
 def test_fit_summary_says_when_max_iter_stopped_it(
-    tmp_path: Path, blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, four_blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    np.save(tmp_path / "x.npy", blobs)
+    np.save(tmp_path / "x.npy", four_blobs)
     fit(tmp_path, tmp_path / "x.npy", "--max-iter", "1")
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("nmbatch: stopped at --max-iter 1 after 1 iterations in ")
 
 
 def test_fit_quiet_prints_nothing(
-    tmp_path: Path, blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, four_blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    np.save(tmp_path / "x.npy", blobs)
+    np.save(tmp_path / "x.npy", four_blobs)
     fit(tmp_path, tmp_path / "x.npy", "--quiet")
     assert capsys.readouterr().err == ""
 
 
-def test_fit_does_not_import_fastapi(tmp_path: Path, blobs: np.ndarray) -> None:
-    np.save(tmp_path / "x.npy", blobs)
+def test_fit_does_not_import_fastapi(tmp_path: Path, four_blobs: np.ndarray) -> None:
+    np.save(tmp_path / "x.npy", four_blobs)
     code = (
         "import sys\n"
         "from nmbatch.cli import main\n"
@@ -261,15 +264,7 @@ def test_fit_does_not_import_fastapi(tmp_path: Path, blobs: np.ndarray) -> None:
         f"           '--centroids', {str(tmp_path / 'c.npy')!r}])\n"
         "print(rc, sorted(m for m in ('fastapi', 'uvicorn', 'redis') if m in sys.modules))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_python("-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "0 []"
     assert np.load(tmp_path / "c.npy").shape == (2, 3)
@@ -292,9 +287,9 @@ def test_fit_missing_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_fit_unknown_npz_key_lists_the_arrays(
-    tmp_path: Path, blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, four_blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    np.savez(tmp_path / "x.npz", a=blobs, b=blobs)
+    np.savez(tmp_path / "x.npz", a=four_blobs, b=four_blobs)
     err = fit_error(
         capsys, str(tmp_path / "x.npz"), "-k", "2", "--key", "zz",
         "--centroids", str(tmp_path / "c.npy"),
@@ -304,17 +299,17 @@ def test_fit_unknown_npz_key_lists_the_arrays(
 
 
 def test_fit_fewer_samples_than_clusters_is_an_error(
-    tmp_path: Path, blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, four_blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    np.save(tmp_path / "x.npy", blobs[:3])
+    np.save(tmp_path / "x.npy", four_blobs[:3])
     fit_error(capsys, str(tmp_path / "x.npy"), "-k", "4", "--centroids", str(tmp_path / "c.npy"))
     assert not (tmp_path / "c.npy").exists()
 
 
 def test_fit_non_finite_values_are_an_error(
-    tmp_path: Path, blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, four_blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    X = blobs.copy()
+    X = four_blobs.copy()
     X[5, 1] = np.nan
     np.save(tmp_path / "x.npy", X)
     err = fit_error(
@@ -378,12 +373,6 @@ def test_serve_bad_setting_is_an_error_line_and_status_2(
     assert err.startswith("nmbatch serve: error: --set no_such_setting: no such setting")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def serving(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int]]:
     """``nmbatch serve`` on a free loopback port with its embedded Redis in ``tmp_path``."""
@@ -398,12 +387,7 @@ def serving(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int]]:
     try:
         yield proc, port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        testkit.stop_process(proc)
 
 
 def wait_for_healthz(proc: subprocess.Popen, port: int, deadline_s: float = 90) -> int:

@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from nmbatch.service.embedded_redis import free_port
+from tests.testkit import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -449,12 +451,6 @@ def test_dockerfile_settings_are_valid(
 
 
 # -- the image's CMD serves what its HEALTHCHECK probes -----------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def local(command: list[str]) -> list[str]:
     """An image command run here: ``python`` is this interpreter."""
     return [sys.executable if word == "python" else word for word in command]
@@ -500,12 +496,7 @@ def image_cmd(
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def test_healthcheck_fails_when_nothing_serves(

@@ -27,6 +27,7 @@ from sklearn.utils.estimator_checks import (
 
 import nmbatch.engine.estimator as estimator_module
 from nmbatch.engine import ALGORITHMS, IterationStats, ModelState, NestedMiniBatchKMeans
+from tests.testkit import blobs_around
 
 EXACT = ("nmbatch", "nmbatch.deact", "lloyd", "elkan")  # converge to a Lloyd fixed point
 
@@ -50,14 +51,12 @@ CHECKED = [
 ]
 
 
-def blobs(n_per: int = 200, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+THREE_MEANS = np.array([[0.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+
+
+def three_blobs(n_per: int = 200, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Three separated 2-D blobs, shuffled: X ``(3 n_per, 2)`` float32, blob ids ``(3 n_per,)``."""
-    rng = np.random.default_rng(seed)
-    means = np.array([[0.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
-    X = np.concatenate([m + 0.5 * rng.standard_normal((n_per, 2)) for m in means])
-    y = np.repeat(np.arange(3), n_per)
-    order = rng.permutation(len(X))
-    return X[order].astype(np.float32), y[order]
+    return blobs_around(seed, THREE_MEANS, n_per, sigma=0.5)
 
 
 def blob_to_label(labels: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -171,7 +170,7 @@ def test_get_params_set_params_and_repr():
 
 
 def test_clone_copies_parameters_not_fit():
-    X, _ = blobs(50)
+    X, _ = three_blobs(50)
     est = NestedMiniBatchKMeans(n_clusters=3, batch_size=30, random_state=1).fit(X)
     copy = clone(est)
     assert copy.get_params() == est.get_params()
@@ -204,7 +203,7 @@ class Recorder:
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_callback_sees_every_iteration_of_fit_and_changes_nothing(algorithm):
-    X, _ = blobs(100, seed=4)
+    X, _ = three_blobs(100, seed=4)
     params = {"n_clusters": 3, "batch_size": 40, "max_iter": 30, "random_state": 0}
     plain = NestedMiniBatchKMeans(**params, algorithm=algorithm).fit(X)
     recorder = Recorder()
@@ -227,7 +226,7 @@ def test_callback_sees_every_iteration_of_fit_and_changes_nothing(algorithm):
 
 
 def test_callback_returning_true_stops_fit_after_that_iteration():
-    X, _ = blobs(200, seed=5)
+    X, _ = three_blobs(200, seed=5)
     params = {"n_clusters": 3, "batch_size": 16, "rho": 1000.0, "random_state": 0}
     assert NestedMiniBatchKMeans(**params).fit(X).n_iter_ > 3
     recorder = Recorder(stop_at=3)
@@ -243,7 +242,7 @@ def test_callback_returning_true_stops_fit_after_that_iteration():
 
 @pytest.mark.parametrize("answer", [False, 1, "stop", [True]], ids=repr)
 def test_callback_values_other_than_true_do_not_stop(answer):
-    X, _ = blobs(100, seed=6)
+    X, _ = three_blobs(100, seed=6)
     params = {"n_clusters": 3, "batch_size": 16, "random_state": 0}
     plain = NestedMiniBatchKMeans(**params).fit(X)
     est = NestedMiniBatchKMeans(**params, callback=Recorder(stop_at=1, answer=answer)).fit(X)
@@ -252,7 +251,7 @@ def test_callback_values_other_than_true_do_not_stop(answer):
 
 
 def test_callback_runs_once_per_partial_fit_after_the_attributes_are_set():
-    X, _ = blobs(50)
+    X, _ = three_blobs(50)
     seen = []
 
     def stop_every_time(stats: IterationStats, state: ModelState) -> bool:
@@ -267,7 +266,7 @@ def test_callback_runs_once_per_partial_fit_after_the_attributes_are_set():
 
 
 def test_callback_exception_propagates_and_fit_leaves_the_estimator_as_it_was():
-    X, _ = blobs(60)
+    X, _ = three_blobs(60)
     est = NestedMiniBatchKMeans(n_clusters=3, batch_size=40, random_state=0).fit(X)
     before = fitted_state(est)
 
@@ -284,7 +283,7 @@ def test_callback_exception_propagates_and_fit_leaves_the_estimator_as_it_was():
 # -- the fit ---------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", EXACT)
 def test_exact_algorithms_recover_the_blob_means(algorithm):
-    X, y = blobs()
+    X, y = three_blobs()
     est = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0, algorithm=algorithm)
     est.fit(X)
     mapping = blob_to_label(est.labels_, y)
@@ -300,7 +299,7 @@ def test_exact_algorithms_recover_the_blob_means(algorithm):
 
 @pytest.mark.parametrize("algorithm", ["mbatch", "mbatch.remove"])
 def test_minibatch_algorithms_land_near_the_blob_means(algorithm):
-    X, y = blobs()
+    X, y = three_blobs()
     est = NestedMiniBatchKMeans(
         n_clusters=3, batch_size=64, max_iter=50, random_state=0, algorithm=algorithm
     ).fit(X)
@@ -331,7 +330,7 @@ def test_labels_inertia_transform_and_score_agree_with_brute_force(algorithm):
 
 
 def test_fit_predict_and_fit_transform_match_fit_then_method():
-    X, _ = blobs(60)
+    X, _ = three_blobs(60)
     params = {"n_clusters": 3, "batch_size": 40, "random_state": 5}
     est = NestedMiniBatchKMeans(**params).fit(X)
     assert_array_equal(NestedMiniBatchKMeans(**params).fit_predict(X), est.labels_)
@@ -344,7 +343,7 @@ def test_fit_predict_and_fit_transform_match_fit_then_method():
     ids=["int", "RandomState", "Generator"],
 )
 def test_same_random_state_gives_identical_fits(make_state):
-    X, _ = blobs(300, seed=1)
+    X, _ = three_blobs(300, seed=1)
     fits = [
         NestedMiniBatchKMeans(n_clusters=6, batch_size=50, random_state=make_state()).fit(X)
         for _ in range(2)
@@ -355,13 +354,13 @@ def test_same_random_state_gives_identical_fits(make_state):
 
 
 def test_random_state_none_fits():
-    X, y = blobs(100)
+    X, y = three_blobs(100)
     est = NestedMiniBatchKMeans(n_clusters=3, batch_size=50).fit(X)
     blob_to_label(est.labels_, y)
 
 
 def test_init_first_and_explicit_array():
-    X, y = blobs(100)
+    X, y = three_blobs(100)
     means = np.array([X[y == i].mean(axis=0) for i in range(3)])
     est = NestedMiniBatchKMeans(n_clusters=3, init=means, algorithm="lloyd").fit(X)
     assert_array_equal(blob_to_label(est.labels_, y), [0, 1, 2])
@@ -400,7 +399,7 @@ def test_prediction_methods_fail_before_fit():
             method(X)
 
 
-X_GOOD, _ = blobs(40)
+X_GOOD, _ = three_blobs(40)
 BAD_CALLS = {
     "fit NaN": ("fit", np.where(np.eye(120, 2) > 0, np.nan, X_GOOD), {}),
     "fit inf": ("fit", np.where(np.eye(120, 2) > 0, np.inf, X_GOOD), {}),
@@ -455,7 +454,7 @@ def test_value_error_leaves_the_fitted_state_unchanged(case):
 
 
 def test_object_dtype_is_numeric_if_possible_and_sparse_is_refused():
-    X, _ = blobs(30)
+    X, _ = three_blobs(30)
     est = NestedMiniBatchKMeans(n_clusters=3, random_state=0)
     assert_array_equal(
         est.fit(X.astype(object)).cluster_centers_, clone(est).fit(X).cluster_centers_
@@ -472,7 +471,7 @@ def test_object_dtype_is_numeric_if_possible_and_sparse_is_refused():
 # -- edge cases ------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_one_cluster_is_the_mean(algorithm):
-    X, _ = blobs(50)
+    X, _ = three_blobs(50)
     est = NestedMiniBatchKMeans(n_clusters=1, random_state=0, algorithm=algorithm).fit(X)
     atol = 1e-5 if algorithm in EXACT else 0.5
     assert_allclose(est.cluster_centers_[0], X.astype(np.float64).mean(axis=0), atol=atol)
@@ -526,7 +525,7 @@ def test_tiny_inputs(n, k):
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_batch_size_smaller_than_n_clusters(algorithm):
-    X, _ = blobs(50)
+    X, _ = three_blobs(50)
     est = NestedMiniBatchKMeans(
         n_clusters=3, batch_size=2, max_iter=30, random_state=0, algorithm=algorithm
     ).fit(X)
@@ -536,7 +535,7 @@ def test_batch_size_smaller_than_n_clusters(algorithm):
 
 # -- partial_fit -----------------------------------------------------------------------
 def test_partial_fit_over_chunks_ends_near_fit():
-    X, y = blobs(1000, seed=2)
+    X, y = three_blobs(1000, seed=2)
     full = NestedMiniBatchKMeans(n_clusters=3, batch_size=100, random_state=0).fit(X)
     stream = NestedMiniBatchKMeans(n_clusters=3, batch_size=100, random_state=0)
     chunks = np.array_split(X, 10)
@@ -553,7 +552,7 @@ def test_partial_fit_over_chunks_ends_near_fit():
 
 
 def test_partial_fit_waits_for_n_clusters_samples():
-    X, _ = blobs(20)
+    X, _ = three_blobs(20)
     est = NestedMiniBatchKMeans(n_clusters=5, random_state=0)
     est.partial_fit(X[:2]).partial_fit(X[2:4])
     assert est.n_samples_seen_ == 4
@@ -567,7 +566,7 @@ def test_partial_fit_waits_for_n_clusters_samples():
 
 
 def test_partial_fit_continues_a_fit():
-    X, _ = blobs(100)
+    X, _ = three_blobs(100)
     est = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0).fit(X)
     n_iter = est.n_iter_
     est.partial_fit(X[:10])
@@ -580,7 +579,7 @@ def test_partial_fit_continues_a_fit():
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_pickle_round_trip_predicts_the_same_and_resumes(algorithm):
-    X, _ = blobs(100)
+    X, _ = three_blobs(100)
     est = NestedMiniBatchKMeans(
         n_clusters=3, batch_size=64, max_iter=20, random_state=0, algorithm=algorithm
     ).fit(X)

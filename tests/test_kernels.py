@@ -48,7 +48,8 @@ from nmbatch.engine.kernels import (
     sqdist_safe,
     sqnorms32,
 )
-from tests.engine_helpers import blobs, brute_nearest, sqdist64_ref
+from tests.engine_helpers import brute_nearest, sqdist64_ref
+from tests.testkit import blobs
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

@@ -8,18 +8,16 @@ whether any is stored partly or twice.
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import numpy as np
@@ -28,44 +26,47 @@ import redis
 
 from nmbatch.service.embedded_redis import free_port
 from nmbatch.service.storage import ModelKeys, decode_chunk
-
-with warnings.catch_warnings():
-    # This starlette warns that its TestClient will move from httpx to httpx2.
-    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
-    from fastapi.testclient import TestClient
+from tests.testkit import npy_bytes, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
 __all__ = [
     "REPO",
+    "BackgroundLoop",
     "Ingestor",
     "Ledger",
     "ServiceProcess",
-    "TestClient",
     "check_log_against_ledger",
     "http_post",
-    "npy_bytes",
     "tagged_batch",
-    "wait_until",
 ]
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until truthy (returned); fail the test after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
+class BackgroundLoop:
+    """A daemon thread running ``loop()`` between ``__enter__`` and ``__exit__``.
 
+    ``loop()`` runs until ``stopping`` is set; ``__exit__`` sets it, joins the thread
+    (10 s at most) and calls ``close()``.
+    """
 
-def npy_bytes(X: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    np.save(out, X, allow_pickle=False)
-    return out.getvalue()
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def loop(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the loop used (nothing by default)."""
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(10)
+        self.close()
 
 
 CENTRES = np.array([[0.0] * 6, [50.0] + [0.0] * 5, [0.0, 50.0] + [0.0] * 4], dtype=np.float32)
@@ -296,13 +297,8 @@ class ServiceProcess:
         """Stop whatever state it is in (SIGCONT first, in case it was frozen)."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        try:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        self.proc.send_signal(signal.SIGCONT)
+        stop_process(self.proc, 20)
 
 
 def http_post(base: str) -> PostFn:

@@ -4,7 +4,6 @@ is lost, nothing unacknowledged is half-stored, and the centroid version never g
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,32 +11,32 @@ import httpx
 import pytest
 import redis
 from fault_helpers import (
+    BackgroundLoop,
     Ingestor,
     Ledger,
     ServiceProcess,
     check_log_against_ledger,
     http_post,
-    wait_until,
 )
 
 from nmbatch.service.embedded_redis import EmbeddedRedis, free_port
 from nmbatch.service.storage import ModelKeys
+from tests.testkit import wait_until
 
 pytestmark = pytest.mark.fault
 
 MODEL = "crash"
 
 
-class VersionWatcher:
+class VersionWatcher(BackgroundLoop):
     """A client reading ``/centroids`` in a loop; remembers the highest version it saw."""
 
     def __init__(self, base: str) -> None:
+        super().__init__()
         self.base = base
         self.seen: list[int] = []
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
+    def loop(self) -> None:
         with httpx.Client(base_url=self.base, timeout=5) as http:
             while not self.stopping.is_set():
                 try:
@@ -52,14 +51,6 @@ class VersionWatcher:
     @property
     def highest(self) -> int:
         return max(self.seen, default=0)
-
-    def __enter__(self) -> VersionWatcher:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        self.thread.join(10)
 
 
 @pytest.mark.parametrize("redis_kind", ["external", "embedded"])

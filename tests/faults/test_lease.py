@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import redis
-from fault_helpers import wait_until
 
 from nmbatch.engine.state import ModelState
 from nmbatch.service.state import PublishedModel
@@ -16,6 +15,7 @@ from nmbatch.service.storage import (
     Snapshot,
     WorkerLease,
 )
+from tests.testkit import wait_until
 
 pytestmark = pytest.mark.fault
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from fault_helpers import TestClient
 
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import EmbeddedRedis, EmbeddedRedisError, find_redis_server
 from nmbatch.service.main import create_app
+from tests.testkit import TestClient
 
 pytestmark = pytest.mark.fault
 

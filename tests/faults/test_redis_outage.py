@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from fault_helpers import Ingestor, Ledger, TestClient, check_log_against_ledger, wait_until
+from fault_helpers import BackgroundLoop, Ingestor, Ledger, check_log_against_ledger
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -25,6 +25,7 @@ from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.main import REQUEST_SOCKET_TIMEOUT, create_app
 from nmbatch.service.storage import ModelRepository
 from nmbatch.service.worker import Worker
+from tests.testkit import TestClient, wait_until
 
 pytestmark = pytest.mark.fault
 
@@ -53,17 +54,16 @@ class StepGate:
         monkeypatch.setattr(Worker, "_step", gated)
 
 
-class Reader:
+class Reader(BackgroundLoop):
     """A client calling ``GET /centroids`` and ``GET /assign`` in a loop, by phase."""
 
     def __init__(self, client: TestClient) -> None:
+        super().__init__()
         self.client = client
         self.phase = "before"
         self.statuses: dict[str, list[int]] = {}
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
+    def loop(self) -> None:
         while not self.stopping.is_set():
             phase = self.phase
             for response in (
@@ -72,14 +72,6 @@ class Reader:
             ):
                 self.statuses.setdefault(phase, []).append(response.status_code)
             self.stopping.wait(0.01)
-
-    def __enter__(self) -> Reader:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        self.thread.join(10)
 
 
 def settings_for(server: EmbeddedRedis, **overrides: Any) -> Settings:

@@ -6,7 +6,6 @@ that wakes up steps down instead of fighting. Snapshot versions never go back.
 from __future__ import annotations
 
 import signal
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -14,16 +13,17 @@ import httpx
 import pytest
 import redis
 from fault_helpers import (
+    BackgroundLoop,
     Ingestor,
     Ledger,
     ServiceProcess,
     check_log_against_ledger,
     http_post,
-    wait_until,
 )
 
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.storage import ModelKeys
+from tests.testkit import wait_until
 
 pytestmark = pytest.mark.fault
 
@@ -31,16 +31,15 @@ MODEL = "pair"
 VECTOR = ",".join(["1"] * 8)
 
 
-class SnapshotWatch:
+class SnapshotWatch(BackgroundLoop):
     """Reads the snapshot's version in Redis in a loop, from another connection."""
 
     def __init__(self, url: str) -> None:
+        super().__init__()
         self.client = redis.Redis.from_url(url)
         self.versions: list[int] = []
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
+    def loop(self) -> None:
         key = ModelKeys(MODEL).snapshot
         while not self.stopping.is_set():
             raw = self.client.hget(key, "version")
@@ -48,13 +47,7 @@ class SnapshotWatch:
                 self.versions.append(int(raw))
             self.stopping.wait(0.02)
 
-    def __enter__(self) -> SnapshotWatch:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        self.thread.join(10)
+    def close(self) -> None:
         self.client.close()
 
 

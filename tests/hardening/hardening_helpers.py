@@ -1,95 +1,22 @@
-"""Helpers of the hardening tests: a uvicorn server in a thread, raw HTTP over a socket,
-bodies, and the state of the Redis log (what "nothing was stored" is checked against)."""
+"""Helpers of the hardening tests: a uvicorn server in a thread and raw HTTP over a socket."""
 
 from __future__ import annotations
 
-import io
 import socket
 import threading
-import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import pytest
-import redis
 import uvicorn
 
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import free_port
 from nmbatch.service.main import create_app
-from nmbatch.service.storage import ModelKeys, decode_chunk
+from tests.testkit import wait_until
 
-with warnings.catch_warnings():
-    # This starlette warns that its TestClient will move from httpx to httpx2.
-    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
-    from fastapi.testclient import TestClient
-
-__all__ = [
-    "PROBLEM",
-    "LiveServer",
-    "SettingsFactory",
-    "TestClient",
-    "assert_problem",
-    "live_server",
-    "log_state",
-    "logged_samples",
-    "npy_bytes",
-    "raw_exchange",
-    "read_response",
-    "wait_until",
-]
-
-PROBLEM = "application/problem+json"
-SettingsFactory = Callable[..., Settings]
-
-
-def npy_bytes(X: np.ndarray, allow_pickle: bool = False) -> bytes:
-    """``X`` in .npy format."""
-    out = io.BytesIO()
-    np.save(out, X, allow_pickle=allow_pickle)
-    return out.getvalue()
-
-
-def log_state(client: redis.Redis, model: str) -> tuple[int, int, bytes | None]:
-    """(entries in the log stream, samples counted in the meta record, stored dimension)."""
-    keys = ModelKeys(model)
-    counted, dim = client.hmget(keys.meta, ["n_samples", "dim"])
-    return int(client.xlen(keys.log)), int(counted or 0), dim
-
-
-def logged_samples(client: redis.Redis, model: str) -> np.ndarray:
-    """Every sample in the model's Redis log, in log order, ``(N, d)`` float32."""
-    entries = client.xrange(ModelKeys(model).log)
-    if not entries:
-        return np.empty((0, 0), dtype=np.float32)
-    return np.concatenate([decode_chunk(fields) for _, fields in entries])
-
-
-def assert_problem(response: Any, status: int, slug: str | None = None) -> dict[str, Any]:
-    """``response`` is a problem details answer with ``status`` (and type ``slug``)."""
-    assert response.status_code == status, response.text[:500]
-    assert response.headers["content-type"] == PROBLEM
-    problem = response.json()
-    assert problem["status"] == status and problem["title"] and problem["detail"]
-    if slug is not None:
-        assert problem["type"] == f"urn:nmbatch:problem:{slug}", problem
-    return problem
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what or predicate}")
-        time.sleep(0.02)
+__all__ = ["LiveServer", "live_server", "raw_exchange", "read_response"]
 
 
 # -- a real server on a real socket ----------------------------------------------------------

@@ -8,19 +8,13 @@ import logging
 
 import pytest
 import redis
-from hardening_helpers import (
-    SettingsFactory,
-    TestClient,
-    assert_problem,
-    live_server,
-    log_state,
-    raw_exchange,
-)
+from hardening_helpers import live_server, raw_exchange
 from pydantic import ValidationError
 
 from nmbatch.service.config import Settings
 from nmbatch.service.main import create_app
 from nmbatch.service.security import key_matches
+from tests.testkit import SettingsFactory, TestClient, assert_problem, log_state
 
 KEY = "s3cret-Key-0123456789-abcdef"
 GOOD = {"Authorization": f"Bearer {KEY}"}

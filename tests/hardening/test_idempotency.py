@@ -10,19 +10,19 @@ import httpx
 import numpy as np
 import pytest
 import redis
-from hardening_helpers import (
+from hardening_helpers import live_server
+
+from nmbatch.service.main import create_app
+from nmbatch.service.storage import CHUNK_BYTES, ModelKeys
+from tests.testkit import (
     SettingsFactory,
     TestClient,
     assert_problem,
-    live_server,
     log_state,
     logged_samples,
     npy_bytes,
     wait_until,
 )
-
-from nmbatch.service.main import create_app
-from nmbatch.service.storage import CHUNK_BYTES, ModelKeys
 
 NPY = {"content-type": "application/x-npy"}
 

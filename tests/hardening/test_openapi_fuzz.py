@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from hardening_helpers import SettingsFactory, TestClient, wait_until
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -31,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
 
 from nmbatch.service.config import Settings
 from nmbatch.service.main import create_app
+from tests.testkit import SettingsFactory, TestClient, wait_until
 
 EXAMPLES = 60
 SEED = [[0.0], [1.0], [10.0], [11.0], [20.0], [21.0]]  # dimension 1: many bodies fit

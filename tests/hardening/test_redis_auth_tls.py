@@ -18,16 +18,13 @@ from urllib.parse import quote
 
 import pytest
 import redis
-from hardening_helpers import TestClient, wait_until
 
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import find_redis_server, free_port
 from nmbatch.service.main import StartupError, create_app
+from tests.testkit import SettingsFactory, TestClient, stop_process, wait_until
 
 PASSWORD = "pw-Xq7-not-logged"
-# How start-up refuses an unusable Redis: StartupError, or (today, for the worker lease's
-# connection, opened in its constructor before main.py's checks) the Redis error itself.
-REFUSED = (StartupError, redis.RedisError)
 VECTORS = {"vectors": [[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 20.0]]}
 
 
@@ -75,17 +72,6 @@ def _start(binary: Path, args: list[str], workdir: Path, client_kwargs: dict) ->
     return process
 
 
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    if process.stdout is not None:
-        process.stdout.close()
-
-
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
@@ -121,7 +107,7 @@ def password_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         yield f"redis://:{quote(PASSWORD)}@127.0.0.1:{port}/0"
     finally:
-        _stop(process)
+        stop_process(process, 10)
 
 
 @pytest.fixture(scope="module")
@@ -148,16 +134,9 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, P
             query = f"ssl_cert_reqs=required&ssl_ca_certs={quote(str(ca))}"
             yield f"rediss://:{quote(PASSWORD)}@127.0.0.1:{port}/0?{query}", ca
         finally:
-            _stop(process)
+            stop_process(process, 10)
         return
     pytest.skip(f"no redis-server here supports TLS: {' | '.join(failures) or 'none found'}")
-
-
-def settings_for(url: str, model: str, **overrides: object) -> Settings:
-    values: dict = {"redis_url": url, "model": model, "k": 3, "batch_size": 32, "seed": 0,
-                    "snapshot_seconds": 0.2, "poll_seconds": 0.05, "worker_threads": 1}  # fmt: skip
-    values.update(overrides)
-    return Settings(**values)
 
 
 def exercise(settings: Settings) -> None:
@@ -175,41 +154,43 @@ def exercise(settings: Settings) -> None:
 
 
 def test_redis_with_a_password(
-    password_redis: str, model_name: str, caplog: pytest.LogCaptureFixture
+    password_redis: str, make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    settings = settings_for(password_redis, model_name)
+    settings = make_settings(redis_url=password_redis)
     assert PASSWORD not in repr(settings)
     exercise(settings)
     wrong = password_redis.replace(quote(PASSWORD), "wrong-password")
     for url in (wrong, password_redis.replace(f":{quote(PASSWORD)}@", "")):
-        with pytest.raises(REFUSED) as info:  # noqa: SIM117
-            with TestClient(create_app(settings_for(url, model_name))):
+        # service/bootstrap.py turns the Redis error of each start-up connection (the
+        # lease's single connection included) into a StartupError.
+        with pytest.raises(StartupError) as info:  # noqa: SIM117
+            with TestClient(create_app(make_settings(redis_url=url))):
                 pass
         assert "wrong-password" not in str(info.value)
     assert PASSWORD not in caplog.text and "wrong-password" not in caplog.text
 
 
 def test_redis_over_tls_with_a_verified_certificate(
-    tls_redis: tuple[str, Path], model_name: str, caplog: pytest.LogCaptureFixture
+    tls_redis: tuple[str, Path], make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     url, _ = tls_redis
-    exercise(settings_for(url, model_name))
+    exercise(make_settings(redis_url=url))
     assert PASSWORD not in caplog.text
 
 
 def test_redis_over_tls_refuses_a_certificate_from_another_ca(
-    tls_redis: tuple[str, Path], model_name: str, tmp_path: Path
+    tls_redis: tuple[str, Path], make_settings: SettingsFactory, tmp_path: Path
 ) -> None:
     url, ca = tls_redis
     other_ca, _, _ = make_ca_and_server_cert(tmp_path / "other", "other")
     untrusted = url.replace(quote(str(ca)), quote(str(other_ca)))
     assert untrusted != url
-    with pytest.raises(REFUSED, match=r"(?i)certificate"):  # noqa: SIM117
-        with TestClient(create_app(settings_for(untrusted, model_name))):
+    with pytest.raises(StartupError, match=r"(?i)certificate"):  # noqa: SIM117
+        with TestClient(create_app(make_settings(redis_url=untrusted))):
             pass
     plain = url.replace("rediss://", "redis://").split("?")[0]  # TLS port, no TLS
-    with pytest.raises(REFUSED):  # noqa: SIM117
-        with TestClient(create_app(settings_for(plain, model_name))):
+    with pytest.raises(StartupError):  # noqa: SIM117
+        with TestClient(create_app(make_settings(redis_url=plain))):
             pass

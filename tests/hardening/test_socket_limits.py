@@ -13,14 +13,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
-from hardening_helpers import (
-    LiveServer,
-    SettingsFactory,
-    live_server,
-    log_state,
-    raw_exchange,
-    read_response,
-)
+from hardening_helpers import LiveServer, live_server, raw_exchange, read_response
+
+from tests.testkit import SettingsFactory, log_state
 
 LIMIT = 64 * 1024
 BODY_TIMEOUT = 1.0  # seconds; the default of NMBATCH_BODY_TIMEOUT_SECONDS is 60

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from service_helpers import TestClient, post_npy, wait_converged
+from service_helpers import post_npy, wait_converged
+
+from tests.testkit import TestClient
 
 POINTS = [[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 20.0], [1.0, 20.0]]
 QUERIES = np.array([[0.2, 0.3], [9.0, -1.0], [3.0, 15.0], [5.0, 0.5], [-4.0, 30.0]])

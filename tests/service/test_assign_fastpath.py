@@ -13,11 +13,12 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
-from service_helpers import SettingsFactory, TestClient, wait_converged
+from service_helpers import wait_converged
 
 from nmbatch.service.config import Settings
 from nmbatch.service.fastpath import AssignFastPath
 from nmbatch.service.main import create_app
+from tests.testkit import SettingsFactory, TestClient
 
 KEY = "k" * 32
 POINTS = np.array(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 
 import numpy as np
-from service_helpers import TestClient, wait_converged
+from service_helpers import wait_converged
+
+from tests.testkit import TestClient
 
 POINTS = [[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 20.0], [1.0, 20.0]]
 

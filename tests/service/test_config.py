@@ -6,10 +6,10 @@ import os
 
 import pytest
 from pydantic import ValidationError
-from service_helpers import SettingsFactory, TestClient
 
 from nmbatch.service.config import Settings, default_worker_threads
 from nmbatch.service.main import StartupError, create_app
+from tests.testkit import SettingsFactory, TestClient
 
 
 def test_settings_come_from_nmbatch_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,19 +7,12 @@ import threading
 import numpy as np
 import pytest
 import redis
-from service_helpers import (
-    SettingsFactory,
-    TestClient,
-    blobs,
-    logged_samples,
-    post_npy,
-    wait_converged,
-    wait_until,
-)
+from service_helpers import post_npy, wait_converged
 
 from nmbatch.engine import nearest
 from nmbatch.service.main import create_app
 from nmbatch.service.storage import ModelRepository
+from tests.testkit import SettingsFactory, TestClient, blobs_around, logged_samples, wait_until
 
 MEANS = np.array([[0.0, 0.0, 0.0, 0.0], [20.0, 0.0, 5.0, 0.0], [0.0, 20.0, 0.0, -5.0]])
 
@@ -28,7 +21,7 @@ def test_three_blobs_are_found_from_json_and_npy_requests(
     make_settings: SettingsFactory,
 ) -> None:
     rng = np.random.default_rng(7)
-    X, blob = blobs(rng, MEANS, per_blob=400)
+    X, blob = blobs_around(rng, MEANS, per_blob=400)
     with TestClient(create_app(make_settings(batch_size=64))) as client:
         for i, part in enumerate(np.array_split(np.arange(len(X)), 6)):
             if i % 2:
@@ -58,7 +51,7 @@ def test_concurrent_ingestion_is_exact_and_centroids_are_means(
     make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
 ) -> None:
     rng = np.random.default_rng(11)
-    X, _ = blobs(rng, MEANS, per_blob=700)
+    X, _ = blobs_around(rng, MEANS, per_blob=700)
     threads_n, requests_n = 4, 15
     parts = np.array_split(X, threads_n * requests_n)
     errors: list[str] = []
@@ -111,7 +104,7 @@ def test_restart_keeps_samples_and_version_and_answers_at_once(
     make_settings: SettingsFactory,
 ) -> None:
     rng = np.random.default_rng(3)
-    X, _ = blobs(rng, MEANS, per_blob=200)
+    X, _ = blobs_around(rng, MEANS, per_blob=200)
     settings = make_settings(batch_size=32, snapshot_seconds=60.0)
     with TestClient(create_app(settings)) as client:
         post_npy(client, X[:300])

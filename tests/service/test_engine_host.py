@@ -11,20 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import SettingsFactory, TestClient, wait_converged, wait_until
+from service_helpers import wait_converged
 
 from nmbatch.engine.state import ModelState
 from nmbatch.service.engine_host import EngineConfig, EngineProcess, EngineProcessError, LocalEngine
 from nmbatch.service.main import create_app
+from tests.testkit import SettingsFactory, TestClient, blobs, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = EngineConfig(dim=6, k=4, init="k-means++", rho=100.0, batch_size=50, seed=3, nice=5)
-
-
-def _blobs(n: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(0, 10, (4, CONFIG.dim))
-    return (centers[rng.integers(0, 4, n)] + rng.normal(0, 1, (n, CONFIG.dim))).astype(np.float32)
 
 
 def _state(engine: LocalEngine | EngineProcess) -> tuple:
@@ -46,7 +41,7 @@ def _state(engine: LocalEngine | EngineProcess) -> tuple:
 
 def test_process_and_thread_engines_agree_bit_for_bit() -> None:
     """Same appends (also between steps), steps and restore: identical state after each call."""
-    X = _blobs(3000, seed=1)
+    X = blobs(3000, CONFIG.dim, 4, seed=1)
     local, remote = LocalEngine(CONFIG), EngineProcess(CONFIG)
     try:
         for engine in (local, remote):
@@ -98,13 +93,13 @@ def test_the_child_is_named_and_runs_at_the_lower_priority() -> None:
 def test_a_dead_child_is_an_error_at_the_next_call_not_a_hang() -> None:
     engine = EngineProcess(CONFIG)
     try:
-        engine.store.append(_blobs(200, seed=2))
+        engine.store.append(blobs(200, CONFIG.dim, 4, seed=2))
         engine.step()
         os.kill(engine.pid, signal.SIGKILL)
         engine.process.join(10)
         with pytest.raises(EngineProcessError, match=r"gone|exited"):
             for _ in range(3):  # the first append may still fit in the pipe
-                engine.store.append(_blobs(10, seed=3))
+                engine.store.append(blobs(10, CONFIG.dim, 4, seed=3))
                 engine.step()
     finally:
         engine.close()
@@ -117,8 +112,8 @@ def test_bad_rows_are_refused_in_the_parent() -> None:
         with pytest.raises(ValueError):
             remote.store.append(np.zeros((3, CONFIG.dim + 1), dtype=np.float32))
         assert remote.store.n_samples == 0
-        remote.store.append(_blobs(100, seed=4))
-        engine.store.append(_blobs(100, seed=4))
+        remote.store.append(blobs(100, CONFIG.dim, 4, seed=4))
+        engine.store.append(blobs(100, CONFIG.dim, 4, seed=4))
         assert _state(engine) == _state(remote)
     finally:
         remote.close()
@@ -170,7 +165,7 @@ def test_the_worker_rebuilds_a_killed_engine_and_goes_on(make_settings: Settings
     log into a new process, restores the served centroids, versions go on increasing."""
     settings = make_settings(worker_process=True)
     with TestClient(create_app(settings)) as client:
-        X = _blobs(600, seed=5)[:, :3]
+        X = blobs(600, CONFIG.dim, 4, seed=5)[:, :3]
         assert client.post("/samples", json={"vectors": X[:300].tolist()}).status_code == 202
         before = wait_converged(client, 300)
         worker = client.app.state.context.worker

@@ -123,7 +123,7 @@ def test_other_bodies_are_left_to_orjson(body: bytes) -> None:
     except ProblemError:
         got = ProblemError
     if expected is ProblemError or got is ProblemError:
-        assert got is ProblemError  # refused as before (the exact problem: test_parsing)
+        assert got is ProblemError  # refused, as by the reference (which problem: test_parsing)
     else:
         assert isinstance(got, np.ndarray) and isinstance(expected, np.ndarray)
         assert_same_bits(got, expected)

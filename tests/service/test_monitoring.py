@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service_helpers import TestClient, wait_converged, wait_until
+from service_helpers import wait_converged
 
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.main import create_app
+from tests.testkit import TestClient, wait_until
 
 POINTS = [[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 20.0], [1.0, 20.0]]
 

@@ -7,10 +7,10 @@ import io
 
 import numpy as np
 import pytest
-from service_helpers import npy_bytes
 
 from nmbatch.service.parsing import parse_query_vector, parse_vectors
 from nmbatch.service.problems import ProblemError
+from tests.testkit import npy_bytes, pickled_object_npy
 
 
 def parse(body: bytes, content_type: str, dim: int | None = None, max_vectors: int = 1000):
@@ -114,20 +114,9 @@ def test_bad_body_is_a_problem_naming_the_fault(
     assert info.value.detail
 
 
-def _unpickled() -> None:
-    raise AssertionError("the body was unpickled")
-
-
-class _Trap:
-    def __reduce__(self):  # unpickling calls _unpickled()
-        return (_unpickled, ())
-
-
 def test_pickled_object_array_is_refused_without_unpickling() -> None:
-    out = io.BytesIO()
-    np.save(out, np.array([[_Trap()]], dtype=object), allow_pickle=True)
     with pytest.raises(ProblemError) as info:
-        parse(out.getvalue(), "application/x-npy")
+        parse(pickled_object_npy(), "application/x-npy")
     assert info.value.status == 422 and info.value.slug == "non-numeric"
 
 

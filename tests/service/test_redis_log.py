@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import redis
 import redis.asyncio
-from service_helpers import TestClient
 
 from nmbatch.engine.state import ModelState
 from nmbatch.service.problems import ProblemError
@@ -25,6 +24,7 @@ from nmbatch.service.storage import (
     decode_chunk,
     encode_chunks,
 )
+from tests.testkit import TestClient
 
 
 def test_chunks_hold_raw_float32_and_decode_to_the_same_rows() -> None:

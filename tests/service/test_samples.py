@@ -8,20 +8,20 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import redis
-from service_helpers import (
-    SettingsFactory,
-    TestClient,
-    log_state,
-    logged_samples,
-    npy_bytes,
-    post_npy,
-)
+from service_helpers import post_npy
 
 from nmbatch.service.config import Settings
 from nmbatch.service.main import create_app
 from nmbatch.service.storage import CHUNK_BYTES, ModelKeys
-
-PROBLEM = "application/problem+json"
+from tests.testkit import (
+    PROBLEM,
+    SettingsFactory,
+    TestClient,
+    assert_problem,
+    log_state,
+    logged_samples,
+    npy_bytes,
+)
 
 
 def test_json_samples_are_accepted_and_logged_as_float32(
@@ -76,7 +76,7 @@ def test_a_large_request_spans_several_log_entries_atomically(
     rows_per_entry = CHUNK_BYTES // (4 * d)
     X = np.random.default_rng(0).normal(size=(2 * rows_per_entry + 5, d)).astype(np.float32)
     assert post_npy(client, X).json() == {"accepted": X.shape[0], "n_samples": X.shape[0]}
-    assert log_state(redis_client, model_name) == (3, X.shape[0])
+    assert log_state(redis_client, model_name) == (3, X.shape[0], b"64")
     np.testing.assert_array_equal(logged_samples(redis_client, model_name), X)
 
 
@@ -130,12 +130,8 @@ def test_bad_input_is_a_problem_and_stores_nothing(
     before = log_state(redis_client, model_name)
     body, content_type = request_body
     response = client.post("/samples", content=body, headers={"content-type": content_type})
-    assert response.status_code == status
-    assert response.headers["content-type"] == PROBLEM
-    problem = response.json()
-    assert problem["type"] == f"urn:nmbatch:problem:{slug}"
-    assert problem["status"] == status and problem["title"] and problem["detail"]
-    assert log_state(redis_client, model_name) == before == (1, 1)
+    assert_problem(response, status, slug)
+    assert log_state(redis_client, model_name) == before == (1, 1, b"2")
     assert client.post("/samples", json={"vectors": [[3.0, 4.0]]}).json()["n_samples"] == 2
 
 
@@ -151,7 +147,7 @@ def test_body_over_the_limit_is_refused_without_a_content_length(
     )
     assert response.status_code == 413
     assert response.json()["type"].endswith(":body-too-large")
-    assert log_state(redis_client, model_name) == (0, 0)
+    assert log_state(redis_client, model_name) == (0, 0, None)
 
 
 def test_rejections_are_counted_in_the_metrics(small_limits_client: TestClient) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,9 +13,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from service_helpers import wait_until
 
 from nmbatch.service.embedded_redis import free_port, running_redis_pid
+from tests.testkit import stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,16 +51,6 @@ def wait_healthy(proc: subprocess.Popen[str], base: str) -> None:
             return False
 
     wait_until(healthy, timeout=60, what="the service to be ready")
-
-
-def stop(proc: subprocess.Popen[str]) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail("the service did not exit within 30 s of SIGTERM")
 
 
 @pytest.fixture
@@ -106,7 +95,7 @@ def test_python_m_service_runs_stops_cleanly_and_keeps_its_data(
         frozen = [line for line in metrics.splitlines() if line.startswith("nmbatch_gc_frozen")]
         assert frozen and float(frozen[0].split()[-1]) > 50_000, frozen
 
-    assert stop(proc) == 0
+    assert stop_process(proc, fail_on_kill=True) == 0
     with pytest.raises(ProcessLookupError):
         os.kill(redis_pid, 0)
     assert not (data_dir / "redis.pid").exists()
@@ -120,7 +109,7 @@ def test_python_m_service_runs_stops_cleanly_and_keeps_its_data(
         doc = httpx.get(f"{base}/centroids", timeout=10).json()
         assert doc["n_samples"] == 6 and doc["version"] >= version
     finally:
-        assert stop(again) == 0
+        assert stop_process(again, fail_on_kill=True) == 0
 
 
 def test_a_contradicting_setting_stops_start_up_with_a_message(tmp_path: Path) -> None:
@@ -128,7 +117,7 @@ def test_a_contradicting_setting_stops_start_up_with_a_message(tmp_path: Path) -
     first = start_service(data_dir, port)
     wait_healthy(first, f"http://127.0.0.1:{port}")
     httpx.post(f"http://127.0.0.1:{port}/samples", json={"vectors": [[1.0, 2.0]]}, timeout=10)
-    assert stop(first) == 0
+    assert stop_process(first, fail_on_kill=True) == 0
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("NMBATCH_")}
     env.update(PYTHONPATH=str(REPO), NMBATCH_PORT=str(free_port()), NMBATCH_DATA_DIR=str(data_dir))
