@@ -47,7 +47,7 @@ class ModelState:
     iteration : int
         Iterations run (``t``).
     converged : bool
-        ``b == N`` and no assignment changed in the last iteration.
+        ``b == N`` and the last iteration changed no assignment and moved no centroid.
     initialized : bool
         The starting centroids are set (false until the first step).
     energy : float or None
@@ -55,6 +55,9 @@ class ModelState:
         iteration.
     stats : IterationStats or None
         What the step that produced this state did; None after a restore.
+    engine_bytes : int
+        Memory of the engine's arrays: the store's rows (at capacity) and the
+        algorithm's per-sample and per-cluster state.
     """
 
     centroids: np.ndarray
@@ -66,6 +69,7 @@ class ModelState:
     initialized: bool
     energy: float | None = None
     stats: IterationStats | None = None
+    engine_bytes: int = 0
 
     @property
     def k(self) -> int:

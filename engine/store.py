@@ -127,6 +127,12 @@ class NestedBatchStore:
     def __len__(self) -> int:
         return self._n
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the rows and their ids may occupy: the current capacity, ``(d + 2) * 4``
+        per row (an upper bound on the memory committed, which grows with ``N``)."""
+        return int(self._data.nbytes + self._ids.nbytes)
+
     # -- reading ----------------------------------------------------------------------
     @property
     def data(self) -> np.ndarray:

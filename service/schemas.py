@@ -73,7 +73,9 @@ class Centroids(BaseModel):
     n_samples: int = Field(description="N: samples the worker held at this version.")
     batch_size: int = Field(description="b: nested batch (prefix) size.")
     iteration: int = Field(description="Iterations run so far.")
-    converged: bool = Field(description="b = N and no assignment changed.")
+    converged: bool = Field(
+        description="b = N, and the last iteration changed no assignment and moved no centroid."
+    )
     updated_at: str = Field(description="Time of this version, ISO 8601 UTC.")
 
 

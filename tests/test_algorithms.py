@@ -493,6 +493,32 @@ def test_restore_rebuilds_the_state_and_the_next_step_continues(name):
     assert history[-1][1].converged and algo.batch_size == 1200
 
 
+@pytest.mark.parametrize("name", NESTED)
+def test_restore_of_the_whole_store_runs_on_to_the_fixed_point(name):
+    # Restored with b = N from centroids that are not the means of their samples: the
+    # first step changes no label but moves the centroids, so it is not a fixed point.
+    X = blobs(1500, 4, 6, seed=31, spread=2.0, separation=3.0)
+    store = filled_store(X, seed=4)
+    algo = make_algorithm(name, store, 6, batch_size=100, rho=5.0)
+    algo.restore(X[:6] + 0.5, X.shape[0], 2)
+    assert algo.batch_size == X.shape[0]
+    first = algo.step()
+    assert first.n_changed == 0 and (algo.p > 0).any()
+    assert not first.converged and not algo.converged
+    history = run_checked(algo, 500)
+    assert history[-1][1].converged
+    # A fixed point of Lloyd's algorithm: each sample on its nearest centroid, each
+    # centroid the mean of its samples.
+    Xb = store.samples()
+    labels = algo.labels()
+    np.testing.assert_array_equal(labels, brute_nearest(Xb, algo.centroids)[0])
+    assert_sums_are_means(algo.S, algo.v, Xb, labels)
+    for j in np.flatnonzero(algo.v):
+        np.testing.assert_array_equal(
+            algo.centroids[j], (algo.S[j] / algo.v[j]).astype(np.float32)
+        )
+
+
 def test_restore_clamps_the_batch_to_the_store():
     X = blobs(50, 2, 3, seed=1)
     algo = make_algorithm("nmbatch", filled_store(X), 4)
@@ -679,3 +705,19 @@ def test_overflowing_distances_leave_no_sample_unassigned(name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         run_checked(algo, 5)
+
+
+def test_state_counts_the_engine_memory():
+    X = blobs(3000, 8, 4, seed=5)
+    store = filled_store(X, seed=1)
+    algo = make_algorithm("nmbatch", store, 10, batch_size=500)
+    state = algo.state(algo.step())
+    b, k = algo.batch_size, 10
+    # At least the rows, their ids, the lower bounds and the labels of the prefix.
+    floor = X.shape[0] * (8 * 4 + 8) + b * (k * 4 + 4)
+    assert state.engine_bytes >= floor
+    assert state.engine_bytes == store.nbytes + algo.nbytes()
+    store.append(blobs(20_000, 8, 4, seed=6))
+    for _ in range(10):
+        algo.step()
+    assert algo.state().engine_bytes > state.engine_bytes

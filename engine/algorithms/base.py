@@ -108,6 +108,14 @@ class KMeansAlgorithm:
         b = int(self.v.sum())
         return float(max(self.sse.sum(), 0.0) / b) if b else float("nan")
 
+    def nbytes(self) -> int:
+        """Bytes of the algorithm's own arrays (per-sample state such as labels and bounds,
+        at their current capacity, and per-cluster sums), not counting the store."""
+        return sum(
+            int(a.nbytes) for a in vars(self).values()
+            if isinstance(a, np.ndarray) and a.base is None
+        )
+
     def state(self, stats: IterationStats | None = None) -> ModelState:
         """The model as it stands, as one record (``stats``: of the step just run)."""
         energy = self.energy_estimate() if self.iteration > 0 and self.batch_size > 0 else None
@@ -121,6 +129,7 @@ class KMeansAlgorithm:
             initialized=bool(self.initialized),
             energy=energy,
             stats=stats,
+            engine_bytes=int(self.store.nbytes + self.nbytes()),
         )
 
     # -- shared machinery -------------------------------------------------------------

@@ -177,7 +177,10 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.batch_size = b
         self._update_centroids()
         self.iteration += 1
-        self.converged = b == n_now and b == b_old and n_changed == 0
+        # A fixed point: every sample of the store in the batch, no label changed, and the
+        # update moved no centroid (after restore() the labels are those of the given
+        # centroids, which need not be the means of their samples: p > 0 then).
+        self.converged = b == n_now and b == b_old and n_changed == 0 and not self.p.any()
         self._grow = (not self.full) and self._doubling_test(self.rho)
         next_b = min(2 * b, n_now) if self._grow else b
         n_possible = b_old * k + (b - b_old) * k
