@@ -1,4 +1,7 @@
-"""Parameter and input checks and seeding of ``NestedMiniBatchKMeans``.
+"""Parameters, parameter and input checks and seeding of ``NestedMiniBatchKMeans``.
+
+``ParamsMixin`` is scikit-learn's ``BaseEstimator`` parameter protocol (``get_params``,
+``set_params``, ``__repr__``), written here so the engine does not import scikit-learn.
 
 The estimator (``engine/estimator.py``) calls these before it touches its store, so a
 ``ValueError`` leaves it exactly as it was. The messages follow scikit-learn's, so its
@@ -7,6 +10,7 @@ estimator checks recognise them; nothing here imports scikit-learn.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import sys
 from typing import Any
@@ -15,9 +19,11 @@ import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms import ALGORITHMS
+from nmbatch.engine.retention import check_retention
 
 __all__ = [
     "INIT_METHODS",
+    "ParamsMixin",
     "check_X",
     "check_callback",
     "check_init",
@@ -37,6 +43,54 @@ class _NotFittedError(ValueError, AttributeError):
     (also a ``ValueError`` and ``AttributeError``) is raised, which is what its checks
     and its users catch.
     """
+
+
+class ParamsMixin:
+    """``get_params``, ``set_params`` and ``__repr__`` from the ``__init__`` signature."""
+
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        signature = inspect.signature(cls.__init__)
+        return sorted(
+            name
+            for name, p in signature.parameters.items()
+            if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        )
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """Parameters of the estimator by name (``deep`` is accepted; none are estimators)."""
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params: Any) -> Any:
+        """Set parameters by name and return ``self``; values are checked by ``fit``."""
+        valid = self._get_param_names()
+        for name in params:
+            if name not in valid:
+                raise ValueError(
+                    f"Invalid parameter {name!r} for estimator {type(self).__name__}. "
+                    f"Valid parameters are: {valid!r}."
+                )
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = {
+            name: p.default
+            for name, p in inspect.signature(type(self).__init__).parameters.items()
+            if name != "self"
+        }
+        shown = []
+        for name, value in self.get_params().items():
+            default = defaults[name]
+            is_default = (
+                not isinstance(value, np.ndarray)
+                and type(value) is type(default)
+                and value == default
+            )
+            if not is_default:
+                shown.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
 
 
 def not_fitted_error(message: str) -> Exception:
@@ -112,6 +166,12 @@ def check_params(params: dict[str, Any]) -> None:
             f"(n_clusters, n_features), got {init!r}"
         )
     check_callback(params["callback"])
+    check_retention(params["retention"], params["max_samples"], params["max_age_seconds"], k)
+    if params["retention"] != "all" and algorithm == "mbatch":
+        raise ValueError(
+            f"retention {params['retention']!r} needs an algorithm that forgets exactly; "
+            "mbatch keeps running averages of every assignment (use mbatch.remove)"
+        )
 
 
 def check_callback(callback: object) -> None:

@@ -13,8 +13,10 @@ with threshold ``rho``), and the fit ends when the batch is the whole data set a
 assignment changes, which is a fixed point of Lloyd's algorithm.
 
 The samples live in a ``NestedBatchStore`` (``float32``); ``partial_fit`` appends to it and
-runs one iteration, so the model can follow a stream. ``algorithm`` selects one of the
-engine's algorithms: the baselines of the paper run behind the same interface.
+runs one iteration, so the model can follow a stream; ``retention`` bounds what the
+stream leaves in the store (a sample that leaves takes its vote back exactly).
+``algorithm`` selects one of the engine's algorithms: the paper's baselines run behind
+the same interface.
 
 Symbols of the paper used here: ``b`` (the nested batch size, ``batch_size_``), ``rho``
 (the doubling threshold), ``k`` (``n_clusters``), ``N`` (``n_samples_seen_``).
@@ -59,6 +61,20 @@ callback : callable ``callback(stats, state) -> bool | None`` or None, default=N
     and its return value is ignored. An exception it raises propagates. Not part of the
     model: ``partial_fit`` accepts a new callback. It is pickled with the estimator, so an
     estimator to pickle needs a module-level function (or None), not a lambda.
+retention : {"all", "window", "age", "reservoir"}, default="all"
+    Which samples of the stream ``partial_fit`` keeps (``nmbatch.engine.retention``):
+    all (``max_samples``, if set, is a capacity: a chunk that would pass it raises a
+    ``ValueError``), the last ``max_samples`` (``window``), those given less than
+    ``max_age_seconds`` ago (``age``, optionally also at most ``max_samples``; the time of
+    a chunk is ``partial_fit``'s ``now`` or ``time.time()``), or a uniform random sample of
+    ``max_samples`` of all (``reservoir``, Vitter's algorithm R). The model is then the
+    k-means of the retained samples. ``fit`` clusters all of its ``X``; the policy applies
+    from the end of the fit (its rows are the first of the stream). Not with ``mbatch``,
+    which cannot forget exactly.
+max_samples : int or None, default=None
+    Size of the window or the reservoir, or the capacity; at least ``n_clusters``.
+max_age_seconds : float or None, default=None
+    Age limit of ``retention="age"``.
 
 Attributes
 ----------
@@ -75,7 +91,10 @@ batch_size_ : int
     ``nmbatch.deact``), the mini-batch (``mbatch``, ``mbatch.remove``) or ``N`` (``lloyd``,
     ``elkan``).
 n_samples_seen_ : int
-    Samples appended to the store, ``N``.
+    Samples given to ``fit`` and ``partial_fit`` since the model was started (with
+    ``retention="all"``, the store's ``N``).
+n_samples_retained_ : int
+    Samples the store holds, ``N``.
 n_features_in_ : int
     Number of features ``d``.
 
@@ -119,13 +138,13 @@ Information Processing Systems 29 (NIPS 2016), pp. 1352-1360.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from nmbatch.engine._estimator_checks import (
+    ParamsMixin,
     check_callback,
     check_init,
     check_params,
@@ -136,6 +155,7 @@ from nmbatch.engine._estimator_checks import (
 )
 from nmbatch.engine.algorithms import IterationStats, make_algorithm
 from nmbatch.engine.assign import nearest
+from nmbatch.engine.retention import RetentionPolicy, feed, make_retention
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.store import NestedBatchStore
 
@@ -148,7 +168,7 @@ Callback = Callable[[IterationStats, ModelState], bool | None]
 _TRANSFORM_BLOCK = 1 << 20
 
 
-class NestedMiniBatchKMeans:
+class NestedMiniBatchKMeans(ParamsMixin):
     """K-means clustering by Nested Mini-Batch K-Means (``nmbatch``).
 
     See the module docstring for the idea, every parameter, the fitted attributes and an
@@ -166,6 +186,9 @@ class NestedMiniBatchKMeans:
         random_state: int | np.random.RandomState | np.random.Generator | None = None,
         algorithm: str = "nmbatch",
         callback: Callback | None = None,
+        retention: str = "all",
+        max_samples: int | None = None,
+        max_age_seconds: float | None = None,
     ) -> None:
         self.n_clusters = n_clusters
         self.rho = rho
@@ -175,51 +198,9 @@ class NestedMiniBatchKMeans:
         self.random_state = random_state
         self.algorithm = algorithm
         self.callback = callback
-
-    # -- parameters (scikit-learn's BaseEstimator protocol) -----------------------------
-    @classmethod
-    def _get_param_names(cls) -> list[str]:
-        signature = inspect.signature(cls.__init__)
-        return sorted(
-            name
-            for name, p in signature.parameters.items()
-            if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        )
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """Parameters of the estimator by name (``deep`` is accepted; none are estimators)."""
-        return {name: getattr(self, name) for name in self._get_param_names()}
-
-    def set_params(self, **params: Any) -> NestedMiniBatchKMeans:
-        """Set parameters by name and return ``self``; values are checked by ``fit``."""
-        valid = self._get_param_names()
-        for name in params:
-            if name not in valid:
-                raise ValueError(
-                    f"Invalid parameter {name!r} for estimator {type(self).__name__}. "
-                    f"Valid parameters are: {valid!r}."
-                )
-        for name, value in params.items():
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self) -> str:
-        defaults = {
-            name: p.default
-            for name, p in inspect.signature(type(self).__init__).parameters.items()
-            if name != "self"
-        }
-        shown = []
-        for name, value in self.get_params().items():
-            default = defaults[name]
-            is_default = (
-                not isinstance(value, np.ndarray)
-                and type(value) is type(default)
-                and value == default
-            )
-            if not is_default:
-                shown.append(f"{name}={value!r}")
-        return f"{type(self).__name__}({', '.join(shown)})"
+        self.retention = retention
+        self.max_samples = max_samples
+        self.max_age_seconds = max_age_seconds
 
     def __sklearn_tags__(self) -> Any:
         """scikit-learn's tags: an unsupervised clusterer and transformer of dense input.
@@ -251,7 +232,8 @@ class NestedMiniBatchKMeans:
         state.pop("_algorithm", None)
         if store is not None:
             samples, ids = store.samples(), store.ids()
-            state["_pickled_samples"] = samples[np.argsort(ids, kind="stable")]
+            order = np.argsort(ids, kind="stable")
+            state["_pickled_samples"], state["_pickled_ids"] = samples[order], ids[order]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -293,7 +275,17 @@ class NestedMiniBatchKMeans:
         self.inertia_ = float(np.sum(sqdist))
         self.n_iter_ = int(algo.iteration)
         self.batch_size_ = int(stats.batch_size)
-        self.n_samples_seen_ = int(store.n_samples)
+        self._count_samples(store)
+
+    def _count_samples(self, store: NestedBatchStore) -> None:
+        self.n_samples_seen_ = int(self._retention.n_offered)
+        self.n_samples_retained_ = int(store.n_samples)
+
+    def _make_retention(self, seed: int) -> RetentionPolicy:
+        return make_retention(
+            self.retention, n_clusters=int(self.n_clusters), max_samples=self.max_samples,
+            max_age_seconds=self.max_age_seconds, seed=seed,
+        )
 
     def fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
         """Cluster ``X`` (shape ``(n, d)``, any real dtype); ``y`` is ignored.
@@ -310,7 +302,9 @@ class NestedMiniBatchKMeans:
         if n < k:
             raise ValueError(f"n_samples={n} should be >= n_clusters={k}.")
         init = check_init(self.init, k, d)
-        store_seed, algo_seed = spawn_seeds(seed_sequence(self.random_state), 2)
+        store_seed, algo_seed, policy_seed = spawn_seeds(seed_sequence(self.random_state), 3)
+        policy = self._make_retention(policy_seed)
+        admission = policy.admit(n)  # a capacity below n refuses the fit
 
         store = NestedBatchStore(d, seed=store_seed, capacity=n)
         store.append(X32)
@@ -323,22 +317,32 @@ class NestedMiniBatchKMeans:
                 break
 
         self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
+        self._retention = policy
         self._partial_fit_key = self._fit_key()
         self.__dict__.pop("_pickled_samples", None)
+        self.__dict__.pop("_pickled_ids", None)
         self.n_features_in_ = d
         self._publish(algo, stats, store, X32)
+        # The fitted model is of all rows; the policy keeps what it admits from now on.
+        if admission.keep.shape[0] < n:
+            algo.retire(ids=np.setdiff1d(np.arange(n), admission.ids))
+            self._count_samples(store)
         return self
 
     def _fit_key(self) -> tuple[Any, ...]:
         """Parameters a running model was built with; ``partial_fit`` may not change them."""
-        return (self.n_clusters, self.algorithm, self.rho, self.batch_size)
+        return (
+            self.n_clusters, self.algorithm, self.rho, self.batch_size, self.retention,
+            self.max_samples, self.max_age_seconds,
+        )
 
     def _resume_after_unpickling(self) -> None:
         """Rebuild the store and algorithm dropped by pickling (see ``__getstate__``)."""
         samples = self.__dict__.pop("_pickled_samples")
+        ids = self.__dict__.pop("_pickled_ids", None)
         store_seed, algo_seed = spawn_seeds(np.random.SeedSequence(self._algo_seed), 2)
         store = NestedBatchStore(samples.shape[1], seed=store_seed, capacity=len(samples))
-        store.append(samples)
+        store.append(samples, ids=ids)
         fitted = hasattr(self, "cluster_centers_")
         init = (
             self.cluster_centers_
@@ -353,14 +357,18 @@ class NestedMiniBatchKMeans:
             algo.iteration = int(self.n_iter_)
         self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
 
-    def partial_fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
-        """Append ``X`` (shape ``(m, d)``) to the store, then run one iteration.
+    def partial_fit(
+        self, X: object, y: object = None, *, now: float | None = None
+    ) -> NestedMiniBatchKMeans:
+        """Offer ``X`` (shape ``(m, d)``) to the retention policy, then run one iteration.
 
-        The first call (or the first after ``fit``'s model was unpickled) starts the model.
-        While the store holds fewer than ``n_clusters`` samples the chunk is only stored.
-        ``labels_`` and ``inertia_`` then describe the chunk ``X``; ``callback``, if set, is
-        called after the iteration. On a ``ValueError`` nothing is stored and the estimator
-        is unchanged.
+        The policy retires what leaves (votes taken back exactly) and appends what enters
+        (``now``: the chunk's time in seconds, for ``retention="age"``; default
+        ``time.time()``). The first call (or the first after ``fit``'s model was
+        unpickled) starts the model. While the store holds fewer than ``n_clusters``
+        samples no iteration runs. ``labels_`` and ``inertia_`` then describe the chunk
+        ``X``; ``callback``, if set, is called after the iteration. On a ``ValueError``
+        nothing is stored and the estimator is unchanged.
         """
         started = "_store" in self.__dict__ or "_pickled_samples" in self.__dict__
         if not started:
@@ -368,26 +376,28 @@ class NestedMiniBatchKMeans:
             X32 = self._check_X(X, reset=True)
             d = X32.shape[1]
             init = check_init(self.init, self.n_clusters, d)
-            store_seed, algo_seed = spawn_seeds(seed_sequence(self.random_state), 2)
+            store_seed, algo_seed, policy_seed = spawn_seeds(seed_sequence(self.random_state), 3)
+            policy = self._make_retention(policy_seed)
             store = NestedBatchStore(d, seed=store_seed, capacity=max(4096, len(X32)))
             algo = self._make_algorithm(store, init, algo_seed)
+            feed(policy, algo, X32, now)  # a capacity below the chunk: unchanged
             self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
+            self._retention = policy
             self._partial_fit_key = self._fit_key()
             self.n_features_in_ = d
         else:
             if self._fit_key() != self._partial_fit_key:
                 raise ValueError(
-                    "n_clusters, algorithm, rho or batch_size changed since the model was "
-                    "started; call fit() to start a new model."
+                    "n_clusters, algorithm, rho, batch_size or the retention changed since "
+                    "the model was started; call fit() to start a new model."
                 )
             check_callback(self.callback)
             X32 = self._check_X(X, reset=False)
             if "_pickled_samples" in self.__dict__:
                 self._resume_after_unpickling()
-
-        store, algo = self._store, self._algorithm
-        store.append(X32)
-        self.n_samples_seen_ = int(store.n_samples)
+            store, algo = self._store, self._algorithm
+            feed(self._retention, algo, X32, now)
+        self._count_samples(store)
         if algo.ready():
             stats = algo.step()
             self._publish(algo, stats, store, X32)

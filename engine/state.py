@@ -58,6 +58,11 @@ class ModelState:
     engine_bytes : int
         Memory of the engine's arrays: the store's rows (at capacity) and the
         algorithm's per-sample and per-cluster state.
+    n_retired : int
+        Samples retired from the store (exact forgetting) since it was made.
+    n_ingested : int
+        One more than the largest stream id ever stored (with default ids: ``N``
+        plus ``n_retired``).
     """
 
     centroids: np.ndarray
@@ -70,6 +75,8 @@ class ModelState:
     energy: float | None = None
     stats: IterationStats | None = None
     engine_bytes: int = 0
+    n_retired: int = 0
+    n_ingested: int = 0
 
     @property
     def k(self) -> int:

@@ -1,10 +1,20 @@
-"""The nested batch store: an append-only, growable ``float32`` array of samples.
+"""The nested batch store: a growable ``float32`` array of samples, with exact forgetting.
 
-Rows ``[0, b)`` are the *prefix* (the current nested batch ``M_t`` of the paper): they are
-never moved or rewritten. Rows ``[b, N)`` are the *tail*, kept in uniformly random order
-by inside-out Fisher-Yates on insertion: a new row is written at ``N`` and swapped with a
-uniformly random position in ``[b, N]``. Growing the prefix therefore always takes a
-uniformly random subset of what is waiting, whatever order the stream arrives in.
+Rows ``[0, b)`` are the *prefix* (the current nested batch ``M_t`` of the paper): appends
+never move or rewrite them. Rows ``[b, N)`` are the *tail*, kept in uniformly random
+order by inside-out Fisher-Yates on insertion: a new row is written at ``N`` and swapped
+with a uniformly random position in ``[b, N]``. Growing the prefix therefore always takes
+a uniformly random subset of what is waiting, whatever order the stream arrives in.
+
+Each row carries its id, the sample's position in the stream. ``retire`` removes rows by
+id in one vectorised call (the kernels ``mark_ids`` and ``compact_rows``): a retired
+prefix row's slot is filled by one of the last prefix rows (``b`` shrinks by the number
+of prefix rows retired), then the tail is compacted by moving its last rows into the
+free slots. Rows move whole, and
+which rows leave depends only on their ids, so the prefix stays a uniformly random
+subset and the tail a uniformly random order of what is retained (``docs/design.md``,
+"Retention: exact forgetting"). ``retire`` reports every move, so an algorithm can move
+its per-row state the same way.
 
 Memory: the rows live in one reserved range of address space (``RESERVE_BYTES``, an
 anonymous ``MAP_NORESERVE`` mapping: no memory is committed until a row is written), so
@@ -15,6 +25,8 @@ full, it falls back to doubling: a new buffer and one copy.
 Concurrency: ``b`` and ``N`` change under one lock; appends only ever write at positions
 ``>= b``; growing the capacity either extends the view over the same memory or copies
 into a new buffer, so a reader holding the old array still sees a valid, unchanged prefix.
+``retire`` (also under the lock) moves prefix rows: it runs between the algorithm's steps,
+which read their frozen prefix without the lock.
 """
 
 from __future__ import annotations
@@ -23,13 +35,19 @@ import mmap
 import platform
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numba
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
+from nmbatch.engine.kernels.retire import compact_rows, mark_ids
 
-__all__ = ["RESERVE_BYTES", "NestedBatchStore", "shuffle_insert"]
+__all__ = ["RESERVE_BYTES", "NestedBatchStore", "OnPrefix", "Retirement", "shuffle_insert"]
+
+#: ``on_prefix(data, rows)``: sees the retired prefix rows before they move.
+OnPrefix = Callable[[np.ndarray, np.ndarray], None]
 
 RESERVE_BYTES = 64 << 30
 """Address space reserved per store for in-place growth (64 GiB, of the 128 TiB a 64-bit
@@ -54,17 +72,18 @@ def _reserve(nbytes: int) -> mmap.mmap | None:
 
 
 @numba.njit(cache=True, nogil=True)
-def shuffle_insert(X, swap, n, data, ids):
+def shuffle_insert(X, swap, n, data, ids, new_ids):
     """Inside-out Fisher-Yates insertion of new rows into the shuffled tail.
 
     Row ``t`` of ``X`` goes to position ``swap[t]`` (uniform in ``[b, n + t]``), and the row
     that was there moves to the end, ``n + t``.
 
-    X    : (m, d) float32   IN
-    swap : (m,) int64       IN
-    n    : int              IN   number of rows stored before the call
-    data : (cap, d) float32 INOUT
-    ids  : (cap,) int64     INOUT  insertion index of each stored row
+    X       : (m, d) float32   IN
+    swap    : (m,) int64       IN
+    n       : int              IN   number of rows stored before the call
+    data    : (cap, d) float32 INOUT
+    ids     : (cap,) int64     INOUT  stream id of each stored row
+    new_ids : (m,) int64       IN   stream ids of the rows of ``X``
     """
     for t in range(X.shape[0]):
         end = n + t
@@ -73,7 +92,34 @@ def shuffle_insert(X, swap, n, data, ids):
             data[end] = data[r]
             ids[end] = ids[r]
         data[r] = X[t]
-        ids[r] = end
+        ids[r] = new_ids[t]
+
+
+@dataclass(frozen=True)
+class Retirement:
+    """What one ``retire`` call did.
+
+    Prefix rows moved from ``prefix_from[t]`` to ``prefix_to[t]`` (``int64``, both in the
+    old prefix, ``prefix_to < batch_size``), tail rows from ``tail_from[t]`` to
+    ``tail_to[t]``; ``prefix_rows``: the retired prefix rows (sorted, old positions);
+    ``n_prefix``/``n_tail``: rows retired from each part; ``batch_size``/``n_samples``:
+    the new ``b`` and ``N``.
+    """
+
+    n_prefix: int
+    n_tail: int
+    batch_size: int
+    n_samples: int
+    prefix_rows: np.ndarray
+    prefix_from: np.ndarray
+    prefix_to: np.ndarray
+    tail_from: np.ndarray
+    tail_to: np.ndarray
+
+    @property
+    def n_retired(self) -> int:
+        """Rows retired by the call."""
+        return self.n_prefix + self.n_tail
 
 
 class NestedBatchStore:
@@ -112,6 +158,8 @@ class NestedBatchStore:
         self._ids = np.empty(self._data.shape[0], dtype=np.int64)
         self._n = 0
         self._b = 0
+        self._next_id = 0  # stream id of the next appended row (one more than the largest)
+        self._n_retired = 0
 
     # -- sizes ------------------------------------------------------------------------
     @property
@@ -126,6 +174,17 @@ class NestedBatchStore:
 
     def __len__(self) -> int:
         return self._n
+
+    @property
+    def n_ingested(self) -> int:
+        """Stream id the next appended row gets by default: one more than the largest id
+        ever stored (``N + n_retired`` when every id was the default)."""
+        return self._next_id
+
+    @property
+    def n_retired(self) -> int:
+        """Rows removed by ``retire`` since the store was made."""
+        return self._n_retired
 
     @property
     def nbytes(self) -> int:
@@ -158,32 +217,101 @@ class NestedBatchStore:
     def ids(self) -> np.ndarray:
         """Copy of the insertion index of each stored row, shape ``(N,)``, int64.
 
-        ``ids()[r]`` is the position in the stream (0 for the first sample ever appended)
-        of the sample now stored at row ``r``.
+        ``ids()[r]`` is the position in the stream (0 for the first sample ever appended,
+        unless ``append`` was given other ids) of the sample now stored at row ``r``.
         """
         with self.lock:
             return self._ids[: self._n].copy()
 
     # -- writing ----------------------------------------------------------------------
-    def append(self, X: np.ndarray) -> int:
+    def append(self, X: np.ndarray, ids: np.ndarray | None = None) -> int:
         """Append the rows of ``X`` (shape ``(m, d)``, any real dtype) to the shuffled tail.
 
-        Raises ``ValueError`` (and stores nothing) for a wrong shape or non-finite values.
-        Returns the new ``N``.
+        ``ids`` (``(m,)`` integers, increasing, each ``>= n_ingested``): the rows' stream
+        ids, for a caller that skips samples of its stream (a reservoir); default: the
+        next ``m`` ids. Raises ``ValueError`` (and stores nothing) for a wrong shape,
+        non-finite values or bad ids. Returns the new ``N``.
         """
         X = as_float32_matrix(X, dim=self.dim, allow_empty=True)
         m = X.shape[0]
+        if ids is not None:
+            ids = np.asarray(ids)
+            if ids.shape != (m,) or (m and not np.issubdtype(ids.dtype, np.integer)):
+                raise ValueError(f"ids must be {m} integers, got shape {ids.shape}")
+            ids = ids.astype(np.int64)
+            if m > 1 and not (np.diff(ids) > 0).all():
+                raise ValueError("ids must be strictly increasing")
         if m == 0:
             return self._n
         with self.lock:
             n, b = self._n, self._b
+            if ids is None:
+                ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
+            elif ids[0] < self._next_id:
+                raise ValueError(f"ids must be >= {self._next_id} (the next id), got {ids[0]}")
             if n + m > self._data.shape[0]:
                 self._grow_capacity(n + m)
             # Swap partner of the t-th new row: uniform in [b, n + t].
             swap = self._rng.integers(b, n + np.arange(m, dtype=np.int64) + 1)
-            shuffle_insert(X, swap, n, self._data, self._ids)
+            shuffle_insert(X, swap, n, self._data, self._ids, ids)
             self._n = n + m
+            self._next_id = int(ids[-1]) + 1
             return self._n
+
+    def retire(
+        self,
+        *,
+        ids: np.ndarray | None = None,
+        before: int | None = None,
+        on_prefix: OnPrefix | None = None,
+    ) -> Retirement:
+        """Remove the rows whose id is in ``ids`` or below ``before``, in one call.
+
+        ``ids``: stream ids (any order, repeats allowed), each stored, else ``ValueError``
+        and nothing changes. ``before``: every row with ``id < before`` (none stored is
+        fine). ``on_prefix(data, rows)`` is called under the lock with the buffer and the
+        retired prefix rows (sorted ``int64``) before any row moves: an algorithm takes
+        their votes back there. Retired prefix slots are filled by the last prefix rows
+        (``b`` shrinks by their number), tail slots by the last tail rows
+        (:func:`compact_rows`). Returns the :class:`Retirement` (every move).
+        """
+        query = None
+        if ids is not None:
+            query = np.unique(np.asarray(ids, dtype=np.int64).ravel())
+            if query.shape[0] and query[0] < 0:
+                raise ValueError(f"ids are >= 0, got {query[0]}")
+        with self.lock:
+            n, b = self._n, self._b
+            stored = self._ids[:n]
+            gone = np.zeros(n, dtype=bool)
+            if before is not None:
+                np.less(stored, int(before), out=gone)
+            if query is not None and query.shape[0]:
+                hit = np.zeros(n, dtype=bool)
+                missing = query.shape[0] - mark_ids(stored, query, hit)
+                if missing:
+                    raise ValueError(f"{missing} of the {query.shape[0]} ids are not stored")
+                gone |= hit
+            rows = np.flatnonzero(gone).astype(np.int64)
+            n_prefix = int(np.searchsorted(rows, b))
+            prefix_rows = rows[:n_prefix]
+            if on_prefix is not None and n_prefix:
+                on_prefix(self._data, prefix_rows)
+            moves = compact_rows(self._data, self._ids, rows, b, n)
+            self._b = b - n_prefix
+            self._n = n - rows.shape[0]
+            self._n_retired += int(rows.shape[0])
+            return Retirement(
+                n_prefix, int(rows.shape[0]) - n_prefix, self._b, self._n, prefix_rows, *moves
+            )
+
+    def retire_before(self, threshold: int, *, on_prefix: OnPrefix | None = None) -> Retirement:
+        """Remove every row whose id is below ``threshold`` (a window or an age limit)."""
+        return self.retire(before=threshold, on_prefix=on_prefix)
+
+    def retire_ids(self, ids: np.ndarray, *, on_prefix: OnPrefix | None = None) -> Retirement:
+        """Remove the rows with these stream ids (each must be stored): a reservoir."""
+        return self.retire(ids=ids, on_prefix=on_prefix)
 
     def grow_batch(self, b: int) -> int:
         """Set the prefix size to ``min(b, N)`` (never shrinks it); returns the new ``b``."""

@@ -4,7 +4,8 @@ Numba compiles (or, with ``cache=True``, loads from its on-disk cache) a kernel 
 time it is called with a new type signature. The signature depends on dtypes and array
 layouts only, never on ``k`` or ``d``, so one small problem reaches every kernel the
 engine calls on real data: each path of nmbatch's bounded revisit, a restore from
-centroids, and the exact lookups (``nearest``, ``nearest_one``, ``energy``).
+centroids, retirements (votes taken back, the store compacted), and the exact lookups
+(``nearest``, ``nearest_one``, ``energy``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def warm_up(*, k: int = 4, dim: int = 8, n: int = 2000, seed: int = 0) -> float:
     nmbatch runs three times (its automatic revisit, then the revisit forced to the BLAS
     path and to the scalar path), each from k-means++ with an initial batch of ``n // 10``
     until it has used all ``n`` rows or converged, then once more restored from its own
-    centroids. Returns the wall time, in seconds.
+    centroids; then rows are retired by id (below a threshold, and a set) and it steps
+    again. Returns the wall time, in seconds.
     """
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -45,6 +47,10 @@ def warm_up(*, k: int = 4, dim: int = 8, n: int = 2000, seed: int = 0) -> float:
         algo.restore(algo.centroids, algo.batch_size, algo.iteration)
         algo.step()
         algo.energy_estimate()
+    # Exact forgetting: a window's retirement, a reservoir's, then a step.
+    algo.retire(before=n // 20)
+    algo.retire(ids=store.ids()[::7])
+    algo.step()
     C = np.ascontiguousarray(algo.centroids, dtype=np.float32)
     nearest(X, C)
     nearest_one(X[0], C)

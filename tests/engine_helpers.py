@@ -9,6 +9,9 @@ The references are plain numpy, written to match the engine's documented formula
 - ``check_step_invariants`` asserts what must hold after every ``step()`` of an algorithm
   that keeps one vote per sample (nmbatch, nmbatch.deact, elkan, lloyd; mbatch.remove over
   the samples it has drawn).
+- ``row_state`` and ``check_retire_invariants``: what a ``retire()`` must keep (each
+  retained row's label, bounds and norm, by stream id) and establish (votes of the
+  retained prefix only, ``b`` within the retained count, sound bounds).
 """
 
 from __future__ import annotations
@@ -167,3 +170,63 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
         sse = np.bincount(labels, weights=resid, minlength=algo.n_clusters)
         scale = max(float(((X.astype(np.float64)) ** 2).sum()), 1.0)
         np.testing.assert_allclose(algo.sse, sse, rtol=1e-7, atol=1e-11 * scale)
+
+
+def row_state(algo) -> dict[int, tuple]:
+    """Per-row state of the prefix by stream id: ``{id: (row bytes, label, upper, lower)}``
+    (``upper``/``lower`` None without bounds)."""
+    b = algo.batch_size
+    ids = algo.store.ids()[:b]
+    X = np.array(algo.store.data[:b])
+    labels = algo.labels()
+    upper = getattr(algo, "upper_bounds", lambda: np.empty(0))()
+    lower = getattr(algo, "lower_bounds", lambda: np.empty((0, 0)))()
+    out = {}
+    for r, i in enumerate(ids.tolist()):
+        u = float(upper[r]) if upper.shape[0] else None
+        low = lower[r].tobytes() if lower.shape[0] else None
+        out[i] = (X[r].tobytes(), int(labels[r]), u, low)
+    return out
+
+
+def check_retire_invariants(algo, before: dict[int, tuple], retired: set[int]) -> None:
+    """Assert what must hold after ``algo.retire(...)`` removed the ids ``retired``.
+
+    ``before`` is ``row_state(algo)`` taken just before the call. The prefix holds exactly
+    the ids of the old prefix that were not retired, each with its row, label and bounds
+    unchanged; ``b`` is the store's and at most ``N``; ``v`` sums to the labelled rows and
+    ``S(j)/v(j)`` is the mean of the retained prefix rows of ``j``; for nmbatch and elkan,
+    once prefix rows left, ``sse(j)`` is their sum of squared distances to the current
+    centroids (recomputed from the sums; untouched otherwise); bounds are
+    sound for the current centroids (``l - p`` and ``u + p(a)``, as the next sweep uses
+    them).
+    """
+    store = algo.store
+    b = algo.batch_size
+    assert b == store.batch_size <= store.n_samples
+    assert not (set(store.ids().tolist()) & retired), "a retired id is still stored"
+    after = row_state(algo)
+    assert set(after) == set(before) - retired
+    for i, state in after.items():
+        assert state == before[i], f"the state of id {i} changed"
+    X = np.array(store.data[:b])
+    labels = algo.labels()
+    assert int(algo.v.sum()) == int((labels >= 0).sum())
+    assert_sums_are_means(algo.S, algo.v, X, labels)
+    np.testing.assert_array_equal(algo.counts, algo.v)
+    if not algo.initialized or b == 0:
+        return
+    C = algo.centroids.astype(np.float64)
+    X64 = X.astype(np.float64)
+    if getattr(algo, "name", "").startswith(("nmbatch", "elkan")) and set(before) & retired:
+        resid = ((X64 - C[labels]) ** 2).sum(1)
+        sse = np.bincount(labels, weights=resid, minlength=algo.n_clusters)
+        scale = max(float((X64**2).sum()), 1.0)
+        np.testing.assert_allclose(algo.sse, sse, rtol=1e-7, atol=1e-11 * scale)
+    lower_bounds = getattr(algo, "lower_bounds", None)
+    if lower_bounds is not None and lower_bounds().shape[0]:
+        dist = np.sqrt(sqdist64_ref(X, algo.centroids))
+        low = lower_bounds().astype(np.float64) - algo.p[None, :]
+        assert (low <= dist).all(), "l - p exceeds the distance to a current centroid"
+        up = (algo.upper_bounds() + algo.p[labels]) * (1 + 1e-12)
+        assert (up >= dist[np.arange(b), labels]).all(), "u + p(a) below the distance"

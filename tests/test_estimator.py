@@ -156,9 +156,12 @@ def test_get_params_set_params_and_repr():
         "batch_size": 5000,
         "callback": None,
         "init": "k-means++",
+        "max_age_seconds": None,
         "max_iter": 300,
+        "max_samples": None,
         "n_clusters": 3,
         "random_state": 7,
+        "retention": "all",
         "rho": 100.0,
     }
     assert repr(est) == "NestedMiniBatchKMeans(n_clusters=3, random_state=7)"

@@ -10,7 +10,8 @@ Every kernel is checked against a plain numpy version of the same formula:
 - ``assign_dense`` and the bounded revisit (``bound_sweep``, ``settle_assigned``,
   ``reassign_rows``) against brute-force nearest centroids and sums recomputed from
   scratch, with every lower bound checked against the true distance;
-- ``centroid_update`` against the numpy mean and ``sse``.
+- ``centroid_update`` against the numpy mean and ``sse``;
+- ``remove_votes`` against sums recomputed over the rows that keep their vote.
 
 (The store's shuffle kernel is tested with the store, in ``test_store``.)
 
@@ -41,6 +42,7 @@ from nmbatch.engine.kernels import (
     gemm_error,
     nearest_dense,
     reassign_rows,
+    remove_votes,
     settle_assigned,
     sqdist32,
     sqdist32_error,
@@ -397,6 +399,37 @@ def test_assign_dense_without_bounds_array_and_accumulating_votes():
     np.testing.assert_array_equal(state.v, 2 * first.v)
     np.testing.assert_array_equal(state.S, 2 * first.S)
     np.testing.assert_allclose(state.sse, 2 * first.sse, rtol=1e-15)
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(1, 6), st.booleans())
+def test_remove_votes_leaves_the_sums_of_the_other_rows(seed, N, k, cached_norms):
+    """Integer data: the sums after removal equal those of the remaining rows exactly."""
+    rng = np.random.default_rng(seed)
+    X = rng.integers(-20, 20, size=(N, 3)).astype(np.float32)
+    C = X[rng.integers(0, N, size=k)].copy()
+    state = State(N, k, 3, bounds=False)
+    run_assign_dense(X, np.arange(N), C, False, state)
+    state.labels[:-1][rng.random(N - 1) < 0.2] = -1  # rows without a vote are skipped
+    keep = state.labels >= 0
+    v, S = state.v.copy(), state.S.copy()
+    for j in range(k):  # drop the votes of the rows just unlabelled, the numpy way
+        S[j] = X[keep & (state.labels == j)].astype(np.float64).sum(0)
+        v[j] = int((keep & (state.labels == j)).sum())
+    state.S, state.v = S, v
+    state.Q = np.bincount(state.labels[keep], weights=(X[keep].astype(np.float64) ** 2).sum(1),
+                          minlength=k)
+    state.sse = np.bincount(state.labels[keep], weights=state.dist2[keep], minlength=k)
+    rows = np.flatnonzero(rng.random(N - 1) < 0.5).astype(np.int64)  # the last row stays
+    xx = sqnorms(X) if cached_norms else np.empty(0)
+    n_votes = remove_votes(X, rows, state.labels, xx, state.dist2, state.S, state.v,
+                           state.Q, state.sse)
+    assert n_votes == int(keep[rows].sum())
+    assert (state.labels[rows] == -1).all()
+    kept = keep.copy()
+    kept[rows] = False
+    np.testing.assert_array_equal(state.labels >= 0, kept)
+    assert_state_consistent(X, state)
 
 
 @SETTINGS

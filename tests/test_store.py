@@ -276,7 +276,7 @@ def test_shuffle_insert_matches_a_python_loop_of_the_same_swaps(seed, b, tail, m
     data_ref, ids_ref = data.copy(), ids.copy()
     old_ids, old_prefix = ids[:n].copy(), data[:b].copy()
     python_shuffle_insert(X, swap, n, data_ref, ids_ref)
-    shuffle_insert(X, swap, n, data, ids)
+    shuffle_insert(X, swap, n, data, ids, np.arange(n, n + m, dtype=np.int64))
     np.testing.assert_array_equal(data, data_ref)
     np.testing.assert_array_equal(ids, ids_ref)
     # The prefix is untouched and nothing is lost: the rows are the old ones plus X.

@@ -16,12 +16,12 @@ _PROBE = textwrap.dedent(
     import numba
     import numpy as np
     from nmbatch.engine import algorithms, assign, init, store
-    from nmbatch.engine.kernels import bounded, common, dense, lookup, update
+    from nmbatch.engine.kernels import bounded, common, dense, lookup, retire, update
     from nmbatch.engine import NestedBatchStore, energy, make_algorithm, nearest
     from nmbatch.engine.assign import nearest_one
     from nmbatch.engine.warmup import warm_up
 
-    MODULES = (common, bounded, dense, update, lookup, assign, init, algorithms, store)
+    MODULES = (common, bounded, dense, update, lookup, retire, assign, init, algorithms, store)
 
     def signatures():
         out = {}
@@ -36,7 +36,7 @@ _PROBE = textwrap.dedent(
     seconds = warm_up()
     warmed = signatures()
     # Real work afterwards: another k and d, a growing store, doublings, both revisit
-    # paths as the data pick them, a restore, the lookups.
+    # paths as the data pick them, a restore, retirements (nmbatch and lloyd), the lookups.
     rng = np.random.default_rng(1)
     X = (rng.standard_normal((40_000, 24)) * rng.random(24)).astype(np.float32)
     store = NestedBatchStore(24, seed=0)
@@ -49,6 +49,12 @@ _PROBE = textwrap.dedent(
     algo.energy_estimate()
     algo.restore(algo.centroids, algo.batch_size, algo.iteration)
     algo.step()
+    algo.retire(before=5_000)
+    algo.retire(ids=store.ids()[::11])
+    algo.step()
+    lloyd = make_algorithm("lloyd", store, 11)
+    lloyd.step()
+    lloyd.retire(before=8_000)
     nearest(X[:100], algo.centroids)
     nearest_one(X[0], algo.centroids)
     energy(X[:100], algo.centroids)

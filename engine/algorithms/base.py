@@ -20,9 +20,10 @@ import numpy as np
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
 from nmbatch.engine.init import kmeans_plusplus
-from nmbatch.engine.kernels import assign_dense, centroid_update, sqdist32_error
+from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
+from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.state import IterationStats, ModelState
-from nmbatch.engine.store import NestedBatchStore
+from nmbatch.engine.store import NestedBatchStore, Retirement
 
 __all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm"]
 
@@ -103,6 +104,51 @@ class KMeansAlgorithm:
         """Run one iteration; returns what it did."""
         raise NotImplementedError
 
+    def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
+        """Forget the stored samples with these stream ``ids`` or with ``id < before``.
+
+        Exact: before a retired prefix row leaves the store, its vote leaves ``S``, ``v``,
+        ``Q`` (and ``sse``) (:func:`~nmbatch.engine.kernels.retire.remove_votes`); the
+        per-row state (labels, bounds, norms) then moves with the rows the store moves,
+        and ``b`` shrinks by the number of prefix rows retired, so ``v`` sums to ``b``
+        and ``S(j)/v(j)`` is the mean of the retained prefix rows of ``j``. Bounds of the
+        rows that stay stay valid, and ``p`` is kept: the next step's bound sweep still
+        needs it. The centroids are left as they are: the next ``step()`` moves them to
+        the means of the retained rows. Call it between steps (from the thread that runs
+        ``step()``); appends may run concurrently. Returns the store's ``Retirement``.
+        """
+        if self.store.batch_size != self.batch_size:
+            raise RuntimeError(
+                f"the store's prefix ({self.store.batch_size} rows) is not the algorithm's "
+                f"batch ({self.batch_size} rows): grow it only through step()"
+            )
+        labels, xx, dist2 = self._vote_arrays()
+
+        def take_back(data: np.ndarray, rows: np.ndarray) -> None:
+            remove_votes(data, rows, labels, xx, dist2, self.S, self.v, self.Q, self.sse)
+
+        out = self.store.retire(ids=ids, before=before, on_prefix=take_back)
+        if out.n_prefix:
+            b_old = self.batch_size
+            for rows in self._row_arrays():
+                rows[out.prefix_to] = rows[out.prefix_from]
+            labels[out.batch_size : b_old] = -1  # vacated: these rows hold no vote
+            self.batch_size = out.batch_size
+            if self.initialized and self._sse_from_sums_on_update:
+                # sse of the retained rows under the current centroids (update discarded).
+                centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
+            self.counts = self.v.copy()
+            self.converged = False
+        return out
+
+    def _vote_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(labels, xx, dist2)`` by store row for ``remove_votes`` (empty: not kept)."""
+        return self._labels, EMPTY_F64, self._dist2
+
+    def _row_arrays(self) -> list[np.ndarray]:
+        """The per-row arrays, indexed by store row, that move with the rows."""
+        return [self._labels, self._dist2]
+
     def energy_estimate(self) -> float:
         """Mean ``d(i)^2`` over the samples the algorithm holds (``sse.sum() / b``)."""
         b = int(self.v.sum())
@@ -130,6 +176,8 @@ class KMeansAlgorithm:
             energy=energy,
             stats=stats,
             engine_bytes=int(self.store.nbytes + self.nbytes()),
+            n_retired=int(self.store.n_retired),
+            n_ingested=int(self.store.n_ingested),
         )
 
     # -- shared machinery -------------------------------------------------------------

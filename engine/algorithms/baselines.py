@@ -16,7 +16,7 @@ import numpy as np
 
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
 from nmbatch.engine.state import IterationStats
-from nmbatch.engine.store import NestedBatchStore
+from nmbatch.engine.store import NestedBatchStore, Retirement
 
 __all__ = ["Lloyd", "MiniBatch"]
 
@@ -78,7 +78,8 @@ class Lloyd(_WithoutBounds):
         self.batch_size = b
         self._update_centroids()
         self.iteration += 1
-        self.converged = n_changed == 0 and b == b_old
+        # Not a fixed point if the update moved a centroid (after a retirement).
+        self.converged = n_changed == 0 and b == b_old and not self.p.any()
         return IterationStats(
             iteration=self.iteration, batch_size=b, next_batch_size=b, n_samples=n_now,
             n_changed=n_changed, n_new=b - b_old, doubled=False, converged=self.converged,
@@ -91,7 +92,8 @@ class MiniBatch(_WithoutBounds):
 
     Each iteration draws ``batch_size`` samples uniformly from the store. mbatch adds every
     assignment to the running sums (centroids are running averages of all assignments
-    ever made); mbatch.remove first takes back the sample's previous vote.
+    ever made); mbatch.remove first takes back the sample's previous vote. Only
+    mbatch.remove can ``retire`` samples (exactly); mbatch raises ``NotImplementedError``.
     """
 
     def __init__(
@@ -103,6 +105,20 @@ class MiniBatch(_WithoutBounds):
 
     def _initial_rows(self, n: int) -> int:
         return max(min(self.initial_batch_size, n), self.n_clusters)
+
+    def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
+        """Forget samples exactly (``mbatch.remove``: each drawn sample holds one vote).
+
+        ``mbatch`` keeps running averages of every assignment ever made: a sample drawn
+        five times voted five times, and only its last vote is recorded, so its votes
+        cannot be taken back exactly. It raises ``NotImplementedError``.
+        """
+        if not self.remove:
+            raise NotImplementedError(
+                "mbatch keeps running averages of every assignment ever made and cannot "
+                "forget a sample exactly; use mbatch.remove, nmbatch, elkan or lloyd"
+            )
+        return super().retire(ids=ids, before=before)
 
     def step(self) -> IterationStats:
         t0, n_now, data, n = self._begin_step()

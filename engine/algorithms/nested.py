@@ -14,6 +14,7 @@ import numpy as np
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
 from nmbatch.engine.kernels import bound_sweep, centroid_update, reassign_rows, settle_assigned
+from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.state import IterationStats
 from nmbatch.engine.store import NestedBatchStore
 
@@ -68,6 +69,14 @@ class NestedMiniBatch(KMeansAlgorithm):
     def upper_bounds(self) -> np.ndarray:
         """Upper bounds ``u(i)`` of the prefix rows: ``(b,)`` float64 copy."""
         return self._upper[: self.batch_size].copy()
+
+    def _vote_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # sse is recomputed from the sums after a retirement; Q took the cached norms.
+        return self._labels, self._xx, EMPTY_F64
+
+    def _row_arrays(self) -> list[np.ndarray]:
+        rows = [self._labels, self._xx]
+        return [*rows, self._lower, self._upper] if self.bounds else rows
 
     def _clear_rows(self) -> None:
         """Forget every per-row array but the norms cache (no row is assigned)."""

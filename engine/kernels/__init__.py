@@ -8,7 +8,9 @@
 - ``dense``: assignment from a BLAS product of all distances (new rows, dense revisits,
   the baselines);
 - ``update``: the centroid update and ``sse`` from the per-cluster sums;
-- ``lookup``: the exact nearest centroid of arbitrary samples (``engine.assign``).
+- ``lookup``: the exact nearest centroid of arbitrary samples (``engine.assign``);
+- ``retire``: exact forgetting (votes of retired samples taken back, the store's
+  compaction).
 
 Symbols (as in the paper, Newling & Fleuret 2016, Alg. ``nmbatch``):
 
@@ -41,6 +43,7 @@ from nmbatch.engine.kernels.common import (
 )
 from nmbatch.engine.kernels.dense import assign_dense
 from nmbatch.engine.kernels.lookup import nearest_dense, nearest_direct
+from nmbatch.engine.kernels.retire import remove_votes
 from nmbatch.engine.kernels.update import centroid_update
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "nearest_dense",
     "nearest_direct",
     "reassign_rows",
+    "remove_votes",
     "settle_assigned",
     "sqdist32",
     "sqdist32_error",

@@ -1,0 +1,260 @@
+"""Retention policies: which samples the model keeps as the stream goes on.
+
+A policy sees the stream only as batches of new samples (and, for ``age``, the time each
+batch was accepted); for each batch it answers with an :class:`Admission`: which rows of
+the batch enter the store, under which stream ids, and which stored samples leave (every
+id below ``retire_before``, plus ``retire_ids``). :func:`feed` carries an admission out
+on an algorithm: the retirements first (exactly, votes taken back:
+``KMeansAlgorithm.retire``), then the append, so the store never holds more than the
+policy allows.
+
+- ``all``: keep everything (``max_samples``: a capacity; a batch that would pass it is
+  refused whole with :class:`CapacityError`).
+- ``window``: the last ``max_samples`` samples, in stream order.
+- ``age``: the samples accepted less than ``max_age_seconds`` ago (a sample accepted at
+  ``t`` leaves at the first batch with ``now >= t + max_age_seconds``), optionally also
+  at most ``max_samples``. Times come from the caller (``now=``) or the injectable clock.
+- ``reservoir``: a uniform random sample of ``max_samples`` of every sample offered
+  (Vitter's algorithm R, vectorised per batch, seeded).
+
+Stream ids count every sample offered to the policy, admitted or not, from 0.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import numbers
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "RETENTIONS",
+    "Admission",
+    "AgeRetention",
+    "AllRetention",
+    "CapacityError",
+    "ReservoirRetention",
+    "RetentionPolicy",
+    "WindowRetention",
+    "check_retention",
+    "feed",
+    "make_retention",
+]
+
+RETENTIONS = ("all", "window", "age", "reservoir")
+
+_EMPTY_IDS = np.empty(0, dtype=np.int64)
+
+
+class CapacityError(ValueError):
+    """A batch would take the store past the capacity of retention ``all``."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The policy's answer for one batch of ``m`` new samples.
+
+    keep          : (a,) int64  indices into the batch of the rows that enter, increasing
+    ids           : (a,) int64  their stream ids, increasing
+    retire_before : int         every stored sample with ``id < retire_before`` leaves
+    retire_ids    : (r,) int64  and these stored samples leave
+    """
+
+    keep: np.ndarray
+    ids: np.ndarray
+    retire_before: int = 0
+    retire_ids: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
+
+
+class RetentionPolicy:
+    """Base of the policies: counts the stream and admits every sample.
+
+    ``max_samples`` bounds the samples retained (None: no bound); ``retained`` is how
+    many the policy's answers leave in the store.
+    """
+
+    name = "all"
+
+    def __init__(self, max_samples: int | None = None) -> None:
+        self.max_samples = None if max_samples is None else int(max_samples)
+        self.n_offered = 0
+        self.retained = 0
+
+    def admit(self, m: int, now: float | None = None) -> Admission:
+        """The admission of ``m`` new samples (``m = 0``: only what time retires)."""
+        raise NotImplementedError
+
+    def _all(self, m: int, *, retire_before: int = 0) -> Admission:
+        first = self.n_offered
+        self.n_offered += m
+        ids = np.arange(first, first + m, dtype=np.int64)
+        return Admission(np.arange(m, dtype=np.int64), ids, retire_before)
+
+
+class AllRetention(RetentionPolicy):
+    """Keep every sample; with ``max_samples``, refuse a batch that would pass it."""
+
+    def admit(self, m: int, now: float | None = None) -> Admission:
+        if self.max_samples is not None and self.retained + m > self.max_samples:
+            raise CapacityError(
+                f"the store holds {self.retained} samples; {m} more would pass "
+                f"max_samples={self.max_samples}"
+            )
+        self.retained += m
+        return self._all(m)
+
+
+class WindowRetention(RetentionPolicy):
+    """Keep the last ``max_samples`` samples of the stream."""
+
+    name = "window"
+
+    def admit(self, m: int, now: float | None = None) -> Admission:
+        W = int(self.max_samples)
+        first = self.n_offered
+        threshold = max(first + m - W, 0)
+        skip = min(max(threshold - first, 0), m)  # rows of the batch already outside
+        self.n_offered += m
+        self.retained = min(self.n_offered, W)
+        keep = np.arange(skip, m, dtype=np.int64)
+        return Admission(keep, first + keep, threshold)
+
+
+class AgeRetention(RetentionPolicy):
+    """Keep the samples accepted less than ``max_age_seconds`` ago (and at most
+    ``max_samples``, if given). ``clock`` gives ``now`` when a call does not; a time
+    earlier than the last one counts as the last one (a clock stepping back neither
+    brings samples back nor reorders them)."""
+
+    name = "age"
+
+    def __init__(
+        self,
+        max_age_seconds: float,
+        max_samples: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(max_samples)
+        self.max_age_seconds = float(max_age_seconds)
+        self.clock = clock
+        self._batches: collections.deque[tuple[int, float]] = collections.deque()
+        self._now = -math.inf
+
+    def admit(self, m: int, now: float | None = None) -> Admission:
+        now = float(self.clock() if now is None else now)
+        self._now = max(self._now, now)
+        first = self.n_offered
+        while self._batches and self._batches[0][1] + self.max_age_seconds <= self._now:
+            self._batches.popleft()
+        threshold = self._batches[0][0] if self._batches else first
+        if m:
+            self._batches.append((first, self._now))
+        if self.max_samples is not None:
+            threshold = max(threshold, first + m - self.max_samples)
+        skip = min(max(threshold - first, 0), m)
+        self.n_offered += m
+        self.retained = self.n_offered - max(threshold, 0)
+        keep = np.arange(skip, m, dtype=np.int64)
+        return Admission(keep, first + keep, max(threshold, 0))
+
+
+class ReservoirRetention(RetentionPolicy):
+    """A uniform random sample of ``max_samples`` of the stream (Vitter's algorithm R).
+
+    The ``t``-th sample (from 0) enters slot ``t`` while ``t < max_samples``; after that
+    it draws ``j`` uniform in ``[0, t]`` and, if ``j < max_samples``, replaces the sample
+    in slot ``j``. In a batch the draws are made at once and, of several new samples
+    drawing one slot, the last wins (the others enter and leave within the batch, so
+    they are never stored): the same outcome as one sample at a time.
+    """
+
+    name = "reservoir"
+
+    def __init__(self, max_samples: int, seed: int | None = None) -> None:
+        super().__init__(max_samples)
+        self._rng = np.random.default_rng(seed)
+        self.slots = np.full(int(max_samples), -1, dtype=np.int64)  # stream id per slot
+
+    def admit(self, m: int, now: float | None = None) -> Admission:
+        M = int(self.max_samples)
+        first = self.n_offered
+        t = np.arange(first, first + m, dtype=np.int64)
+        slot = t.copy()
+        late = t >= M
+        if late.any():
+            slot[late] = self._rng.integers(0, t[late] + 1)
+        hit = np.flatnonzero(slot < M)
+        # The last new sample drawing each slot wins it.
+        taken, last = np.unique(slot[hit][::-1], return_index=True)
+        keep = np.sort(hit[hit.shape[0] - 1 - last])
+        old = self.slots[taken]
+        self.slots[slot[keep]] = t[keep]
+        self.n_offered += m
+        self.retained = min(self.n_offered, M)
+        return Admission(keep, t[keep], 0, old[old >= 0])
+
+
+def check_retention(
+    retention: object, max_samples: object, max_age_seconds: object, n_clusters: int
+) -> None:
+    """Raise ``ValueError`` unless the settings make a policy that can hold ``k`` samples."""
+    if not isinstance(retention, str) or retention not in RETENTIONS:
+        raise ValueError(f"retention must be one of {RETENTIONS}, got {retention!r}")
+    if max_samples is not None:
+        if not isinstance(max_samples, numbers.Integral) or isinstance(max_samples, bool):
+            raise ValueError(f"max_samples must be an int or None, got {max_samples!r}")
+        if max_samples < n_clusters:
+            raise ValueError(
+                f"max_samples={max_samples} is smaller than n_clusters={n_clusters}: "
+                f"retention {retention!r} could never hold one sample per centroid"
+            )
+    elif retention in ("window", "reservoir"):
+        raise ValueError(f"retention {retention!r} needs max_samples (an int >= n_clusters)")
+    if retention == "age":
+        ok = isinstance(max_age_seconds, numbers.Real) and not isinstance(max_age_seconds, bool)
+        if not ok or not math.isfinite(max_age_seconds) or max_age_seconds <= 0:
+            raise ValueError(
+                f"retention 'age' needs max_age_seconds, a finite number > 0, got "
+                f"{max_age_seconds!r}"
+            )
+    elif max_age_seconds is not None:
+        raise ValueError(f"max_age_seconds is only used by retention 'age', not {retention!r}")
+
+
+def make_retention(
+    retention: str,
+    *,
+    n_clusters: int,
+    max_samples: int | None = None,
+    max_age_seconds: float | None = None,
+    seed: int | None = None,
+    clock: Callable[[], float] = time.time,
+) -> RetentionPolicy:
+    """The policy named ``retention`` (checked by :func:`check_retention`)."""
+    check_retention(retention, max_samples, max_age_seconds, n_clusters)
+    if retention == "window":
+        return WindowRetention(max_samples)
+    if retention == "age":
+        return AgeRetention(float(max_age_seconds), max_samples, clock)  # type: ignore[arg-type]
+    if retention == "reservoir":
+        return ReservoirRetention(int(max_samples), seed)  # type: ignore[arg-type]
+    return AllRetention(max_samples)
+
+
+def feed(policy: RetentionPolicy, algo, X: np.ndarray, now: float | None = None) -> Admission:
+    """Offer the rows of ``X`` (``(m, d)`` float32, checked) to ``policy`` and carry out
+    its answer on ``algo`` (a ``KMeansAlgorithm``) and its store: retire, then append.
+
+    Returns the :class:`Admission`. A :class:`CapacityError` leaves everything unchanged.
+    """
+    adm = policy.admit(X.shape[0], now)
+    if adm.retire_before > 0 or adm.retire_ids.shape[0]:
+        algo.retire(ids=adm.retire_ids, before=adm.retire_before)
+    if adm.keep.shape[0]:
+        rows = X if adm.keep.shape[0] == X.shape[0] else X[adm.keep]
+        algo.store.append(rows, ids=adm.ids)
+    return adm
