@@ -5,8 +5,10 @@ the reverse order): the embedded ``redis-server`` (only when ``NMBATCH_REDIS_URL
 unset), the Redis clients, the start-up checks (a ``k`` or dimension that contradicts
 Redis stops here), the worker lease and the restored snapshot (published at once, so
 ``GET /centroids`` answers before the log replay ends), the kernels' warm-up
-(:mod:`nmbatch.service.runtime`), and the worker thread. On exit the worker writes a
-last snapshot and releases the lease.
+(:mod:`nmbatch.service.runtime`), the worker thread, and, once the dimension is known,
+the model's capacity (:meth:`~nmbatch.service.context.ServiceContext.plan_capacity`: logged,
+and the embedded Redis's ``maxmemory`` set to match). On exit the worker writes a last
+snapshot and releases the lease.
 
 Redis clients: every client has short socket timeouts and no automatic retries (a
 retried transaction could log a batch twice, and a request must fail fast rather than
@@ -42,6 +44,7 @@ from nmbatch.service.storage import (
     ModelRepository,
     WorkerLease,
 )
+from nmbatch.service.storage.capacity import memory_limit
 from nmbatch.service.worker import Worker
 
 __all__ = [
@@ -178,7 +181,7 @@ async def start_service(
     # gets the lower one.
     tune_worker_thread(settings.model, 0 if settings.worker_process else WORKER_NICE)
 
-    return ServiceContext(
+    context = ServiceContext(
         settings=settings,
         sample_log=AsyncSampleLog(async_client, settings.model, local_entries),
         board=board,
@@ -186,7 +189,14 @@ async def start_service(
         worker=worker,
         dim=dim,
         embedded_redis=embedded,
+        memory=memory_limit(),
     )
+    if dim is not None:  # else planned when the first batch fixes the dimension
+        try:
+            await context.plan_capacity(dim)
+        except redis.RedisError as exc:
+            raise _unusable(url, exc) from None
+    return context
 
 
 def _unusable(url: str, exc: redis.RedisError) -> StartupError:

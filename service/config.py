@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "default_worker_threads"]
@@ -57,6 +57,14 @@ class Settings(BaseSettings):
     seed: int | None = Field(None, description="Seed of the store shuffle and the init.")
     init: Literal["k-means++", "first"] = Field(
         "k-means++", description="Initialisation of the centroids on the first batch."
+    )
+    max_samples: int | None = Field(
+        None,
+        ge=1,
+        description="Capacity: most samples the model holds (POST /samples answers 507 "
+        "beyond, storing nothing); unset: half the memory this process may use (cgroup "
+        "limit, else MemTotal) over the bytes per vector of the engine and the embedded "
+        "Redis (service.storage.capacity).",
     )
 
     # -- HTTP ----------------------------------------------------------------------------
@@ -147,6 +155,15 @@ class Settings(BaseSettings):
             "priority), not in the worker thread."
         ),
     )
+
+    @model_validator(mode="after")
+    def _capacity_holds_k_samples(self) -> Settings:
+        if self.max_samples is not None and self.max_samples < self.k:
+            raise ValueError(
+                f"NMBATCH_MAX_SAMPLES = {self.max_samples} is below NMBATCH_K = {self.k}: the "
+                "model could never hold the k samples its first iteration needs"
+            )
+        return self
 
     @property
     def key_prefix(self) -> str:

@@ -7,6 +7,7 @@ operations; they hold no state of their own.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 from typing import Annotated, TypeVar
@@ -26,13 +27,17 @@ from nmbatch.service.storage import (
     AppendOutcome,
     AsyncSampleLog,
     IdempotencyKeyReusedError,
+    StoreFullError,
     WrongDimensionError,
 )
+from nmbatch.service.storage.capacity import REDIS_FIXED_BYTES, Capacity, plan_capacity
 from nmbatch.service.worker import Role, Worker
 
 __all__ = ["Context", "ServiceContext", "assign", "get_context", "off_loop", "parse_body"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("service")
 
 _INLINE_VALUES = 65_536  # numpy work on fewer values runs on the event loop
 _INLINE_BINARY_BYTES = 4 << 20  # .npy / raw bodies up to this size are parsed on the loop
@@ -90,6 +95,8 @@ class ServiceContext:
         worker: Worker,
         dim: int | None,
         embedded_redis: EmbeddedRedis | None = None,
+        *,
+        memory: tuple[int, str],
     ) -> None:
         self.settings = settings
         self.sample_log = sample_log
@@ -98,6 +105,33 @@ class ServiceContext:
         self.worker = worker
         self.dim = dim
         self.embedded_redis = embedded_redis
+        self.memory = memory
+        self.capacity: Capacity | None = None
+
+    async def plan_capacity(self, dim: int) -> Capacity:
+        """The model's :class:`Capacity` for its dimension ``dim``, set up on first use.
+
+        Planned once the dimension is known (at start-up, or when the first batch fixes
+        it): logged, shown in ``nmbatch_max_samples``, and the embedded Redis's
+        ``maxmemory`` set to match (never below what it already uses plus its fixed
+        overhead, so a log above a lowered capacity does not block the worker's writes).
+        """
+        capacity = self.capacity
+        if capacity is not None and capacity.dim == dim:
+            return capacity
+        s = self.settings
+        capacity = plan_capacity(
+            s.max_samples, dim, s.k, memory=self.memory, with_redis=self.embedded_redis is not None
+        )
+        log.info("capacity of model '%s': %s", s.model, capacity.detail)
+        if self.embedded_redis is not None:
+            maxmemory = await self.embedded_redis.limit_memory(
+                self.sample_log.client, capacity.redis_maxmemory, REDIS_FIXED_BYTES
+            )
+            log.info("embedded Redis maxmemory %d bytes (noeviction)", maxmemory)
+        self.metrics.max_samples.set(capacity.max_samples)
+        self.capacity = capacity
+        return capacity
 
     async def known_dim(self) -> int | None:
         """The model's dimension: the setting, or Redis's (fixed by any process), or None."""
@@ -110,14 +144,22 @@ class ServiceContext:
     ) -> AppendOutcome:
         """Append ``X`` (``(m, d)`` float32, validated) to the log, once per ``idempotency_key``.
 
-        :meth:`AsyncSampleLog.append`; its refusals become problems: a batch of another
-        dimension racing with the first one gets ``wrong-dimension`` (422), a key used for
-        other vectors ``idempotency-key-reused`` (409).
+        :meth:`AsyncSampleLog.append` within the model's capacity (:meth:`plan_capacity`);
+        its refusals become problems: a batch of another dimension racing with the first
+        one gets ``wrong-dimension`` (422), a key used for other vectors
+        ``idempotency-key-reused`` (409), a batch that would pass the capacity (or that
+        Redis refuses for its memory) ``store-full`` (507).
         """
+        m = int(X.shape[0])
         try:
+            if self.dim is None:
+                await self.sample_log.fix_dim(int(X.shape[1]))
+                self.dim = int(X.shape[1])  # this batch fixed it, or found it fixed as its own
+            capacity = await self.plan_capacity(self.dim)
             outcome = await self.sample_log.append(
                 X,
                 dim=self.dim,
+                max_samples=capacity.max_samples,
                 idempotency_key=idempotency_key,
                 key_seconds=self.settings.idempotency_seconds,
                 # This process's worker takes the rows from memory rather than from Redis.
@@ -133,12 +175,32 @@ class ServiceContext:
             raise ProblemError(
                 409, "idempotency-key-reused", str(exc), title="Idempotency-Key reused"
             ) from None
-        if self.dim is None:  # this batch fixed it, or found it fixed as its own
-            self.dim = int(X.shape[1])
+        except StoreFullError as exc:
+            raise self._store_full(exc, m) from None
         if outcome.stored:
             self.metrics.samples_ingested.inc(outcome.accepted)
             self.worker.notify()
         return outcome
+
+    def _store_full(self, exc: StoreFullError, rejected: int) -> ProblemError:
+        """The ``store-full`` (507) problem of a refused append of ``rejected`` rows."""
+        max_samples = self.capacity.max_samples if self.capacity is not None else exc.max_samples
+        if exc.redis_oom:
+            detail = f"{exc} (with {exc.n_samples:,} samples in the log)"
+            log.warning("Redis refused an append for its memory: %s", exc)
+        else:
+            detail = str(exc)
+        return ProblemError(
+            507,
+            "store-full",
+            detail + "; the service goes on serving, raise NMBATCH_MAX_SAMPLES (and the "
+            "memory) to store more",
+            title="Store full",
+            setting="NMBATCH_MAX_SAMPLES",
+            max_samples=max_samples,
+            n_samples=exc.n_samples,
+            rejected=rejected,
+        )
 
     async def require_model(self) -> PublishedModel:
         """The published model, or a problem saying why there is none yet."""

@@ -27,10 +27,13 @@ from pathlib import Path
 from types import TracebackType
 
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 __all__ = [
+    "AOF_REWRITE_ARGS",
+    "MEMORY_ARGS",
     "EmbeddedRedis",
     "EmbeddedRedisError",
     "find_redis_server",
@@ -118,6 +121,13 @@ LZF: compressing it saves nothing and makes each rewrite longer. A log that only
 is not made smaller by a rewrite, so it runs when the file has grown 400% since the last
 one (Redis's default of 100% rewrites the whole log at every doubling). Measured effect:
 ``README.md``, "Service load benchmark"."""
+
+
+MEMORY_ARGS = ("--maxmemory-policy", "noeviction")
+"""At ``maxmemory`` Redis refuses writes (``OOM``) instead of evicting keys: an evicted
+log entry would be an acknowledged sample lost. ``maxmemory`` itself is set once the
+model's capacity is known (:meth:`EmbeddedRedis.limit_memory`); until then it is 0 (no
+limit)."""
 
 
 class EmbeddedRedis:
@@ -220,8 +230,9 @@ class EmbeddedRedis:
             "--dir", str(self.data_dir),
             "--appendonly", "yes",
             "--appendfsync", self.appendfsync,
-            # See AOF_REWRITE_ARGS.
+            # See AOF_REWRITE_ARGS and MEMORY_ARGS.
             *AOF_REWRITE_ARGS,
+            *MEMORY_ARGS,
             "--save", "",
             "--daemonize", "no",
             "--protected-mode", "yes",
@@ -267,12 +278,17 @@ class EmbeddedRedis:
                     )
                 time.sleep(0.02)
             applied = _decoded(client.config_get("append*"))
+            applied.update(_decoded(client.config_get("maxmemory-policy")))
         except BaseException:
             _terminate(process, 5.0)
             raise
         finally:
             client.close()
-        wanted = {"appendonly": "yes", "appendfsync": self.appendfsync}
+        wanted = {
+            "appendonly": "yes",
+            "appendfsync": self.appendfsync,
+            "maxmemory-policy": "noeviction",
+        }
         if any(applied.get(name) != value for name, value in wanted.items()):
             _terminate(process, 5.0)
             raise EmbeddedRedisError(
@@ -280,6 +296,20 @@ class EmbeddedRedis:
             )
         self.process, self.port = process, port
         log.info("embedded redis-server %s (pid %d) on %s", binary, process.pid, self.url)
+
+    async def limit_memory(
+        self, client: redis.asyncio.Redis, maxmemory: int, headroom: int = 64 << 20
+    ) -> int:
+        """Set this server's ``maxmemory`` (``client`` is connected to it); returns the value.
+
+        ``maxmemory`` bytes, but at least ``used_memory + headroom``: below what the data
+        already uses, every write would be refused, also the worker's snapshots and
+        lease renewals.
+        """
+        used = int((await client.info("memory"))["used_memory"])
+        value = max(int(maxmemory), used + int(headroom))
+        await client.config_set("maxmemory", value)
+        return value
 
     def stop(self, timeout: float = 15.0) -> None:
         """Shut the server down cleanly (SIGTERM: Redis flushes its append-only file)."""

@@ -46,6 +46,17 @@ class ServiceMetrics:
         self.samples_in_store = Gauge(
             "nmbatch_samples_in_store", "Samples N in the worker's store", registry=r
         )
+        self.engine_bytes = Gauge(
+            "nmbatch_engine_bytes",
+            "Memory of the worker engine's arrays: store at capacity, bounds, labels, norms "
+            "(0 without an engine here)",
+            registry=r,
+        )
+        self.max_samples = Gauge(
+            "nmbatch_max_samples",
+            "Capacity: most samples the model holds (0 until the dimension is known)",
+            registry=r,
+        )
         self.distances_computed = Counter(
             "nmbatch_distances_computed", "Sample-centroid distances computed", registry=r
         )

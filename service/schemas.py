@@ -146,3 +146,24 @@ class Stats(BaseModel):
     )
     last_iteration_seconds: float | None
     doublings: list[DoublingOut]
+    max_samples: int | None = Field(
+        description="Capacity: most samples the model holds; POST /samples answers 507 "
+        "beyond (None until the dimension is known)."
+    )
+    max_samples_source: str | None = Field(
+        description="'setting' (NMBATCH_MAX_SAMPLES) or 'memory' (derived from the memory "
+        "limit); None until the dimension is known."
+    )
+    max_samples_detail: str | None = Field(
+        description="How the capacity was reached (memory, bytes per vector), in words."
+    )
+    engine_bytes: int = Field(
+        description="Memory of this process's engine arrays (store at capacity, bounds, "
+        "labels, norms) after the last step; 0 without an engine (a standby)."
+    )
+    redis_used_memory: int | None = Field(
+        description="Redis's used_memory (INFO memory); None where INFO is not allowed."
+    )
+    redis_maxmemory: int | None = Field(
+        description="Redis's maxmemory (0: no limit); None where INFO is not allowed."
+    )

@@ -85,6 +85,8 @@ class PublishedStats:
     ``distances_computed`` and ``distances_skipped`` count sample-centroid distances over
     all iterations of this process; ``energy`` is the mean squared distance of the prefix
     samples to their centroid (``sse.sum() / b``), None before the first iteration.
+    ``engine_bytes`` is the memory of this process's engine (``ModelState.engine_bytes``:
+    store at capacity and the algorithm's arrays), 0 without an engine (a standby).
     """
 
     phase: str = "starting"
@@ -97,6 +99,7 @@ class PublishedStats:
     distances_skipped: int = 0
     doublings: tuple[DoublingEvent, ...] = field(default_factory=tuple)
     last_iteration_seconds: float | None = None
+    engine_bytes: int = 0
 
     @property
     def skipped_share(self) -> float | None:

@@ -27,6 +27,16 @@ VECTORS_REFUSED = (
 )
 """Description of the ``422`` answer of the operations whose body is vectors."""
 
+STORE_FULL = (
+    "The model is full; nothing from this request is stored, and the service stays ready "
+    "(reads, assignments, smaller batches that fit). `type` "
+    "`urn:nmbatch:problem:store-full`, members `setting` (`NMBATCH_MAX_SAMPLES`), "
+    "`max_samples` (the capacity, set or derived from the memory), `n_samples` (samples "
+    "held) and `rejected` (vectors of this request). Also when Redis refuses the write "
+    "for its memory (`maxmemory`)."
+)
+"""Description of the ``507`` answer of ``POST /samples``."""
+
 
 def vectors_body(dim: int | None = None) -> dict[str, Any]:
     """``openapi_extra`` of an operation whose body is vectors (JSON, ``.npy``, raw float32).
@@ -99,14 +109,24 @@ IdempotencyKey = Annotated[
     summary="Add samples",
     description=(
         "Validates the vectors and appends them to the Redis sample log; answers once they "
-        "are stored there. A rejected request stores nothing."
+        "are stored there. A rejected request stores nothing; a request that would take "
+        "the model past its capacity (NMBATCH_MAX_SAMPLES) is refused whole with 507."
     ),
     openapi_extra=VECTORS_BODY | OPTIONAL_KEY,
     dependencies=[Depends(require_write_key)],
     responses={
         202: {"headers": {"Idempotent-Replayed": {"schema": {"type": "string"}}}},
         **problem_responses(
-            400, 401, 408, 409, 413, 415, 422, 503, described={422: VECTORS_REFUSED}
+            400,
+            401,
+            408,
+            409,
+            413,
+            415,
+            422,
+            503,
+            507,
+            described={422: VECTORS_REFUSED, 507: STORE_FULL},
         ),
     },
 )

@@ -1,7 +1,9 @@
-"""``GET /stats``: the algorithm's course (batch size, doublings, energy, bound savings)."""
+"""``GET /stats``: the algorithm's course (batch size, doublings, energy, bound savings),
+the capacity and the memory of the engine and Redis."""
 
 from __future__ import annotations
 
+import redis
 from fastapi import APIRouter, Depends
 
 from nmbatch.service.context import Context
@@ -23,6 +25,13 @@ router = APIRouter(tags=["monitoring"], dependencies=[Depends(require_read_key)]
 async def get_stats(context: Context) -> Stats:
     stats = context.board.stats
     model = context.board.model
+    capacity = context.capacity
+    if capacity is None and (dim := await context.known_dim()) is not None:
+        capacity = await context.plan_capacity(dim)  # fixed by another process's batch
+    try:
+        memory = await context.sample_log.client.info("memory")
+    except redis.ResponseError:  # INFO disabled (managed Redis)
+        memory = {}
     return Stats(
         phase=stats.phase,
         role=context.worker.role,
@@ -50,4 +59,10 @@ async def get_stats(context: Context) -> Stats:
             )
             for e in stats.doublings
         ],
+        max_samples=capacity.max_samples if capacity is not None else None,
+        max_samples_source=capacity.source if capacity is not None else None,
+        max_samples_detail=capacity.detail if capacity is not None else None,
+        engine_bytes=stats.engine_bytes,
+        redis_used_memory=memory.get("used_memory"),
+        redis_maxmemory=memory.get("maxmemory"),
     )

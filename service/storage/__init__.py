@@ -9,6 +9,7 @@
 ``repository``     :class:`ModelRepository`: start-up checks, log reading, snapshots
 ``lease``          :class:`WorkerLease` and the version reservation
 ``snapshot``       :class:`Snapshot`: the persisted state of the model
+``capacity``       :class:`Capacity`: ``NMBATCH_MAX_SAMPLES``, its default from memory
 =================  ==============================================================
 """
 
@@ -23,6 +24,7 @@ from nmbatch.service.storage.errors import (
     IdempotencyKeyReusedError,
     LeaseLostError,
     ModelConfigError,
+    StoreFullError,
     WrongDimensionError,
     redis_unavailable,
 )
@@ -47,6 +49,7 @@ __all__ = [
     "ModelKeys",
     "ModelRepository",
     "Snapshot",
+    "StoreFullError",
     "WorkerLease",
     "WrongDimensionError",
     "decode_chunk",

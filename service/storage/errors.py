@@ -1,8 +1,8 @@
 """What storage raises: conflicts with what Redis holds, a lost lease, a refused append.
 
-The HTTP side maps :class:`WrongDimensionError` and :class:`IdempotencyKeyReusedError`
-to its problem documents (``service.context``); :func:`redis_unavailable` sorts Redis
-errors into "retry later" and faults.
+The HTTP side maps :class:`WrongDimensionError`, :class:`IdempotencyKeyReusedError` and
+:class:`StoreFullError` to its problem documents (``service.context``);
+:func:`redis_unavailable` sorts Redis errors into "retry later" and faults.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ __all__ = [
     "IdempotencyKeyReusedError",
     "LeaseLostError",
     "ModelConfigError",
+    "StoreFullError",
     "WrongDimensionError",
     "redis_unavailable",
 ]
@@ -44,6 +45,38 @@ class IdempotencyKeyReusedError(ValueError):
     """An ``Idempotency-Key`` already stored a request with other vectors."""
 
 
+class StoreFullError(RuntimeError):
+    """An append would pass the model's capacity (or Redis's ``maxmemory``); nothing stored.
+
+    Attributes
+    ----------
+    max_samples : int
+        The capacity (``NMBATCH_MAX_SAMPLES``, set or derived).
+    n_samples : int
+        Samples in the log when the append was refused.
+    rejected : int
+        Rows of the refused request.
+    redis_oom : bool
+        Redis refused the write for its memory (``OOM``), not the capacity check.
+    """
+
+    def __init__(
+        self, max_samples: int, n_samples: int, rejected: int, *, redis_oom: bool = False
+    ) -> None:
+        if redis_oom:
+            reason = "Redis refused the write: its memory (maxmemory) is full"
+        else:
+            reason = (
+                f"the model holds {n_samples:,} samples; {rejected:,} more would pass its "
+                f"capacity NMBATCH_MAX_SAMPLES = {max_samples:,}"
+            )
+        super().__init__(f"{reason}; nothing from this request is stored")
+        self.max_samples = max_samples
+        self.n_samples = n_samples
+        self.rejected = rejected
+        self.redis_oom = redis_oom
+
+
 _UNAVAILABLE_REPLIES = ("LOADING", "MISCONF", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "READONLY")
 
 
@@ -55,6 +88,8 @@ def redis_unavailable(exc: BaseException) -> bool:
     """
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.ReadOnlyError):
         return True  # BusyLoadingError is a ConnectionError
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return True  # a write refused at maxmemory (noeviction): retried once memory frees
     if isinstance(exc, redis.ResponseError):
         return str(exc).upper().startswith(_UNAVAILABLE_REPLIES)
     return False

@@ -6,14 +6,23 @@ or nothing. Before that, the first batch of a model without a dimension fixes it
 (``HSETNX`` of ``dim``); a batch of another dimension racing with it is refused with
 :class:`~service.storage.errors.WrongDimensionError` and stores nothing.
 
-Without an ``Idempotency-Key`` the entries are appended in one MULTI/EXEC transaction,
-and handed to this process's worker in memory when asked
-(:mod:`service.storage.handoff`).
+Capacity: with ``max_samples``, a batch that would take ``n_samples`` past it is refused
+whole with :class:`~service.storage.errors.StoreFullError`. The check runs inside the
+transaction or script that appends (both paths below), so of two concurrent requests at
+the boundary only what fits is stored. A write Redis refuses for its memory (``OOM`` at
+``maxmemory`` with ``noeviction``) raises the same error; Redis checks memory before a
+transaction runs and before a script's first write, so such a refusal stores nothing
+either.
+
+Without an ``Idempotency-Key`` the entries are appended in one MULTI/EXEC transaction
+that ends with the capacity check (:data:`GUARD`), and handed to this process's worker
+in memory when asked (:mod:`service.storage.handoff`).
 
 With an ``Idempotency-Key`` (``POST /samples``; any 1 to 255 visible ASCII characters,
 see :data:`~service.storage.keys.KEY_PATTERN`), a retry with the same key and the same
 vectors stores nothing and returns the first answer; the same key with other vectors is
-refused with :class:`~service.storage.errors.IdempotencyKeyReusedError`. "Same vectors"
+refused with :class:`~service.storage.errors.IdempotencyKeyReusedError`; a retry is
+answered from the record also when the store is full meanwhile. "Same vectors"
 means the same ``float32`` matrix after parsing (shape and values,
 :func:`~service.storage.codec.fingerprint`), so a retry that re-encodes the batch (JSON
 instead of ``.npy``) is still a retry. The check of the key, the append of the entries
@@ -36,11 +45,15 @@ import numpy as np
 import redis.asyncio
 
 from nmbatch.service.storage.codec import as_str, encode_chunks, fingerprint
-from nmbatch.service.storage.errors import IdempotencyKeyReusedError, WrongDimensionError
+from nmbatch.service.storage.errors import (
+    IdempotencyKeyReusedError,
+    StoreFullError,
+    WrongDimensionError,
+)
 from nmbatch.service.storage.handoff import LocalEntries
 from nmbatch.service.storage.keys import ModelKeys
 
-__all__ = ["APPEND_ONCE", "AppendOutcome", "AsyncSampleLog", "Offload", "inline"]
+__all__ = ["APPEND_ONCE", "GUARD", "AppendOutcome", "AsyncSampleLog", "Offload", "inline"]
 
 T = TypeVar("T")
 
@@ -51,15 +64,44 @@ estimates the work in numbers touched."""
 
 _COPY_WEIGHT = 16  # a plain copy costs about 1/16 of the numpy work an Offload counts
 
+GUARD = """
+-- Last command of the MULTI/EXEC of a plain append, after the request's XADDs.
+-- KEYS[1] sample log (stream), KEYS[2] meta (hash)
+-- ARGV[1] capacity (0: none), ARGV[2] rows in the request, ARGV[3] its log entries.
+local held = tonumber(redis.call('HGET', KEYS[2], 'n_samples') or '0')
+local capacity = tonumber(ARGV[1])
+if capacity > 0 and held + tonumber(ARGV[2]) > capacity then
+  local added = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', ARGV[3])
+  for _, entry in ipairs(added) do
+    redis.call('XDEL', KEYS[1], entry[1])
+  end
+  return {0, held}
+end
+return {1, redis.call('HINCRBY', KEYS[2], 'n_samples', ARGV[2])}
+"""
+"""The capacity check of the plain path: counts the request's rows, or takes its entries
+(the last ones of the stream: nothing runs between the commands of one MULTI/EXEC) out
+again when they pass the capacity. Returns ``{1, n_samples after}`` or
+``{0, n_samples held}``. Sent with ``EVAL`` (a ``NOSCRIPT`` inside the transaction would
+leave the entries uncounted). The rows go to ``XADD`` directly, not through a script:
+Lua copies every argument it gets, which makes Redis's work per sample several times
+larger."""
+
 APPEND_ONCE = """
 -- KEYS[1] idempotency record (hash), KEYS[2] sample log (stream), KEYS[3] meta (hash)
 -- ARGV[1] fingerprint, ARGV[2] expiry in ms, ARGV[3] rows in the request,
+-- ARGV[4] capacity (0: none),
 -- then (n, d, x) of every log entry, as service.storage.codec.encode_chunks makes them.
 local stored = redis.call('HMGET', KEYS[1], 'fingerprint', 'accepted', 'n_samples')
 if stored[1] then
   return {0, stored[1], stored[2], stored[3]}
 end
-for i = 4, #ARGV, 3 do
+local held = tonumber(redis.call('HGET', KEYS[3], 'n_samples') or '0')
+local capacity = tonumber(ARGV[4])
+if capacity > 0 and held + tonumber(ARGV[3]) > capacity then
+  return {-1, ARGV[1], 0, held}
+end
+for i = 5, #ARGV, 3 do
   redis.call('XADD', KEYS[2], '*', 'n', ARGV[i], 'd', ARGV[i + 1], 'x', ARGV[i + 2])
 end
 local total = redis.call('HINCRBY', KEYS[3], 'n_samples', ARGV[3])
@@ -67,6 +109,8 @@ redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'accepted', ARGV[3], 'n_samp
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, ARGV[1], ARGV[3], total}
 """
+"""Store a request once per ``Idempotency-Key``: ``{1, ...}`` stored, ``{0, ...}`` the
+record of an earlier request, ``{-1, fingerprint, 0, n_samples held}`` refused (capacity)."""
 
 
 async def inline(values: int, fn: Callable[..., T], *args: object) -> T:
@@ -127,6 +171,7 @@ class AsyncSampleLog:
         X: np.ndarray,
         *,
         dim: int | None,
+        max_samples: int | None = None,
         idempotency_key: str | None = None,
         key_seconds: float | None = None,
         hand_over: bool = False,
@@ -140,6 +185,9 @@ class AsyncSampleLog:
         dim : int or None
             The model's dimension as the caller knows it; None: ``X`` fixes it unless
             another batch did (then :class:`WrongDimensionError` if ``d`` differs).
+        max_samples : int or None
+            The model's capacity: :class:`StoreFullError` (nothing stored) if the log
+            would hold more samples afterwards; None: no limit.
         idempotency_key : str or None
             Store ``X`` once for this key (see the module); :class:`IdempotencyKeyReusedError`
             if the key stored other vectors.
@@ -151,19 +199,26 @@ class AsyncSampleLog:
         offload : Offload
             Runs the encoding (and fingerprint) of ``X``.
         """
-        m, d = int(X.shape[0]), int(X.shape[1])
+        m = int(X.shape[0])
         if dim is None:
-            await self._fix_dim(d)
+            await self.fix_dim(int(X.shape[1]))
+        capacity = 0 if max_samples is None else int(max_samples)
         if idempotency_key is not None:
             if key_seconds is None:
                 raise ValueError("key_seconds is needed with an idempotency_key")
-            return await self._append_once(X, idempotency_key, key_seconds, offload)
+            return await self._append_once(X, idempotency_key, key_seconds, capacity, offload)
         entries = await offload(X.size // _COPY_WEIGHT, encode_chunks, X)
-        async with self.client.pipeline(transaction=True) as pipe:
-            for fields in entries:
-                pipe.xadd(self.keys.log, fields)
-            pipe.hincrby(self.keys.meta, "n_samples", m)
-            reply = await pipe.execute()
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                for fields in entries:
+                    pipe.xadd(self.keys.log, fields)
+                pipe.eval(GUARD, 2, self.keys.log, self.keys.meta, capacity, m, len(entries))
+                reply = await pipe.execute()
+        except redis.exceptions.OutOfMemoryError:
+            raise StoreFullError(capacity, await self.n_samples(), m, redis_oom=True) from None
+        stored, n_samples = (int(value) for value in reply[-1])
+        if not stored:
+            raise StoreFullError(capacity, n_samples, m)
         if hand_over and self.local is not None:
             ids = [as_str(raw) for raw in reply[:-1]]
             parts, start = [], 0
@@ -172,29 +227,47 @@ class AsyncSampleLog:
                 parts.append(X[start : start + n])
                 start += n
             self.local.put(ids, parts)
-        return AppendOutcome(stored=True, accepted=m, n_samples=int(reply[-1]))
+        return AppendOutcome(stored=True, accepted=m, n_samples=n_samples)
 
     async def _append_once(
-        self, X: np.ndarray, idempotency_key: str, key_seconds: float, offload: Offload
+        self,
+        X: np.ndarray,
+        idempotency_key: str,
+        key_seconds: float,
+        capacity: int,
+        offload: Offload,
     ) -> AppendOutcome:
         """:data:`APPEND_ONCE` of ``X`` under ``idempotency_key``."""
+        m = int(X.shape[0])
         mine, args = await offload(X.size, _script_args, X)
         ttl_ms = max(1, round(key_seconds * 1000))
-        reply = await self._once_script(
-            keys=[self.keys.idempotency(idempotency_key), self.keys.log, self.keys.meta],
-            args=[mine, ttl_ms, int(X.shape[0]), *args],
-        )
-        stored, theirs = bool(int(reply[0])), as_str(reply[1])
-        if not stored and theirs != mine:
+        try:
+            reply = await self._once_script(
+                keys=[self.keys.idempotency(idempotency_key), self.keys.log, self.keys.meta],
+                args=[mine, ttl_ms, m, capacity, *args],
+            )
+        except redis.exceptions.OutOfMemoryError:
+            raise StoreFullError(capacity, await self.n_samples(), m, redis_oom=True) from None
+        status, theirs = int(reply[0]), as_str(reply[1])
+        if status < 0:
+            raise StoreFullError(capacity, int(reply[3]), m)
+        if status == 0 and theirs != mine:
             raise IdempotencyKeyReusedError(
                 "this Idempotency-Key was used for a request with other vectors; use a new "
                 "key for new samples"
             )
-        return AppendOutcome(stored=stored, accepted=int(reply[2]), n_samples=int(reply[3]))
+        return AppendOutcome(stored=bool(status), accepted=int(reply[2]), n_samples=int(reply[3]))
 
-    async def _fix_dim(self, d: int) -> None:
-        """Set the model's dimension to ``d`` unless set; raise if it is another one."""
-        await self.client.hsetnx(self.keys.meta, "dim", d)
+    async def fix_dim(self, d: int) -> None:
+        """Set the model's dimension to ``d`` unless set; raise if it is another one.
+
+        Raises :class:`WrongDimensionError` (another dimension is fixed) or
+        :class:`StoreFullError` (Redis refuses the write for its memory).
+        """
+        try:
+            await self.client.hsetnx(self.keys.meta, "dim", d)
+        except redis.exceptions.OutOfMemoryError:
+            raise StoreFullError(0, await self.n_samples(), 0, redis_oom=True) from None
         stored = int(await self.client.hget(self.keys.meta, "dim"))
         if stored != d:
             raise WrongDimensionError(expected=stored, got=d)

@@ -145,15 +145,20 @@ class Publisher:
         """Put the statistics of ``/stats`` on the board.
 
         ``state``: the engine's, with ``n_samples`` the samples in its store. None (a
-        standby, or no engine yet): the counters of the served model, without energy.
+        standby, or no engine yet): the counters of the served model, without energy
+        and with no engine memory.
         """
         energy = None
+        engine_bytes = 0
         if state is None:
             model = self.board.model
             if model is not None:
                 state, n_samples = model.state, model.state.n_samples
-        elif state.energy is not None and np.isfinite(state.energy):
-            energy = state.energy
+        else:
+            engine_bytes = int(state.engine_bytes)
+            if state.energy is not None and np.isfinite(state.energy):
+                energy = state.energy
+        self.metrics.engine_bytes.set(engine_bytes)
         self.board.publish_stats(
             PublishedStats(
                 phase=phase,
@@ -166,5 +171,6 @@ class Publisher:
                 distances_skipped=self._skipped,
                 doublings=tuple(self._doublings),
                 last_iteration_seconds=self._last_seconds,
+                engine_bytes=engine_bytes,
             )
         )

@@ -1,0 +1,222 @@
+"""How many samples one model may hold (``NMBATCH_MAX_SAMPLES``), and what that costs.
+
+With retention ``all`` every accepted sample stays in the engine's store and in the Redis
+log. The capacity bounds both: a ``POST /samples`` that would pass it is refused whole
+(``507``, :class:`~nmbatch.service.storage.errors.StoreFullError`), checked inside the
+same Redis script that appends (:mod:`nmbatch.service.storage.log`), so the service
+never reaches the OOM killer on its own data.
+
+Unset, the capacity comes from the memory this process may use
+(:func:`memory_limit`: the cgroup's limit if any, else ``MemTotal``):
+``MEMORY_FRACTION * memory // bytes_per_vector``, once the dimension ``d`` is known.
+The cost of one vector (:func:`bytes_per_vector`):
+
+- engine (:func:`engine_bytes_per_vector`): the row, ``4 d`` (``float32``), its id,
+  8 (``int64``), ``k`` lower bounds, ``4 k`` (``float32``), and the per-sample state,
+  32 (label ``int32``, upper bound, ``d(i)^2`` and ``‖x(i)‖^2`` ``float64``: 28,
+  rounded up);
+- Redis (:func:`redis_bytes_per_vector`), only when the service runs its embedded
+  Redis on this machine: the row in a stream entry, ``4 d`` times the allocator's
+  rounding, plus a share of the entry's own overhead.
+
+The embedded Redis gets a ``maxmemory`` consistent with the capacity
+(:func:`redis_maxmemory`) with ``noeviction``: past it Redis refuses writes (``OOM``),
+which the append also answers with ``507``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from nmbatch.service.storage.codec import CHUNK_BYTES
+
+__all__ = [
+    "ENGINE_SAMPLE_BYTES",
+    "MEMORY_FRACTION",
+    "REDIS_ENTRY_BYTES",
+    "REDIS_FIXED_BYTES",
+    "REDIS_MARGIN",
+    "REDIS_ROW_FACTOR",
+    "Capacity",
+    "bytes_per_vector",
+    "default_max_samples",
+    "engine_bytes_per_vector",
+    "memory_limit",
+    "plan_capacity",
+    "redis_bytes_per_vector",
+    "redis_maxmemory",
+]
+
+MEMORY_FRACTION = 0.5
+"""Share of the memory limit the samples may fill by default. The rest is for what does
+not grow with the samples' count at a fixed rate: the engine's per-sample arrays grow by
+doubling (up to twice their size for a moment), Redis's append-only-file rewrite runs in
+a fork whose copy-on-write pages are not in ``used_memory``, the HTTP side, Python and
+the kernels, and the page cache."""
+
+ENGINE_SAMPLE_BYTES = 32
+"""Per-sample state of the engine beside the row, its id and the bounds: label
+(``int32``), upper bound, ``d(i)^2`` and ``‖x(i)‖^2`` (``float64`` each), 28 bytes,
+rounded up."""
+
+# Measured once with redis-server 7.0.15 (jemalloc 5.3.0) and `INFO memory`: used_memory
+# before and after appending 200,000 random vectors through AsyncSampleLog.append in
+# batches of 10,000 rows (entries of up to CHUNK_BYTES): d = 16: 66.3 bytes per vector
+# (1.036 x 4d; entries of 640,000 bytes), d = 128: 629.3 (1.229 x 4d; full entries of
+# exactly 1 MiB), d = 784: 3,146.2 (1.003 x 4d; entries just under 1 MiB). The spread is
+# jemalloc's rounding of each entry to its next size class (four per doubling: at most
+# +25%); the model below bounds all three.
+REDIS_ROW_FACTOR = 1.25
+"""Allocated bytes per payload byte of a row in a stream entry, at most: an entry is one
+allocation, which jemalloc rounds up to its next size class (an entry of exactly
+``CHUNK_BYTES`` = 1 MiB of rows plus its header takes 1.25 MiB)."""
+REDIS_ENTRY_BYTES = 256
+"""Bytes of one stream entry besides its rows (entry header, stream node, radix tree)."""
+REDIS_MARGIN = 1.25
+"""Headroom of the embedded Redis's ``maxmemory`` over the capacity's expected use."""
+REDIS_FIXED_BYTES = 64 << 20
+"""Memory of the embedded Redis that does not depend on the samples: the server itself,
+snapshots, idempotency records, client buffers."""
+
+_NO_LIMIT = 1 << 60  # cgroup v1 writes a number near 2^63 for "no limit"
+
+CapacitySource = Literal["setting", "memory"]
+
+
+def engine_bytes_per_vector(d: int, k: int) -> int:
+    """Bytes the engine holds per stored sample of dimension ``d`` with ``k`` clusters."""
+    return 4 * d + 8 + 4 * k + ENGINE_SAMPLE_BYTES
+
+
+def redis_bytes_per_vector(d: int) -> int:
+    """Bytes of Redis's ``used_memory`` per sample of dimension ``d`` in the log."""
+    rows_per_entry = max(1, CHUNK_BYTES // (4 * d))
+    return math.ceil(4 * d * REDIS_ROW_FACTOR + REDIS_ENTRY_BYTES / rows_per_entry)
+
+
+def bytes_per_vector(d: int, k: int, *, with_redis: bool) -> int:
+    """Engine bytes per vector, plus Redis's when Redis runs on this machine."""
+    return engine_bytes_per_vector(d, k) + (redis_bytes_per_vector(d) if with_redis else 0)
+
+
+def default_max_samples(memory_bytes: int, d: int, k: int, *, with_redis: bool = True) -> int:
+    """``MEMORY_FRACTION * memory_bytes`` divided by :func:`bytes_per_vector` (at least 1)."""
+    per_vector = bytes_per_vector(d, k, with_redis=with_redis)
+    return max(1, int(MEMORY_FRACTION * memory_bytes) // per_vector)
+
+
+def redis_maxmemory(max_samples: int, d: int) -> int:
+    """``maxmemory`` of a Redis holding ``max_samples`` samples of dimension ``d``."""
+    expected = max_samples * redis_bytes_per_vector(d)
+    return math.ceil(expected * REDIS_MARGIN) + REDIS_FIXED_BYTES
+
+
+def _read_int(path: Path) -> int | None:
+    """The number in ``path`` (a cgroup file), or None if absent, unreadable or ``max``."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None
+    value = int(text)
+    return value if value < _NO_LIMIT else None
+
+
+def _cgroup_limits(root: Path) -> list[tuple[int, str]]:
+    """Memory limits of the cgroups of this process and their ancestors (v2 and v1)."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    base = root / "sys/fs/cgroup"
+    found: list[tuple[int, str]] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: "0::/path"
+            folder, name = base, "memory.max"
+        elif "memory" in controllers.split(","):  # v1: "N:memory:/path"
+            folder, name = base / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # this cgroup, then each ancestor
+            where = folder.joinpath(*parts[:depth]) / name
+            value = _read_int(where)
+            if value is not None:
+                found.append((value, f"cgroup {'/' + '/'.join(parts[:depth])} {name}"))
+    return found
+
+
+def memory_limit(root: Path = Path("/")) -> tuple[int, str]:
+    """Bytes of memory this process may use, and where the figure comes from.
+
+    The smallest of the memory limits of its cgroups (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``, of the process's cgroup and its ancestors) and
+    ``MemTotal`` of ``/proc/meminfo``; where neither is readable (not Linux), the
+    physical memory ``os.sysconf`` reports. ``root`` stands for ``/`` (tests).
+    """
+    candidates = _cgroup_limits(root)
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                candidates.append((int(line.split()[1]) * 1024, "MemTotal of /proc/meminfo"))
+    except OSError:
+        pass
+    if not candidates:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        candidates.append((int(pages), "physical memory (sysconf)"))
+    return min(candidates)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The capacity of a model of dimension ``dim``, and how it was set.
+
+    Attributes
+    ----------
+    max_samples : int
+        Most samples the model's log may hold.
+    source : {"setting", "memory"}
+        ``NMBATCH_MAX_SAMPLES``, or derived from the memory limit.
+    dim : int
+    detail : str
+        How the figure was reached, in words (logged at start-up, shown by ``/stats``).
+    redis_maxmemory : int
+        ``maxmemory`` for a Redis holding this many samples (:func:`redis_maxmemory`).
+    """
+
+    max_samples: int
+    source: CapacitySource
+    dim: int
+    detail: str
+    redis_maxmemory: int
+
+
+def plan_capacity(
+    setting: int | None, d: int, k: int, *, memory: tuple[int, str], with_redis: bool
+) -> Capacity:
+    """The :class:`Capacity` for dimension ``d``: ``setting`` if given, else from ``memory``
+    (bytes and their origin, :func:`memory_limit`)."""
+    source: CapacitySource
+    if setting is not None:
+        max_samples, source = int(setting), "setting"
+        detail = f"NMBATCH_MAX_SAMPLES = {max_samples:,}"
+    else:
+        memory_bytes, origin = memory
+        per_vector = bytes_per_vector(d, k, with_redis=with_redis)
+        max_samples = default_max_samples(memory_bytes, d, k, with_redis=with_redis)
+        source = "memory"
+        parts = f"engine {engine_bytes_per_vector(d, k)}" + (
+            f" + Redis {redis_bytes_per_vector(d)}" if with_redis else ""
+        )
+        detail = (
+            f"NMBATCH_MAX_SAMPLES unset: {MEMORY_FRACTION:g} x {memory_bytes / 2**30:.2f} GiB "
+            f"({origin}) / {per_vector:,} bytes per vector (d = {d}, k = {k}: {parts}) "
+            f"= {max_samples:,}"
+        )
+    return Capacity(max_samples, source, d, detail, redis_maxmemory(max_samples, d))
