@@ -28,6 +28,7 @@ import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,7 @@ __all__ = [
     "ReservoirRetention",
     "RetentionPolicy",
     "WindowRetention",
+    "apply",
     "check_retention",
     "feed",
     "make_retention",
@@ -69,12 +71,18 @@ class Admission:
     retire_before: int = 0
     retire_ids: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
 
+    @property
+    def retires(self) -> bool:
+        """True if the admission takes stored samples out."""
+        return self.retire_before > 0 or self.retire_ids.shape[0] > 0
+
 
 class RetentionPolicy:
     """Base of the policies: counts the stream and admits every sample.
 
     ``max_samples`` bounds the samples retained (None: no bound); ``retained`` is how
-    many the policy's answers leave in the store.
+    many the policy's answers leave in the store; ``threshold``: every id below it has
+    left (window and age), the largest ``retire_before`` answered so far.
     """
 
     name = "all"
@@ -83,6 +91,7 @@ class RetentionPolicy:
         self.max_samples = None if max_samples is None else int(max_samples)
         self.n_offered = 0
         self.retained = 0
+        self.threshold = 0
 
     def admit(self, m: int, now: float | None = None) -> Admission:
         """The admission of ``m`` new samples (``m = 0``: only what time retires)."""
@@ -120,6 +129,7 @@ class WindowRetention(RetentionPolicy):
         skip = min(max(threshold - first, 0), m)  # rows of the batch already outside
         self.n_offered += m
         self.retained = min(self.n_offered, W)
+        self.threshold = max(self.threshold, threshold)
         keep = np.arange(skip, m, dtype=np.int64)
         return Admission(keep, first + keep, threshold)
 
@@ -151,13 +161,14 @@ class AgeRetention(RetentionPolicy):
         while self._batches and self._batches[0][1] + self.max_age_seconds <= self._now:
             self._batches.popleft()
         threshold = self._batches[0][0] if self._batches else first
-        if m:
-            self._batches.append((first, self._now))
+        if m and not (self._batches and self._batches[-1][1] == self._now):
+            self._batches.append((first, self._now))  # (a batch of the same time joins it)
         if self.max_samples is not None:
             threshold = max(threshold, first + m - self.max_samples)
         skip = min(max(threshold - first, 0), m)
         self.n_offered += m
         self.retained = self.n_offered - max(threshold, 0)
+        self.threshold = max(self.threshold, threshold)
         keep = np.arange(skip, m, dtype=np.int64)
         return Admission(keep, first + keep, max(threshold, 0))
 
@@ -196,6 +207,25 @@ class ReservoirRetention(RetentionPolicy):
         self.n_offered += m
         self.retained = min(self.n_offered, M)
         return Admission(keep, t[keep], 0, old[old >= 0])
+
+    def state_dict(self) -> dict[str, Any]:
+        """What, with :attr:`slots`, continues the reservoir exactly (JSON-able): the
+        count of samples offered and the generator's state."""
+        return {"n_offered": int(self.n_offered), "rng": self._rng.bit_generator.state}
+
+    def load_state(self, state: dict[str, Any], slots: np.ndarray) -> None:
+        """Continue from :meth:`state_dict` and the stream ids in the filled slots
+        (``(min(n_offered, max_samples),)`` int64, slot order)."""
+        M = int(self.max_samples)
+        n = int(state["n_offered"])
+        filled = min(n, M)
+        if slots.shape != (filled,):
+            raise ValueError(f"{slots.shape[0]} slots for {n} samples offered to {M} slots")
+        self.slots[:] = -1
+        self.slots[:filled] = slots
+        self.n_offered = n
+        self.retained = filled
+        self._rng.bit_generator.state = state["rng"]
 
 
 def check_retention(
@@ -245,16 +275,22 @@ def make_retention(
     return AllRetention(max_samples)
 
 
-def feed(policy: RetentionPolicy, algo, X: np.ndarray, now: float | None = None) -> Admission:
-    """Offer the rows of ``X`` (``(m, d)`` float32, checked) to ``policy`` and carry out
-    its answer on ``algo`` (a ``KMeansAlgorithm``) and its store: retire, then append.
-
-    Returns the :class:`Admission`. A :class:`CapacityError` leaves everything unchanged.
-    """
-    adm = policy.admit(X.shape[0], now)
-    if adm.retire_before > 0 or adm.retire_ids.shape[0]:
+def apply(adm: Admission, algo: Any, X: np.ndarray) -> None:
+    """Carry out ``adm`` (the admission of the rows of ``X``, ``(m, d)`` float32) on
+    ``algo`` (a ``KMeansAlgorithm``) and its store: retire, then append."""
+    if adm.retires:
         algo.retire(ids=adm.retire_ids, before=adm.retire_before)
     if adm.keep.shape[0]:
         rows = X if adm.keep.shape[0] == X.shape[0] else X[adm.keep]
         algo.store.append(rows, ids=adm.ids)
+
+
+def feed(policy: RetentionPolicy, algo: Any, X: np.ndarray, now: float | None = None) -> Admission:
+    """Offer the rows of ``X`` (``(m, d)`` float32, checked) to ``policy`` and carry out
+    its answer on ``algo`` (:func:`apply`).
+
+    Returns the :class:`Admission`. A :class:`CapacityError` leaves everything unchanged.
+    """
+    adm = policy.admit(X.shape[0], now)
+    apply(adm, algo, X)
     return adm

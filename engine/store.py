@@ -223,14 +223,34 @@ class NestedBatchStore:
         with self.lock:
             return self._ids[: self._n].copy()
 
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """Copies of the stored rows with stream ids ``ids`` (``(m,)`` int, distinct), in
+        that order: shape ``(m, d)``, float32. Raises ``ValueError`` if one is not stored."""
+        query = np.asarray(ids, dtype=np.int64).ravel()
+        with self.lock:
+            if not query.shape[0]:
+                return np.empty((0, self.dim), dtype=np.float32)
+            stored = self._ids[: self._n]
+            order = np.argsort(stored)
+            at = np.searchsorted(stored, query, sorter=order)
+            rows = order[np.minimum(at, self._n - 1)] if self._n else at
+            if not self._n or not (stored[rows] == query).all():
+                raise ValueError("some of the ids are not stored")
+            return self._data[rows].copy()
+
     # -- writing ----------------------------------------------------------------------
-    def append(self, X: np.ndarray, ids: np.ndarray | None = None) -> int:
+    def append(
+        self, X: np.ndarray, ids: np.ndarray | None = None, *, any_order: bool = False
+    ) -> int:
         """Append the rows of ``X`` (shape ``(m, d)``, any real dtype) to the shuffled tail.
 
         ``ids`` (``(m,)`` integers, increasing, each ``>= n_ingested``): the rows' stream
         ids, for a caller that skips samples of its stream (a reservoir); default: the
-        next ``m`` ids. Raises ``ValueError`` (and stores nothing) for a wrong shape,
-        non-finite values or bad ids. Returns the new ``N``.
+        next ``m`` ids. ``any_order``: ``ids`` are non-negative in any order and distinct
+        from each other and from every stored id (the caller's guarantee: a retained set
+        restored in its own order); ``n_ingested`` becomes at least ``max(ids) + 1``.
+        Raises ``ValueError`` (and stores nothing) for a wrong shape, non-finite values
+        or bad ids. Returns the new ``N``.
         """
         X = as_float32_matrix(X, dim=self.dim, allow_empty=True)
         m = X.shape[0]
@@ -239,7 +259,10 @@ class NestedBatchStore:
             if ids.shape != (m,) or (m and not np.issubdtype(ids.dtype, np.integer)):
                 raise ValueError(f"ids must be {m} integers, got shape {ids.shape}")
             ids = ids.astype(np.int64)
-            if m > 1 and not (np.diff(ids) > 0).all():
+            if any_order:
+                if m and ids.min() < 0:
+                    raise ValueError(f"ids must be >= 0, got {ids.min()}")
+            elif m > 1 and not (np.diff(ids) > 0).all():
                 raise ValueError("ids must be strictly increasing")
         if m == 0:
             return self._n
@@ -247,7 +270,7 @@ class NestedBatchStore:
             n, b = self._n, self._b
             if ids is None:
                 ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
-            elif ids[0] < self._next_id:
+            elif not any_order and ids[0] < self._next_id:
                 raise ValueError(f"ids must be >= {self._next_id} (the next id), got {ids[0]}")
             if n + m > self._data.shape[0]:
                 self._grow_capacity(n + m)
@@ -255,7 +278,7 @@ class NestedBatchStore:
             swap = self._rng.integers(b, n + np.arange(m, dtype=np.int64) + 1)
             shuffle_insert(X, swap, n, self._data, self._ids, ids)
             self._n = n + m
-            self._next_id = int(ids[-1]) + 1
+            self._next_id = max(self._next_id, int(ids.max()) + 1)
             return self._n
 
     def retire(

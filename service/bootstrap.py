@@ -20,6 +20,7 @@ connection, bad password or certificate) or settings that contradict it raise
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import AsyncExitStack
 from urllib.parse import urlsplit, urlunsplit
@@ -46,6 +47,7 @@ from nmbatch.service.storage import (
 )
 from nmbatch.service.storage.capacity import memory_limit
 from nmbatch.service.worker import Worker
+from nmbatch.service.worker.retention import retention_size
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -146,6 +148,7 @@ async def start_service(
         raise _unusable(url, exc) from None
 
     board = ModelBoard()
+    memory = memory_limit()
     worker = Worker(
         settings,
         repository,
@@ -155,6 +158,9 @@ async def start_service(
         snapshot=snapshot,
         dim=dim,
         engine_nice=WORKER_NICE if settings.worker_process else 0,
+        retention_size=functools.partial(
+            retention_size, settings, memory=memory, with_redis=embedded is not None
+        ),
     )
     try:
         # Takes the lease if free and publishes the snapshot (renumbered above every
@@ -189,7 +195,7 @@ async def start_service(
         worker=worker,
         dim=dim,
         embedded_redis=embedded,
-        memory=memory_limit(),
+        memory=memory,
     )
     if dim is not None:  # else planned when the first batch fixes the dimension
         try:

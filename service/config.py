@@ -58,13 +58,27 @@ class Settings(BaseSettings):
     init: Literal["k-means++", "first"] = Field(
         "k-means++", description="Initialisation of the centroids on the first batch."
     )
+    retention: Literal["all", "window", "age", "reservoir"] = Field(
+        "all",
+        description="Which samples the model keeps: all (up to the capacity "
+        "NMBATCH_MAX_SAMPLES, then 507), window (the last NMBATCH_MAX_SAMPLES accepted), "
+        "age (those accepted in the last NMBATCH_MAX_AGE_SECONDS), reservoir (a uniform "
+        "random sample of NMBATCH_MAX_SAMPLES of all ever accepted).",
+    )
     max_samples: int | None = Field(
         None,
         ge=1,
-        description="Capacity: most samples the model holds (POST /samples answers 507 "
-        "beyond, storing nothing); unset: half the memory this process may use (cgroup "
-        "limit, else MemTotal) over the bytes per vector of the engine and the embedded "
-        "Redis (service.storage.capacity).",
+        description="Retention all: the capacity (POST /samples answers 507 beyond, storing "
+        "nothing); unset: half the memory this process may use (cgroup limit, else MemTotal) "
+        "over the bytes per vector of the engine and the embedded Redis "
+        "(service.storage.capacity). Window and reservoir: their size (required). Age: an "
+        "optional cap (oldest leave first; unset: the memory-derived capacity).",
+    )
+    max_age_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="Retention age: a sample leaves the model this many seconds after it "
+        "was accepted (by Redis's clock; required with age, refused with the others).",
     )
 
     # -- HTTP ----------------------------------------------------------------------------
@@ -157,11 +171,24 @@ class Settings(BaseSettings):
     )
 
     @model_validator(mode="after")
-    def _capacity_holds_k_samples(self) -> Settings:
+    def _retention_holds_k_samples(self) -> Settings:
         if self.max_samples is not None and self.max_samples < self.k:
+            what = "capacity" if self.retention == "all" else f"{self.retention} size"
             raise ValueError(
                 f"NMBATCH_MAX_SAMPLES = {self.max_samples} is below NMBATCH_K = {self.k}: the "
-                "model could never hold the k samples its first iteration needs"
+                f"model's {what} could never hold the k samples its first iteration needs"
+            )
+        if self.retention in ("window", "reservoir") and self.max_samples is None:
+            raise ValueError(
+                f"NMBATCH_RETENTION = {self.retention} needs NMBATCH_MAX_SAMPLES (its size, an "
+                f"integer >= NMBATCH_K = {self.k})"
+            )
+        if self.retention == "age" and self.max_age_seconds is None:
+            raise ValueError("NMBATCH_RETENTION = age needs NMBATCH_MAX_AGE_SECONDS (> 0)")
+        if self.retention != "age" and self.max_age_seconds is not None:
+            raise ValueError(
+                f"NMBATCH_MAX_AGE_SECONDS is only used by NMBATCH_RETENTION = age, not "
+                f"{self.retention}"
             )
         return self
 

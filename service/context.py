@@ -30,8 +30,14 @@ from nmbatch.service.storage import (
     StoreFullError,
     WrongDimensionError,
 )
-from nmbatch.service.storage.capacity import REDIS_FIXED_BYTES, Capacity, plan_capacity
+from nmbatch.service.storage.capacity import (
+    REDIS_FIXED_BYTES,
+    Capacity,
+    plan_capacity,
+    redis_maxmemory,
+)
 from nmbatch.service.worker import Role, Worker
+from nmbatch.service.worker.retention import MIN_COMPACTION, REDIS_SAMPLES
 
 __all__ = ["Context", "ServiceContext", "assign", "get_context", "off_loop", "parse_body"]
 
@@ -123,10 +129,16 @@ class ServiceContext:
         capacity = plan_capacity(
             s.max_samples, dim, s.k, memory=self.memory, with_redis=self.embedded_redis is not None
         )
-        log.info("capacity of model '%s': %s", s.model, capacity.detail)
+        log.info("capacity of model '%s' (retention %s): %s", s.model, s.retention,
+                 capacity.detail)  # fmt: skip
         if self.embedded_redis is not None:
+            # The log of a window, an age or a reservoir holds more than its size for a
+            # while (until the next trim or compaction).
+            in_redis = capacity.max_samples * REDIS_SAMPLES[s.retention]
+            if s.retention == "reservoir":
+                in_redis += MIN_COMPACTION
             maxmemory = await self.embedded_redis.limit_memory(
-                self.sample_log.client, capacity.redis_maxmemory, REDIS_FIXED_BYTES
+                self.sample_log.client, redis_maxmemory(in_redis, dim), REDIS_FIXED_BYTES
             )
             log.info("embedded Redis maxmemory %d bytes (noeviction)", maxmemory)
         self.metrics.max_samples.set(capacity.max_samples)
@@ -159,7 +171,8 @@ class ServiceContext:
             outcome = await self.sample_log.append(
                 X,
                 dim=self.dim,
-                max_samples=capacity.max_samples,
+                # Only "all" refuses samples; the other policies make room by retiring.
+                max_samples=capacity.max_samples if self.settings.retention == "all" else None,
                 idempotency_key=idempotency_key,
                 key_seconds=self.settings.idempotency_seconds,
                 # This process's worker takes the rows from memory rather than from Redis.

@@ -2,8 +2,10 @@
 
 The worker thread drives an engine through one small interface, :class:`EngineHost`:
 ``engine.store`` (``dim``, ``n_samples``, ``append``: the engine's ``NestedBatchStore``
-or a view of it), ``engine.ready()``, ``engine.step()`` and ``engine.restore()``, the
-last two answering with the model's state as one record (:class:`ModelState`, made by
+or a view of it), ``engine.feed()`` (a retention policy's admission carried out:
+retirements, then appends with stream ids), ``engine.rows_of()`` (stored rows by id),
+``engine.ready()``, ``engine.step()`` and ``engine.restore()``, the last two answering
+with the model's state as one record (:class:`ModelState`, made by
 ``KMeansAlgorithm.state``), which ``engine.state`` keeps. Two hosts provide it:
 
 :class:`LocalEngine`
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -40,7 +43,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,8 +58,13 @@ log = logging.getLogger(__name__)
 # Commands are 8 bytes, so the float32 rows after them stay aligned (an unaligned array
 # would be another type signature for numba: a compilation in the child).
 _APPEND, _STEP, _RESTORE, _STOP = b"APPEND\0\0", b"STEP\0\0\0\0", b"RESTORE\0", b"STOP\0\0\0\0"
+_FEED, _ROWS = b"FEED\0\0\0\0", b"ROWS\0\0\0\0"
 _OP = 8
 _RESTORE_HEADER = struct.Struct("<qqq")  # rows of centroids, batch size, iteration
+# FEED: rows appended, ids retired, retire_before, flags (1: ids in any order); then the
+# appended rows' ids (int64), the retired ids (int64), the appended rows (float32).
+_FEED_HEADER = struct.Struct("<qqqq")
+_NO_IDS = np.empty(0, dtype=np.int64)
 START_TIMEOUT = 120.0
 """Seconds the child may take to start (import numpy and numba, load the kernels)."""
 
@@ -94,6 +102,21 @@ class StoreView(Protocol):
     def append(self, X: np.ndarray) -> int: ...
 
 
+def _carry_out(
+    algo: KMeansAlgorithm,
+    X: np.ndarray,
+    ids: np.ndarray,
+    retire_ids: np.ndarray,
+    retire_before: int,
+    any_order: bool,
+) -> None:
+    """Retire (votes taken back exactly), then append ``X`` under ``ids``."""
+    if retire_before > 0 or retire_ids.shape[0]:
+        algo.retire(ids=retire_ids, before=retire_before)
+    if X.shape[0]:
+        algo.store.append(X, ids=ids, any_order=any_order)
+
+
 class EngineHost(Protocol):
     """A store and nmbatch on it, driven from the worker thread.
 
@@ -106,6 +129,26 @@ class EngineHost(Protocol):
 
     def ready(self) -> bool:
         """True once ``step()`` can run (``k`` samples appended, or initialised)."""
+        ...
+
+    def feed(
+        self,
+        X: np.ndarray,
+        ids: np.ndarray,
+        *,
+        n_after: int,
+        retire_ids: np.ndarray = _NO_IDS,
+        retire_before: int = 0,
+        any_order: bool = False,
+    ) -> None:
+        """Take out the stored samples with ids in ``retire_ids`` or below
+        ``retire_before`` (their votes removed exactly), then append the rows of ``X``
+        (``(m, d)`` float32) under the stream ids ``ids`` (``(m,)`` int64, increasing
+        unless ``any_order``); ``n_after`` is ``N`` afterwards (the policy's count)."""
+        ...
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """The stored rows with stream ids ``ids``, in that order, ``(m, d)`` float32."""
         ...
 
     def step(self) -> ModelState:
@@ -145,6 +188,24 @@ class LocalEngine:
 
     def ready(self) -> bool:
         return self._algo.ready()
+
+    def feed(
+        self,
+        X: np.ndarray,
+        ids: np.ndarray,
+        *,
+        n_after: int,
+        retire_ids: np.ndarray = _NO_IDS,
+        retire_before: int = 0,
+        any_order: bool = False,
+    ) -> None:
+        _carry_out(self._algo, X, ids, retire_ids, retire_before, any_order)
+        if self.store.n_samples != n_after:
+            raise RuntimeError(f"the store holds {self.store.n_samples} rows, not {n_after}")
+        self.state = dataclasses.replace(self.state, converged=False)
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        return self.store.rows_of(ids)
 
     def step(self) -> ModelState:
         self.state = self._algo.state(self._algo.step())
@@ -198,7 +259,17 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
                 if op == _APPEND:
                     store.append(np.frombuffer(payload, dtype=np.float32).reshape(-1, d))
                     continue  # appends are not answered
-                if op == _STEP:
+                if op == _FEED:
+                    m, r, before, flags = _FEED_HEADER.unpack_from(payload)
+                    at = _FEED_HEADER.size
+                    ids = np.frombuffer(payload, np.int64, m, at)
+                    retire_ids = np.frombuffer(payload, np.int64, r, at + 8 * m)
+                    X = np.frombuffer(payload, np.float32, m * d, at + 8 * (m + r))
+                    _carry_out(algo, X.reshape(m, d), ids, retire_ids, before, bool(flags & 1))
+                    continue  # nor are feeds
+                if op == _ROWS:
+                    conn.send(store.rows_of(np.frombuffer(payload, dtype=np.int64)))
+                elif op == _STEP:
                     conn.send(algo.state(algo.step()))
                 elif op == _RESTORE:
                     rows, b, iteration = _RESTORE_HEADER.unpack_from(payload)
@@ -269,6 +340,32 @@ class EngineProcess:
     def ready(self) -> bool:
         return self.state.initialized or self.store.n_samples >= self._k
 
+    def feed(
+        self,
+        X: np.ndarray,
+        ids: np.ndarray,
+        *,
+        n_after: int,
+        retire_ids: np.ndarray = _NO_IDS,
+        retire_before: int = 0,
+        any_order: bool = False,
+    ) -> None:
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        retire_ids = np.ascontiguousarray(retire_ids, dtype=np.int64)
+        if X.ndim != 2 or X.shape[1] != self.store.dim or ids.shape != (X.shape[0],):
+            raise ValueError(f"rows of shape {X.shape} with {ids.shape[0]} ids for dim "
+                             f"{self.store.dim}")  # fmt: skip
+        header = _FEED_HEADER.pack(X.shape[0], retire_ids.shape[0], int(retire_before),
+                                   int(any_order))  # fmt: skip
+        rows = X.data.cast("B") if X.size else b""
+        self._send(_FEED, header, ids.data.cast("B"), retire_ids.data.cast("B"), rows)
+        self.store._n = int(n_after)
+        self.state = dataclasses.replace(self.state, converged=False)
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        return self._call(_ROWS, np.ascontiguousarray(ids, dtype=np.int64).tobytes(), np.ndarray)
+
     def step(self) -> ModelState:
         self.state = self._call(_STEP, b"")
         return self.state
@@ -291,25 +388,27 @@ class EngineProcess:
         with contextlib.suppress(OSError):
             self._conn.close()
 
-    def _send(self, op: bytes, payload: bytes | memoryview) -> None:
+    def _send(self, op: bytes, *payload: bytes | memoryview) -> None:
+        """Send the command ``op`` and its payload (joined, one copy)."""
         try:
-            self._conn.send_bytes(b"".join((op, payload)))
+            self._conn.send_bytes(b"".join((op, *payload)))
         except (OSError, ValueError) as exc:
             raise EngineProcessError(f"the engine process is gone: {exc}") from None
 
-    def _call(self, op: bytes, payload: bytes) -> ModelState:
+    def _call(self, op: bytes, payload: bytes, kind: type = ModelState) -> Any:
         self._send(op, payload)
-        return self._reply(None)
+        return self._reply(None, kind)
 
-    def _reply(self, timeout: float | None) -> ModelState:
-        """The child's answer: a state, or ``{"error": message}`` (raised here)."""
+    def _reply(self, timeout: float | None, kind: type = ModelState) -> Any:
+        """The child's answer: a ``kind`` (a state, rows), or ``{"error": message}``
+        (raised here)."""
         ready = wait([self._conn, self.process.sentinel], timeout)
         if self._conn in ready:
             try:
                 reply = self._conn.recv()
             except (EOFError, OSError) as exc:
                 raise EngineProcessError(f"the engine process is gone: {exc!r}") from None
-            if not isinstance(reply, ModelState):
+            if not isinstance(reply, kind):
                 raise EngineProcessError(f"the engine process failed: {reply['error']}")
             return reply
         if not ready:

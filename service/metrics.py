@@ -52,6 +52,27 @@ class ServiceMetrics:
             "(0 without an engine here)",
             registry=r,
         )
+        self.samples_retired = Gauge(
+            "nmbatch_samples_retired",
+            "Samples retired from the worker's store by the retention policy since its "
+            "engine started",
+            registry=r,
+        )
+        self.samples_accepted_ever = Gauge(
+            "nmbatch_samples_accepted_ever",
+            "Samples ever accepted into the model's log (by any process)",
+            registry=r,
+        )
+        self.log_trimmed = Counter(
+            "nmbatch_log_entries_trimmed",
+            "Log entries trimmed from Redis because all their samples left the model",
+            registry=r,
+        )
+        self.log_bytes = Gauge(
+            "nmbatch_log_bytes",
+            "Redis memory of the model's sample log and retained base (MEMORY USAGE)",
+            registry=r,
+        )
         self.max_samples = Gauge(
             "nmbatch_max_samples",
             "Capacity: most samples the model holds (0 until the dimension is known)",

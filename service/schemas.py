@@ -70,7 +70,14 @@ class Centroids(BaseModel):
     dim: int = Field(description="Dimension d.")
     centroids: list[list[float]] = Field(description="k x d centroids (float32 values).")
     counts: list[int] = Field(description="v(j): prefix samples assigned to each centroid.")
-    n_samples: int = Field(description="N: samples the worker held at this version.")
+    n_samples: int = Field(
+        description="N: samples the centroids describe (those the retention policy kept)."
+    )
+    n_ingested: int = Field(
+        description="Samples ever accepted into the model's log (>= n_samples; more once "
+        "the retention policy has let samples go)."
+    )
+    retention: str = Field(description="NMBATCH_RETENTION: all, window, age or reservoir.")
     batch_size: int = Field(description="b: nested batch (prefix) size.")
     iteration: int = Field(description="Iterations run so far.")
     converged: bool = Field(
@@ -133,7 +140,10 @@ class Stats(BaseModel):
     N: int = Field(description="Samples in the worker's store (same as n_samples).")
     batch_size: int = Field(description="b: nested batch (prefix) size, as in /centroids.")
     n_samples: int = Field(description="N: samples in the worker's store, as in /centroids.")
-    n_logged: int = Field(description="Samples in the Redis log (the worker may lag).")
+    n_logged: int = Field(
+        description="Samples ever accepted into the Redis log (the worker may lag; with a "
+        "retention other than all, more than the log holds now)."
+    )
     iteration: int
     converged: bool
     energy: float | None = Field(
@@ -156,6 +166,20 @@ class Stats(BaseModel):
     )
     max_samples_detail: str | None = Field(
         description="How the capacity was reached (memory, bytes per vector), in words."
+    )
+    retention: str = Field(description="NMBATCH_RETENTION: all, window, age or reservoir.")
+    retained: int = Field(description="Samples the model keeps now (same as n_samples).")
+    n_retired: int = Field(
+        description="Samples the retention policy took out of this process's engine since "
+        "it started (their votes removed exactly)."
+    )
+    n_ingested: int = Field(description="Samples ever accepted into the model's log.")
+    log_entries: int | None = Field(
+        description="Entries in the model's Redis log (after trimming and compaction)."
+    )
+    log_bytes: int | None = Field(
+        description="Redis memory of the model's log and retained base (MEMORY USAGE, "
+        "sampled); None where the command is not allowed."
     )
     engine_bytes: int = Field(
         description="Memory of this process's engine arrays (store at capacity, bounds, "

@@ -100,6 +100,8 @@ class PublishedStats:
     doublings: tuple[DoublingEvent, ...] = field(default_factory=tuple)
     last_iteration_seconds: float | None = None
     engine_bytes: int = 0
+    n_retired: int = 0
+    n_ingested: int = 0
 
     @property
     def skipped_share(self) -> float | None:

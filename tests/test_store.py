@@ -415,3 +415,33 @@ def test_concurrent_appends_lose_nothing_and_respect_the_prefix():
         mine = X[:, 0] == w
         order = np.argsort(ids[mine])
         np.testing.assert_array_equal(X[mine][order, 1], np.arange(n_chunks * rows))
+
+
+def test_rows_of_returns_rows_by_stream_id_and_refuses_missing_ones() -> None:
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(500, 3)).astype(np.float32)
+    store = NestedBatchStore(3, seed=1)
+    store.append(X)
+    store.freeze(100)
+    store.retire(before=50)
+    want = np.array([499, 50, 320, 77], dtype=np.int64)
+    assert np.array_equal(store.rows_of(want), X[want])
+    assert store.rows_of(np.empty(0, np.int64)).shape == (0, 3)
+    with pytest.raises(ValueError, match="not stored"):
+        store.rows_of(np.array([10]))  # retired
+    with pytest.raises(ValueError, match="not stored"):
+        NestedBatchStore(3).rows_of(np.array([0]))
+
+
+def test_append_in_any_order_keeps_the_ids_and_moves_the_next_id() -> None:
+    X = np.arange(12, dtype=np.float32).reshape(4, 3)
+    store = NestedBatchStore(3, seed=2)
+    store.append(X, ids=np.array([9, 2, 30, 4]), any_order=True)
+    assert sorted(store.ids().tolist()) == [2, 4, 9, 30] and store.n_ingested == 31
+    assert np.array_equal(store.rows_of(np.array([30, 2])), X[[2, 1]])
+    with pytest.raises(ValueError, match="increasing"):
+        store.append(X[:2], ids=np.array([40, 35]))
+    with pytest.raises(ValueError, match=">= 0"):
+        store.append(X[:1], ids=np.array([-1]), any_order=True)
+    store.append(X[:1])
+    assert store.n_ingested == 32

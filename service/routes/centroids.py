@@ -25,8 +25,8 @@ def iso_time(unix: float) -> str:
     return datetime.fromtimestamp(unix, UTC).isoformat(timespec="milliseconds")
 
 
-def centroids_json(model: PublishedModel) -> bytes:
-    """The :class:`Centroids` document of ``model``, serialised."""
+def centroids_json(model: PublishedModel, retention: str = "all") -> bytes:
+    """The :class:`Centroids` document of ``model`` (kept under ``retention``), serialised."""
     state = model.state
     return orjson.dumps(
         {
@@ -36,6 +36,8 @@ def centroids_json(model: PublishedModel) -> bytes:
             "centroids": state.centroids,
             "counts": state.counts,
             "n_samples": state.n_samples,
+            "n_ingested": max(state.n_ingested, state.n_samples),
+            "retention": retention,
             "batch_size": state.batch_size,
             "iteration": state.iteration,
             "converged": state.converged,
@@ -101,5 +103,5 @@ async def get_centroids(request: Request, context: Context) -> Response:
     if wants_npy(request.headers.get("accept")):
         body = await off_loop(size, centroids_npy, model)
         return Response(body, media_type=NPY, headers=headers)
-    body = await off_loop(size, centroids_json, model)
+    body = await off_loop(size, centroids_json, model, context.settings.retention)
     return Response(body, media_type="application/json", headers=headers)

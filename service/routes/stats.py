@@ -32,6 +32,8 @@ async def get_stats(context: Context) -> Stats:
         memory = await context.sample_log.client.info("memory")
     except redis.ResponseError:  # INFO disabled (managed Redis)
         memory = {}
+    n_logged = await context.sample_log.n_samples()
+    log_entries, log_bytes = await context.sample_log.log_size()
     return Stats(
         phase=stats.phase,
         role=context.worker.role,
@@ -40,7 +42,7 @@ async def get_stats(context: Context) -> Stats:
         N=stats.n_samples,
         batch_size=stats.batch_size,
         n_samples=stats.n_samples,
-        n_logged=await context.sample_log.n_samples(),
+        n_logged=n_logged,
         iteration=stats.iteration,
         converged=stats.converged,
         energy=stats.energy,
@@ -62,6 +64,12 @@ async def get_stats(context: Context) -> Stats:
         max_samples=capacity.max_samples if capacity is not None else None,
         max_samples_source=capacity.source if capacity is not None else None,
         max_samples_detail=capacity.detail if capacity is not None else None,
+        retention=context.settings.retention,
+        retained=stats.n_samples,
+        n_retired=stats.n_retired,
+        n_ingested=max(stats.n_ingested, n_logged),
+        log_entries=log_entries,
+        log_bytes=log_bytes,
         engine_bytes=stats.engine_bytes,
         redis_used_memory=memory.get("used_memory"),
         redis_maxmemory=memory.get("maxmemory"),

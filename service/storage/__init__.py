@@ -10,6 +10,7 @@
 ``lease``          :class:`WorkerLease` and the version reservation
 ``snapshot``       :class:`Snapshot`: the persisted state of the model
 ``capacity``       :class:`Capacity`: ``NMBATCH_MAX_SAMPLES``, its default from memory
+``retained``       :class:`RetainedLog`: log trimming, crash-safe compaction into a base
 =================  ==============================================================
 """
 
@@ -19,6 +20,7 @@ from nmbatch.service.storage.codec import (
     decode_chunk,
     encode_chunks,
     fingerprint,
+    next_id,
 )
 from nmbatch.service.storage.errors import (
     IdempotencyKeyReusedError,
@@ -33,6 +35,7 @@ from nmbatch.service.storage.keys import KEY_MAX_LENGTH, KEY_PATTERN, ModelKeys
 from nmbatch.service.storage.lease import WorkerLease
 from nmbatch.service.storage.log import AppendOutcome, AsyncSampleLog
 from nmbatch.service.storage.repository import ModelRepository
+from nmbatch.service.storage.retained import Base, BaseChangedError, RetainedLog
 from nmbatch.service.storage.snapshot import Snapshot
 
 __all__ = [
@@ -41,6 +44,8 @@ __all__ = [
     "KEY_PATTERN",
     "AppendOutcome",
     "AsyncSampleLog",
+    "Base",
+    "BaseChangedError",
     "IdempotencyKeyReusedError",
     "LeaseLostError",
     "LocalEntries",
@@ -48,6 +53,7 @@ __all__ = [
     "ModelConfigError",
     "ModelKeys",
     "ModelRepository",
+    "RetainedLog",
     "Snapshot",
     "StoreFullError",
     "WorkerLease",
@@ -55,5 +61,6 @@ __all__ = [
     "decode_chunk",
     "encode_chunks",
     "fingerprint",
+    "next_id",
     "redis_unavailable",
 ]

@@ -17,7 +17,7 @@ The cost of one vector (:func:`bytes_per_vector`):
   rounded up);
 - Redis (:func:`redis_bytes_per_vector`), only when the service runs its embedded
   Redis on this machine: the row in a stream entry, ``4 d`` times the allocator's
-  rounding, plus a share of the entry's own overhead.
+  rounding (:data:`REDIS_ROW_FACTOR`), plus a share of the entry's own overhead.
 
 The embedded Redis gets a ``maxmemory`` consistent with the capacity
 (:func:`redis_maxmemory`) with ``noeviction``: past it Redis refuses writes (``OOM``),
@@ -63,17 +63,25 @@ ENGINE_SAMPLE_BYTES = 32
 (``int32``), upper bound, ``d(i)^2`` and ``‖x(i)‖^2`` (``float64`` each), 28 bytes,
 rounded up."""
 
-# Measured once with redis-server 7.0.15 (jemalloc 5.3.0) and `INFO memory`: used_memory
+# Measured with redis-server 7.0.15 (jemalloc 5.3.0) by tools/redis_bytes.py: used_memory
 # before and after appending 200,000 random vectors through AsyncSampleLog.append in
-# batches of 10,000 rows (entries of up to CHUNK_BYTES): d = 16: 66.3 bytes per vector
-# (1.036 x 4d; entries of 640,000 bytes), d = 128: 629.3 (1.229 x 4d; full entries of
-# exactly 1 MiB), d = 784: 3,146.2 (1.003 x 4d; entries just under 1 MiB). The spread is
-# jemalloc's rounding of each entry to its next size class (four per doubling: at most
-# +25%); the model below bounds all three.
-REDIS_ROW_FACTOR = 1.25
-"""Allocated bytes per payload byte of a row in a stream entry, at most: an entry is one
-allocation, which jemalloc rounds up to its next size class (an entry of exactly
-``CHUNK_BYTES`` = 1 MiB of rows plus its header takes 1.25 MiB)."""
+# batches of 10,000 rows. Entries of up to CHUNK_BYTES = 1 MiB - 4 KiB: d = 16: 66.5
+# bytes per vector (1.040 x 4d; one entry of 640,000 bytes per request), d = 128: 525.3
+# (1.026 x 4d; four full entries of 1,044,480 bytes and one of 942,080 per request),
+# d = 784: 3,150.2 (1.005 x 4d). (With entries of up to exactly 1 MiB, before: d = 128
+# took 630.2, 1.231 x 4d, as jemalloc put each full entry in its 1.25 MiB size class.)
+# The rest is jemalloc's rounding of an entry that is not full to its size class (four
+# per doubling), at most +25% of that entry: requests smaller than an entry pay it on
+# all their rows (measured, 200,000 vectors: 1.007 to 1.210 x 4d for requests of 10, 100
+# and 1,100 rows at d = 16, 128 and 784; 50,000 single-row requests: 1.35 at d = 16, 1.17
+# at d = 128, 1.16 at d = 784). REDIS_MARGIN covers up to 1.31 x 4d in maxmemory; beyond
+# (single rows at small d) Redis refuses the write (OOM, answered 507) before the
+# capacity is reached.
+REDIS_ROW_FACTOR = 1.05
+"""Allocated bytes per payload byte of a row in a stream entry, as measured with requests
+of 10,000 rows (above; requests of a full entry or more stay near it): a full entry
+(``CHUNK_BYTES`` = 1 MiB - 4 KiB of rows plus its header) fits jemalloc's 1 MiB size
+class; a request's last, smaller entry is rounded up to its size class."""
 REDIS_ENTRY_BYTES = 256
 """Bytes of one stream entry besides its rows (entry header, stream node, radix tree)."""
 REDIS_MARGIN = 1.25

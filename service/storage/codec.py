@@ -20,10 +20,17 @@ __all__ = [
     "encode_chunks",
     "fingerprint",
     "id_key",
+    "next_id",
 ]
 
-CHUNK_BYTES = 1 << 20
-"""Largest ``float32`` payload of one log entry (a request may span several)."""
+CHUNK_BYTES = (1 << 20) - (4 << 10)
+"""Largest payload of one log entry (a request may span several): 1 MiB less 4 KiB.
+
+Redis stores a large entry as one allocation (a listpack of its own: the payload plus a
+header of about a hundred bytes), which jemalloc rounds up to its next size class. 1 MiB
+is a size class and the next is 1.25 MiB, so a full entry of exactly 1 MiB of rows took
+1.25 MiB; 4 KiB under it, a full entry takes 1 MiB (``tools/redis_bytes.py`` measures
+it)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,20 @@ def id_key(stream_id: str) -> tuple[int, int]:
     """A stream id ``"<ms>-<seq>"`` as a tuple that sorts like Redis sorts ids."""
     ms, _, seq = stream_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+_MAX_SEQ = (1 << 64) - 1  # the largest sequence part of a stream id
+
+
+def next_id(stream_id: str) -> str:
+    """The smallest stream id greater than ``stream_id`` (``"<ms>-<seq>"``).
+
+    ``XTRIM ... MINID next_id(x)`` removes every entry up to and including ``x``.
+    """
+    ms, seq = id_key(stream_id)
+    if seq == _MAX_SEQ:
+        return f"{ms + 1}-0"
+    return f"{ms}-{seq + 1}"
 
 
 def fingerprint(X: np.ndarray) -> str:

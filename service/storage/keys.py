@@ -3,7 +3,9 @@
 Keys (``{model}`` is ``NMBATCH_MODEL``, so several models share one Redis):
 
 ``nmbatch:{model}:log`` (stream)
-    Every accepted sample, in arrival order. An entry holds ``n`` rows of ``d``
+    The accepted samples, in arrival order (all of them with retention ``all``; else
+    entries wholly outside the retained set are trimmed, and a compaction deletes those up
+    to ``base_last_id``: :mod:`service.storage.retained`). An entry holds ``n`` rows of ``d``
     coordinates as raw little-endian ``float32`` bytes (field ``x``, row-major), with
     ``n`` and ``d`` as decimal fields (:mod:`service.storage.codec`). A request is split
     into entries of at most :data:`~service.storage.codec.CHUNK_BYTES` and appended in one
@@ -11,8 +13,22 @@ Keys (``{model}`` is ``NMBATCH_MODEL``, so several models share one Redis):
     (:mod:`service.storage.log`).
 ``nmbatch:{model}:meta`` (hash)
     ``k`` and ``dim`` of the model (a setting that contradicts them stops start-up),
-    ``n_samples`` (total rows in the log), ``created_at``; ``versions_reserved`` and
-    ``versions_reserved_by`` (:mod:`service.storage.lease`).
+    ``n_samples`` (rows ever appended to the log; trimming and compaction do not lower
+    it), ``created_at``; ``versions_reserved`` and ``versions_reserved_by``
+    (:mod:`service.storage.lease`). Once a compaction has
+    committed (:mod:`service.storage.retained`): ``base_generation`` (``g``, from 1),
+    ``base_last_id`` (the base holds the retained samples of the log up to and including
+    this entry id; the log holds no entry at or before it), ``base_rows`` and
+    ``base_policy`` (JSON state of the retention policy as of ``base_last_id``), all four
+    written by one script.
+``nmbatch:{model}:base:{g}`` (stream)
+    The retained samples of compaction ``g`` (the one ``base_generation`` names), in the
+    order the worker holds them: entries with ``n``, ``d`` and ``x`` as in the log, plus
+    ``ids``, the samples' ids as raw little-endian ``int64`` bytes. The retained set of
+    the model is these rows followed by the log's entries after ``base_last_id``. Entry
+    ids are ``{nonce}-{1..m}``, the nonce random per compaction. ``base:{g+1}`` exists
+    only while compaction ``g + 1`` writes it (or is left by one that died: the next
+    one deletes it first); the commit deletes ``base:{g}``.
 ``nmbatch:{model}:snapshot`` (hash)
     The latest centroids (``float32`` bytes), counts (``int64`` bytes), batch size
     ``b``, iteration, last log entry id consumed, version, ``k``, ``dim``
@@ -66,6 +82,10 @@ class ModelKeys:
     @property
     def lock(self) -> str:
         return self.prefix + "lock"
+
+    def base(self, generation: int) -> str:
+        """Key of the retained samples of compaction ``generation``: ``...:base:{g}``."""
+        return f"{self.prefix}base:{int(generation)}"
 
     def idempotency(self, idempotency_key: str) -> str:
         """Key of the record of ``idempotency_key``: ``nmbatch:{model}:idempotency:{sha256}``."""

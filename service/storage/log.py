@@ -284,6 +284,19 @@ class AsyncSampleLog:
         raw = await self.client.hget(self.keys.meta, "dim")
         return int(raw) if raw is not None else None
 
+    async def log_size(self) -> tuple[int, int | None]:
+        """Entries of the log, and the Redis memory of the log and its retained base
+        (``MEMORY USAGE``, sampled; None where the command is not allowed)."""
+        entries = int(await self.client.xlen(self.keys.log))
+        try:
+            used = [await self.client.memory_usage(self.keys.log)]
+            generation = await self.client.hget(self.keys.meta, "base_generation")
+            if generation is not None:
+                used.append(await self.client.memory_usage(self.keys.base(int(generation))))
+        except redis.ResponseError:
+            return entries, None
+        return entries, sum(int(u or 0) for u in used)
+
     async def n_samples(self) -> int:
         """Total number of samples in the log."""
         raw = await self.client.hget(self.keys.meta, "n_samples")

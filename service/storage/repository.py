@@ -69,6 +69,11 @@ class ModelRepository:
         raw = self.client.hget(self.keys.meta, "dim")
         return int(raw) if raw is not None else None
 
+    def n_samples(self) -> int:
+        """Samples ever accepted into the log (the meta's ``n_samples``)."""
+        raw = self.client.hget(self.keys.meta, "n_samples")
+        return int(raw) if raw is not None else 0
+
     def read_log(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
         """Up to ``max_entries`` log entries after ``after_id`` (``"0-0"``: from the start).
 

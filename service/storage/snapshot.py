@@ -51,6 +51,7 @@ class Snapshot:
             "iteration": state.iteration,
             "last_id": self.last_id,
             "n_samples": state.n_samples,
+            "n_ingested": state.n_ingested,
             "converged": int(state.converged),
             "updated_at": repr(float(model.updated_at)),
         }
@@ -64,6 +65,7 @@ class Snapshot:
             counts=np.frombuffer(fields[b"counts"], dtype="<i8").reshape(k),
             batch_size=int(fields[b"batch_size"]),
             n_samples=int(fields[b"n_samples"]),
+            n_ingested=int(fields.get(b"n_ingested", fields[b"n_samples"])),
             iteration=int(fields[b"iteration"]),
             converged=bool(int(fields[b"converged"])),
             initialized=True,  # a snapshot holds centroids that were served

@@ -10,9 +10,11 @@ are its parts (:mod:`~nmbatch.service.worker.lease`, :mod:`~nmbatch.service.work
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import numba
 from threadpoolctl import threadpool_limits
@@ -29,9 +31,11 @@ from nmbatch.service.engine_host import (
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
+from nmbatch.service.storage.retained import RetainedLog
 from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
 from nmbatch.service.worker.lease import VERSION_BLOCK, LeaseKeeper
 from nmbatch.service.worker.publisher import Publisher
+from nmbatch.service.worker.retention import LogRetention
 from nmbatch.service.worker.roles import Phase, Role
 
 __all__ = ["Worker"]
@@ -60,6 +64,9 @@ class Worker:
         The model's dimension if already known.
     engine_nice : int
         Niceness of the engine's child process (0: unchanged).
+    retention_size : callable or None
+        The retention policy's size for a dimension (:func:`~nmbatch.service.worker.
+        retention.retention_size`); None: ``NMBATCH_MAX_SAMPLES``.
 
     Attributes
     ----------
@@ -80,6 +87,7 @@ class Worker:
         snapshot: Snapshot | None = None,
         dim: int | None = None,
         engine_nice: int = 0,
+        retention_size: Callable[[int], int | None] | None = None,
     ) -> None:
         self.settings = settings
         self.repository = repository
@@ -88,6 +96,10 @@ class Worker:
         self.snapshot = snapshot
         self.dim = dim
         self.engine_nice = engine_nice
+        self.retention_size = retention_size or (lambda dim: settings.max_samples)
+        self.retained_log = RetainedLog(repository.client, repository.keys)
+        self.retention: LogRetention | None = None
+        self.n_ingested = 0  # samples ever accepted (the meta's count), read at each pull
         self.wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(
@@ -281,23 +293,21 @@ class Worker:
                 self.wake.wait(self.settings.poll_seconds)
                 self.wake.clear()
         s = self.settings
-        config = EngineConfig(
-            dim=self.dim,
-            k=s.k,
-            init=s.init,
-            rho=s.rho,
-            batch_size=s.batch_size,
-            seed=s.seed,
-            threads=s.worker_threads,
-            nice=self.engine_nice,
-        )
+        config = EngineConfig(self.dim, s.k, s.init, s.rho, s.batch_size, s.seed,
+                              threads=s.worker_threads, nice=self.engine_nice)  # fmt: skip
         self._close_engine()
         self.phase = Phase.STARTING_ENGINE
         self.engine = engine = EngineProcess(config) if s.worker_process else LocalEngine(config)
-        self.last_id = "0-0"
+        self.retention = LogRetention(s, self.retention_size(self.dim), self.retained_log)
         self.phase = Phase.REPLAYING
         self._publish_stats()
         started = time.perf_counter()
+        try:  # the retained rows of the last compaction, then the log after them
+            self.last_id = self.backoff.call(self.retention.load_base, engine)
+        except RedisAwayError:
+            self._close_engine()  # half a base loaded: start again once Redis is back
+            self._stopping.wait(max(0.5, self.backoff.seconds_to_retry()))
+            return False
         while True:
             if self._stopping.is_set() or self.lease.lost.is_set():
                 return False
@@ -352,6 +362,7 @@ class Worker:
                         pass
                 except RedisAwayError:
                     pass  # iterate on what we have; the next pull retries
+                self._retain()
                 last_pull = time.monotonic()
             state = engine.state
             idle = state.converged and engine.store.n_samples == state.batch_size
@@ -368,10 +379,27 @@ class Worker:
             if time.monotonic() - self._last_snapshot >= self.settings.snapshot_seconds:
                 try:
                     self._write_snapshot()
+                    log_bytes = self.backoff.call(self.retained_log.log_bytes)
+                    self.metrics.log_bytes.set(log_bytes if log_bytes is not None else -1)
                 except RedisAwayError:
                     pass
                 except LeaseLostError:
                     self.lease.check()
+
+    def _retain(self) -> None:
+        """After a round of reads: the count of samples ever accepted, and the retention's
+        upkeep (:meth:`LogRetention.maintain`). Redis away: the next round does it."""
+        retention = self.retention
+        assert retention is not None and self.engine is not None
+        trimmed = retention.trimmed_entries
+        try:
+            self.n_ingested = self.backoff.call(self.repository.n_samples)
+            self.backoff.call(retention.maintain, self.engine, self.last_id, self.lease.token)
+        except RedisAwayError:
+            pass
+        except LeaseLostError:
+            self.lease.check()
+        self.metrics.log_trimmed.inc(retention.trimmed_entries - trimmed)
 
     def _step(self) -> None:
         assert self.engine is not None
@@ -381,6 +409,7 @@ class Worker:
         self._publish(state)
 
     def _publish(self, state: ModelState) -> None:
+        state = dataclasses.replace(state, n_ingested=max(self.n_ingested, state.n_ingested))
         if self.publisher.publish(state):
             self._publish_stats()
 
@@ -394,7 +423,7 @@ class Worker:
     # -- Redis ----------------------------------------------------------------------------
     def _pull_log(self) -> bool:
         """Read one page of new log entries into the store; True if a full page was read."""
-        assert self.engine is not None
+        assert self.engine is not None and self.retention is not None
         store = self.engine.store
         chunks = self.backoff.call(self.repository.read_log, self.last_id, _LOG_PAGE)
         if not chunks:
@@ -408,7 +437,7 @@ class Worker:
                     store.dim,
                 )
             else:
-                store.append(chunk.X)
+                self.retention.offer(self.engine, chunk.X, chunk.entry_id)
             self.last_id = chunk.entry_id
         self.metrics.samples_in_store.set(store.n_samples)
         return len(chunks) == _LOG_PAGE

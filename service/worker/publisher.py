@@ -149,16 +149,19 @@ class Publisher:
         and with no engine memory.
         """
         energy = None
-        engine_bytes = 0
+        engine_bytes = n_retired = 0
         if state is None:
             model = self.board.model
             if model is not None:
                 state, n_samples = model.state, model.state.n_samples
         else:
-            engine_bytes = int(state.engine_bytes)
+            engine_bytes, n_retired = int(state.engine_bytes), int(state.n_retired)
             if state.energy is not None and np.isfinite(state.energy):
                 energy = state.energy
+        n_ingested = max(state.n_ingested, n_samples) if state is not None else 0
         self.metrics.engine_bytes.set(engine_bytes)
+        self.metrics.samples_retired.set(n_retired)
+        self.metrics.samples_accepted_ever.set(n_ingested)
         self.board.publish_stats(
             PublishedStats(
                 phase=phase,
@@ -172,5 +175,7 @@ class Publisher:
                 doublings=tuple(self._doublings),
                 last_iteration_seconds=self._last_seconds,
                 engine_bytes=engine_bytes,
+                n_retired=n_retired,
+                n_ingested=n_ingested,
             )
         )

@@ -27,10 +27,11 @@ def test_converged_centroids_are_the_cluster_means(client: TestClient) -> None:
     client.post("/samples", json={"vectors": POINTS})
     doc = wait_converged(client, len(POINTS))
     assert set(doc) == {
-        "version", "k", "dim", "centroids", "counts", "n_samples", "batch_size",
-        "iteration", "converged", "updated_at",
+        "version", "k", "dim", "centroids", "counts", "n_samples", "n_ingested", "retention",
+        "batch_size", "iteration", "converged", "updated_at",
     }  # fmt: skip
     assert (doc["k"], doc["dim"], doc["batch_size"]) == (3, 2, len(POINTS))
+    assert doc["n_ingested"] == doc["n_samples"] and doc["retention"] == "all"
     assert doc["iteration"] >= 1 and doc["version"] >= 1
     order = np.argsort([c[0] + 2 * c[1] for c in doc["centroids"]])
     centroids = np.array(doc["centroids"])[order]

@@ -179,3 +179,53 @@ def test_the_worker_rebuilds_a_killed_engine_and_goes_on(make_settings: Settings
         assert worker.engine.pid != old_pid and worker.alive()
         assert client.get("/readyz").json()["ready"] is True
         assert "nmbatch_engine_restarts_total 1.0" in client.get("/metrics").text
+
+
+def test_feed_retires_and_appends_the_same_in_both_hosts() -> None:
+    """A policy's admissions (window and reservoir) carried out through ``feed``: the
+    thread and the child agree bit for bit, and ``rows_of`` returns the rows by id."""
+    from nmbatch.engine.retention import ReservoirRetention, WindowRetention
+
+    X = blobs(4000, CONFIG.dim, 4, seed=2)
+    for policy_of in (lambda: WindowRetention(700), lambda: ReservoirRetention(600, seed=1)):
+        local, remote = LocalEngine(CONFIG), EngineProcess(CONFIG)
+        try:
+            policies = policy_of(), policy_of()
+            for start in range(0, 4000, 250):
+                chunk = X[start : start + 250]
+                for engine, policy in zip((local, remote), policies, strict=True):
+                    adm = policy.admit(chunk.shape[0])
+                    engine.feed(chunk[adm.keep], adm.ids, n_after=policy.retained,
+                                retire_ids=adm.retire_ids, retire_before=adm.retire_before)  # fmt: skip
+                    if engine.ready():
+                        engine.step()
+                assert _state(local) == _state(remote)
+            ids = local._algo.store.ids()
+            assert ids.shape[0] == policies[0].retained == remote.store.n_samples
+            if isinstance(policies[0], WindowRetention):
+                assert sorted(ids.tolist()) == list(range(4000 - 700, 4000))
+            else:
+                assert sorted(ids.tolist()) == sorted(policies[0].slots.tolist())
+            pick = np.sort(ids)[::-7][:50]
+            assert np.array_equal(remote.rows_of(pick), X[pick])
+            assert np.array_equal(local.rows_of(pick), X[pick])
+        finally:
+            remote.close()
+
+
+def test_feed_in_any_order_restores_a_retained_set() -> None:
+    """Rows given with ids in any order (a reservoir's base, slot order) are stored under
+    them, and later appends continue above the largest."""
+    X = blobs(300, CONFIG.dim, 4, seed=4)
+    ids = np.random.default_rng(0).permutation(1000)[:300].astype(np.int64)
+    remote = EngineProcess(CONFIG)
+    try:
+        remote.feed(X, ids, n_after=300, any_order=True)
+        assert np.array_equal(remote.rows_of(ids[::-1]), X[::-1])
+        state = remote.step()
+        assert state.n_samples == 300 and state.n_ingested == int(ids.max()) + 1
+        with pytest.raises(EngineProcessError, match="ids must be >="):
+            remote.feed(X[:1], np.array([5]), n_after=301)  # below the next id: refused
+            remote.step()
+    finally:
+        remote.close()

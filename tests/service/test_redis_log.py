@@ -58,6 +58,7 @@ def snapshot(version: int, value: float = 1.0) -> Snapshot:
         iteration=4,
         converged=True,
         initialized=True,
+        n_ingested=9,
     )
     model = PublishedModel.build(version=version, state=state, updated_at=1700000000.5)
     return Snapshot(model, last_id="5-0")
@@ -85,11 +86,14 @@ def test_snapshot_fields_keep_their_encoding(redis_client: redis.Redis, model_na
         b"centroids": np.full((3, 2), 1.0, dtype="<f4").tobytes(),
         b"counts": np.array([1, 2, 3], dtype="<i8").tobytes(),
         b"batch_size": b"6", b"iteration": b"4", b"last_id": b"5-0", b"n_samples": b"6",
-        b"converged": b"1", b"updated_at": b"1700000000.5",
+        b"converged": b"1", b"updated_at": b"1700000000.5", b"n_ingested": b"9",
     }  # fmt: skip
     assert ModelRepository(redis_client, model_name).write_snapshot(snapshot(3)) is True
     assert redis_client.hgetall(ModelKeys(model_name).snapshot) == fields
     assert Snapshot.from_fields(fields).to_fields() == snapshot(3).to_fields()
+    # Written before retention: no n_ingested, which is then the samples it describes.
+    del fields[b"n_ingested"]
+    assert Snapshot.from_fields(fields).model.state.n_ingested == 6
 
 
 def test_a_snapshot_never_replaces_a_newer_or_equal_version(

@@ -1,0 +1,383 @@
+"""The retained samples in Redis: the log trimmed, a reservoir compacted into a base.
+
+With retention ``window`` or ``age`` the log's entries wholly outside the retained set
+are trimmed (:meth:`RetainedLog.trim_log`, ``XTRIM MINID``). With ``reservoir`` the
+retained rows are scattered over all of history, so they are written anew into a
+*base* and the log up to that point is dropped (:meth:`RetainedLog.compact`).
+
+The retained set of a model is the rows of its base (``nmbatch:{model}:base:{g}``,
+:meth:`RetainedLog.base_rows`) followed by the log's entries after ``base_last_id``
+(:meth:`ModelRepository.read_log`); the meta hash names the base
+(:class:`Base`, :mod:`service.storage.keys`). A compaction from generation ``g``
+(stage ``"begin"`` first):
+
+1. deletes ``base:{g+1}``, left by a compaction that died (stage ``"discarded"``);
+2. writes the rows and their ids into ``base:{g+1}``, a few entries per round trip
+   (stages ``"chunks {i}/{m}"`` after each round trip, ``"written"`` at the end); the
+   entries get the ids ``{nonce}-1`` ... ``{nonce}-{m}``, the nonce random;
+3. commits with one script (:data:`COMMIT`, stage ``"committed"`` after it): if the
+   lease is still held by the caller's token, the meta still names generation ``g``, and
+   ``base:{g+1}`` holds exactly the ``m`` entries this call wrote (its first and last ids
+   are ``{nonce}-1`` and ``{nonce}-{m}``: no other writer added to it or recreated it),
+   then it trims the log to the entries after ``last_id``, deletes ``base:{g}`` and
+   points the meta at ``g + 1``.
+
+Until the script runs, nothing the retained set is made of has changed (``base:{g+1}``
+is not named by the meta); the script runs whole or not at all (Redis runs a script
+atomically and writes it to its append-only file as one ``MULTI``/``EXEC``). So a
+``kill -9`` of the compacting process at any point leaves the retained set either as it
+was or as the compaction made it: nothing lost, nothing twice.
+
+The script's first write is ``XTRIM`` (a command Redis runs also at ``maxmemory``), so a
+commit, which frees memory, is not refused when Redis is full. The writes of step 2
+(``XADD``) are: a compaction needs room for the old and the new base at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+
+from nmbatch.service.storage.codec import CHUNK_BYTES, as_str, decode_chunk, id_key, next_id
+from nmbatch.service.storage.errors import LeaseLostError
+from nmbatch.service.storage.keys import ModelKeys
+
+__all__ = [
+    "COMMIT",
+    "DISCARD",
+    "Base",
+    "BaseChangedError",
+    "RetainedLog",
+    "decode_base_entry",
+    "encode_base_entries",
+]
+
+log = logging.getLogger(__name__)
+
+Pause = Callable[[str], None]
+"""Called with the name of each stage of a compaction as it is reached (tests stop or
+kill the process there)."""
+
+DISCARD = """
+-- KEYS[1] meta, KEYS[2] lock, KEYS[3] base of generation g + 1
+-- ARGV[1] "token:" of the lease ('' : no lease check), ARGV[2] g
+-- -1: lease not held; -2: the meta names another generation; else keys deleted (0, 1).
+if ARGV[1] ~= '' then
+  local v = redis.call('GET', KEYS[2])
+  if (not v) or string.sub(v, 1, string.len(ARGV[1])) ~= ARGV[1] then return -1 end
+end
+if tonumber(redis.call('HGET', KEYS[1], 'base_generation') or '0') ~= tonumber(ARGV[2]) then
+  return -2
+end
+return redis.call('UNLINK', KEYS[3])
+"""
+"""Delete ``base:{g+1}`` while the meta names generation ``g`` (and the lease is held)."""
+
+COMMIT = """
+-- KEYS[1] meta, KEYS[2] lock, KEYS[3] log, KEYS[4] base g, KEYS[5] base g + 1
+-- ARGV[1] "token:" of the lease ('' : no lease check), ARGV[2] g, ARGV[3] last_id,
+-- ARGV[4] rows, ARGV[5] policy (JSON), ARGV[6] MINID of the log, ARGV[7] entries written,
+-- ARGV[8] id of the first entry written, ARGV[9] id of the last one.
+-- {1, log entries trimmed}; {-1, 0} lease not held; {-2, g in meta}; {-3, entries found}.
+if ARGV[1] ~= '' then
+  local v = redis.call('GET', KEYS[2])
+  if (not v) or string.sub(v, 1, string.len(ARGV[1])) ~= ARGV[1] then return {-1, 0} end
+end
+local g = tonumber(redis.call('HGET', KEYS[1], 'base_generation') or '0')
+if g ~= tonumber(ARGV[2]) then return {-2, g} end
+local m = tonumber(ARGV[7])
+local found = redis.call('XLEN', KEYS[5])
+if found ~= m then return {-3, found} end
+if m > 0 then
+  local first = redis.call('XRANGE', KEYS[5], '-', '+', 'COUNT', 1)[1][1]
+  local last = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)[1][1]
+  if first ~= ARGV[8] or last ~= ARGV[9] then return {-3, found} end
+end
+local trimmed = redis.call('XTRIM', KEYS[3], 'MINID', ARGV[6])
+redis.call('UNLINK', KEYS[4])
+redis.call('HSET', KEYS[1], 'base_generation', ARGV[2] + 1, 'base_last_id', ARGV[3],
+  'base_rows', ARGV[4], 'base_policy', ARGV[5])
+return {1, trimmed}
+"""
+"""Step 3 of a compaction, whole or not at all (see the module)."""
+
+
+class BaseChangedError(RuntimeError):
+    """The base changed under a compaction or a reader: another compaction committed
+    first, or another writer touched the base being written. Nothing was committed."""
+
+
+@dataclass(frozen=True)
+class Base:
+    """The committed base of a model, as the meta hash names it.
+
+    Attributes
+    ----------
+    generation : int
+        ``g`` >= 1: the base's rows are in ``nmbatch:{model}:base:{g}``.
+    last_id : str
+        The base holds the retained samples of the log up to and including this entry
+        id; the retained samples after it are the log's entries after it.
+    n_rows : int
+        Rows in the base.
+    policy : dict
+        JSON-able state of the retention policy as of ``last_id`` (opaque here).
+    """
+
+    generation: int
+    last_id: str
+    n_rows: int
+    policy: dict[str, Any]
+
+
+def encode_base_entries(
+    ids: np.ndarray, X: np.ndarray, start: int, stop: int, rows_per_entry: int
+) -> list[dict[str, bytes | int]]:
+    """Base entry field maps of rows ``start:stop`` of ``X`` (``(n, d)`` float32) and
+    ``ids`` (``(n,)`` int64), ``rows_per_entry`` rows each (the last may hold fewer):
+    ``n``, ``d``, ``x`` as in the log, ``ids`` as little-endian ``int64`` bytes."""
+    d = int(X.shape[1])
+    return [
+        {
+            "n": int(min(rows_per_entry, stop - i)),
+            "d": d,
+            "x": X[i : min(i + rows_per_entry, stop)].tobytes(),
+            "ids": ids[i : min(i + rows_per_entry, stop)].tobytes(),
+        }
+        for i in range(start, stop, rows_per_entry)
+    ]
+
+
+def decode_base_entry(fields: dict[bytes, bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, X)`` of one base entry: ``(n,)`` int64 and ``(n, d)`` float32 (read-only)."""
+    X = decode_chunk(fields)
+    ids = np.frombuffer(fields[b"ids"], dtype="<i8")
+    if ids.size != X.shape[0]:
+        raise ValueError(f"corrupt base entry: {ids.size} ids for {X.shape[0]} rows")
+    return ids, X
+
+
+class RetainedLog:
+    """Trimming and compaction of one model's retained samples (see the module).
+
+    Used by one thread at a time (the worker); ``client`` returns bytes
+    (``decode_responses=False``).
+
+    Attributes
+    ----------
+    entry_bytes : int
+        Largest payload (rows and ids) of one base entry; default
+        :data:`~service.storage.codec.CHUNK_BYTES`.
+    pipeline_entries : int
+        Base entries sent per round trip while writing (bounds the request and the
+        memory of encoded rows at ``pipeline_entries * entry_bytes``).
+    """
+
+    def __init__(self, client: redis.Redis, keys: ModelKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self.entry_bytes = CHUNK_BYTES
+        self.pipeline_entries = 16
+        self._discard = client.register_script(DISCARD)
+        self._commit = client.register_script(COMMIT)
+
+    # -- reading ---------------------------------------------------------------------------
+    def read_base(self) -> Base | None:
+        """The committed base named by the meta hash, or None before the first compaction."""
+        fields = ("base_generation", "base_last_id", "base_rows", "base_policy")
+        generation, last_id, n_rows, policy = self.client.hmget(self.keys.meta, fields)
+        if generation is None:
+            return None
+        return Base(int(generation), as_str(last_id), int(n_rows), json.loads(policy))
+
+    def base_rows(self, base: Base, page: int = 32) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The rows of ``base`` in the stored order, ``page`` entries per round trip.
+
+        Yields ``(ids, X)`` per round trip: ``(n,)`` int64 and ``(n, d)`` float32. Raises
+        :class:`BaseChangedError` at the end if fewer or more than ``base.n_rows`` rows
+        came (a newer compaction replaced the base while it was read).
+        """
+        key = self.keys.base(base.generation)
+        start, seen = "-", 0
+        while True:
+            entries = self.client.xrange(key, start, "+", count=page)
+            if not entries:
+                break
+            parts = [decode_base_entry(fields) for _, fields in entries]
+            seen += sum(ids.size for ids, _ in parts)
+            yield (
+                np.concatenate([ids for ids, _ in parts]).astype(np.int64, copy=False),
+                np.concatenate([X for _, X in parts]).astype(np.float32, copy=False),
+            )
+            if len(entries) < page:
+                break
+            start = "(" + as_str(entries[-1][0])
+        if seen != base.n_rows:
+            raise BaseChangedError(
+                f"base generation {base.generation} gave {seen} rows, not {base.n_rows}: "
+                "a newer compaction replaced it while it was read"
+            )
+
+    def log_bytes(self) -> int | None:
+        """Redis's memory of the log and the current base (``MEMORY USAGE``, which
+        samples a few stream nodes: cheap, approximate), in bytes; None where Redis
+        refuses the command (an ACL of a managed Redis)."""
+        generation = self.client.hget(self.keys.meta, "base_generation")
+        keys = [self.keys.log]
+        if generation is not None:
+            keys.append(self.keys.base(int(generation)))
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.memory_usage(key)
+                return sum(int(used or 0) for used in pipe.execute())
+        except redis.ResponseError:
+            return None
+
+    # -- trimming --------------------------------------------------------------------------
+    def trim_log(self, min_id: str) -> int:
+        """Delete the log's entries with ids below ``min_id`` (exact ``XTRIM MINID``).
+
+        ``min_id = next_id(x)`` deletes every entry up to and including ``x``. Returns
+        the number of entries deleted.
+        """
+        return int(self.client.xtrim(self.keys.log, minid=min_id, approximate=False))
+
+    def discard_partial(self) -> None:
+        """Delete a next-generation base left by a compaction that died, if any."""
+        for _ in range(8):
+            generation = self._generation()
+            if self._discard_next(generation, "") >= 0:
+                return
+        raise BaseChangedError("the base generation kept changing (concurrent compactions)")
+
+    # -- compaction ------------------------------------------------------------------------
+    def compact(
+        self,
+        ids: np.ndarray,
+        X: np.ndarray,
+        *,
+        last_id: str,
+        policy: dict[str, Any],
+        lease_token: str | None = None,
+        pause: Pause | None = None,
+    ) -> Base:
+        """Make ``(ids, X)`` the new base, holding the retained samples up to ``last_id``.
+
+        Parameters
+        ----------
+        ids : ndarray (n,) int64
+            Ids of the retained samples (stored as they are, in this order).
+        X : ndarray (n, d) float32
+            Their rows. ``n`` may be 0.
+        last_id : str
+            A log entry id: the rows are the retained samples of the log up to and
+            including it (and of the old base); the log's entries up to it are deleted.
+            Not below the current base's ``last_id``.
+        policy : dict
+            JSON-able state of the retention policy as of ``last_id``.
+        lease_token : str or None
+            A :attr:`WorkerLease.token`: step 1 and the commit check that this lease
+            is still held, else :class:`LeaseLostError` (nothing committed; rows
+            written by then stay in ``base:{g+1}`` for the next compaction to delete).
+            None: no check.
+        pause : callable or None
+            Called with each stage's name (see the module).
+
+        Returns the new :class:`Base`. Raises :class:`LeaseLostError` or
+        :class:`BaseChangedError` without committing anything. After a Redis error
+        (connection lost while the commit ran) the commit may or may not have happened:
+        :meth:`read_base` tells which.
+        """
+        ids = np.ascontiguousarray(ids, dtype="<i8").reshape(-1)
+        X = np.ascontiguousarray(X, dtype="<f4")
+        n = int(ids.shape[0])
+        if n == 0 and X.ndim != 2:
+            X = X.reshape(0, 0)
+        if X.ndim != 2 or X.shape[0] != n:
+            raise ValueError(f"ids {ids.shape} and X {X.shape} do not match: (n,) and (n, d)")
+        policy_json = json.dumps(policy, sort_keys=True, separators=(",", ":"))
+        step = pause or _no_pause
+        step("begin")
+        old = self.read_base()
+        g = old.generation if old is not None else 0
+        if old is not None and id_key(last_id) < id_key(old.last_id):
+            raise ValueError(f"last_id {last_id} is before the base's last id {old.last_id}")
+        prefix = "" if lease_token is None else lease_token + ":"
+        self._check(self._discard_next(g, prefix), g)
+        step("discarded")
+
+        new_key = self.keys.base(g + 1)
+        nonce = secrets.randbelow(1 << 47) + 1
+        rows_per_entry = max(1, self.entry_bytes // (4 * max(1, X.shape[1]) + 8))
+        m = -(-n // rows_per_entry)  # entries
+        try:
+            written = 0
+            per_trip = max(1, self.pipeline_entries) * rows_per_entry
+            for start in range(0, n, per_trip):
+                entries = encode_base_entries(
+                    ids, X, start, min(n, start + per_trip), rows_per_entry
+                )
+                with self.client.pipeline(transaction=False) as pipe:
+                    for fields in entries:
+                        written += 1
+                        pipe.xadd(new_key, fields, id=f"{nonce}-{written}")
+                    pipe.execute()
+                step(f"chunks {written}/{m}")
+            step("written")
+            status, value = self._commit(
+                keys=[self.keys.meta, self.keys.lock, self.keys.log, self.keys.base(g), new_key],
+                args=[prefix, g, last_id, n, policy_json, next_id(last_id), m,
+                      f"{nonce}-1", f"{nonce}-{m}"],
+            )  # fmt: skip
+        except BaseException:
+            with contextlib.suppress(Exception):  # best effort; the next compaction also does
+                self._discard_next(g, prefix)
+            raise
+        status, value = int(status), int(value)
+        if status == -3:
+            raise BaseChangedError(
+                f"base generation {g + 1} holds {value} entries, not the {m} written here: "
+                "another writer changed it; nothing committed"
+            )
+        self._check(status, g, value)
+        log.info(
+            "compacted %d retained samples up to log entry %s into base generation %d "
+            "(%d log entries trimmed)", n, last_id, g + 1, value,
+        )  # fmt: skip
+        step("committed")
+        return Base(g + 1, last_id, n, json.loads(policy_json))
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _generation(self) -> int:
+        raw = self.client.hget(self.keys.meta, "base_generation")
+        return int(raw) if raw is not None else 0
+
+    def _discard_next(self, generation: int, prefix: str) -> int:
+        """:data:`DISCARD` of ``base:{generation + 1}``: its status (see the script)."""
+        keys = [self.keys.meta, self.keys.lock, self.keys.base(generation + 1)]
+        return int(self._discard(keys=keys, args=[prefix, generation]))
+
+    @staticmethod
+    def _check(status: int, generation: int, found: int | None = None) -> None:
+        """Raise for a refused :data:`DISCARD` or :data:`COMMIT` status."""
+        if status == -1:
+            raise LeaseLostError("the worker lease is held by another process")
+        if status == -2:
+            now = "" if found is None else f" (now {found})"
+            raise BaseChangedError(
+                f"another compaction committed since base generation {generation}{now}; "
+                "nothing committed"
+            )
+
+
+def _no_pause(stage: str) -> None:
+    return None

@@ -1,0 +1,235 @@
+"""The worker's retention: log entries offered to the policy, the log kept to what it keeps.
+
+:class:`LogRetention` stands between the sample log and the engine. Every log entry read
+is offered to the model's retention policy (:mod:`nmbatch.engine.retention`, made from
+``NMBATCH_RETENTION`` and its sizes) as one batch, at the entry's time (the milliseconds
+of its stream id: Redis's clock when it was accepted), and the policy's answer is
+carried out on the engine (:meth:`EngineHost.feed`: retirements with their votes taken
+back exactly, then the appends). Stream ids count the samples offered since the replay
+began (a reservoir continues the count of its base).
+
+Redis keeps what the model keeps, and no more than a bounded excess
+(:class:`~nmbatch.service.storage.RetainedLog`):
+
+- ``window`` and ``age``: entries whose samples have all left the model are trimmed
+  (``XTRIM MINID`` of the first entry still holding a retained sample), after each
+  round of reads; ``age`` also retires by Redis's clock (``TIME``) when no entry comes.
+- ``reservoir``: the log grows by what was accepted since the last compaction; once that
+  reaches the reservoir's size (or :data:`MIN_COMPACTION` samples, the larger), the
+  retained rows (from the engine, in slot order, with their stream ids) and the policy's
+  state (count and generator) are written as a new *base*, and the log entries it covers
+  are trimmed, in one atomic commit. Redis then holds at most a base, a log of one
+  reservoir's size and, during a compaction, the next base.
+- ``all``: nothing leaves (the capacity, checked when samples are appended, bounds it).
+
+A restart (or a new engine process) replays exactly what is retained: the base, if any,
+then every log entry after it, through a new policy. Window and age replay the trimmed
+log, whose first entries may still hold samples that left: the policy retires them again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import numpy as np
+import redis
+
+from nmbatch.engine.retention import ReservoirRetention, RetentionPolicy, make_retention
+from nmbatch.service.config import Settings
+from nmbatch.service.engine_host import EngineHost
+from nmbatch.service.storage.capacity import plan_capacity
+from nmbatch.service.storage.codec import id_key, next_id
+from nmbatch.service.storage.errors import redis_oom
+from nmbatch.service.storage.retained import RetainedLog
+
+__all__ = ["MIN_COMPACTION", "REDIS_SAMPLES", "LogRetention", "retention_size"]
+
+log = logging.getLogger(__name__)
+
+MIN_COMPACTION = 100_000
+"""Fewest samples accepted since the last base before a reservoir is compacted again (a
+small reservoir is not rewritten at every entry)."""
+
+REDIS_SAMPLES = {"all": 1, "window": 2, "age": 2, "reservoir": 3}
+"""Most samples Redis holds, in multiples of the policy's size: ``all`` its log;
+``window`` and ``age`` their log plus what arrives before the next trim (at most one
+more size's worth, with a wide margin); ``reservoir`` a base, a log of one size, and the
+next base while a compaction writes it."""
+
+_NO_IDS = np.empty(0, dtype=np.int64)
+
+
+def retention_size(
+    settings: Settings, dim: int, *, memory: tuple[int, str], with_redis: bool
+) -> int | None:
+    """The size of the model's retention policy for dimension ``dim``: None for ``all``
+    (its capacity is checked on append), ``NMBATCH_MAX_SAMPLES`` if set, else (``age``)
+    the capacity derived from ``memory`` (:func:`~nmbatch.service.storage.capacity.
+    plan_capacity`), so that an age window never outgrows the machine."""
+    if settings.retention == "all":
+        return None
+    if settings.max_samples is not None:
+        return settings.max_samples
+    return plan_capacity(None, dim, settings.k, memory=memory, with_redis=with_redis).max_samples
+
+
+class LogRetention:
+    """Carries a retention policy out on the engine and keeps the log in step with it.
+
+    Parameters
+    ----------
+    settings : Settings
+        ``retention``, ``k``, ``seed``, ``max_age_seconds``.
+    max_samples : int or None
+        The policy's size: the window or reservoir size, the cap of ``age`` (with no
+        ``NMBATCH_MAX_SAMPLES``: the memory-derived capacity), None for ``all`` (its
+        capacity is enforced where samples are appended).
+    storage : RetainedLog
+        The model's log and base in Redis (synchronous client).
+
+    Attributes
+    ----------
+    policy : RetentionPolicy
+    trimmed_entries : int
+        Log entries trimmed or compacted away by this object.
+    compactions : int
+        Reservoir bases written by this object.
+    """
+
+    def __init__(self, settings: Settings, max_samples: int | None, storage: RetainedLog) -> None:
+        self.name = settings.retention
+        self.storage = storage
+        self.policy: RetentionPolicy = make_retention(
+            self.name,
+            n_clusters=settings.k,
+            max_samples=None if self.name == "all" else max_samples,
+            max_age_seconds=settings.max_age_seconds,
+            seed=settings.seed,
+        )
+        # Groups of consecutive entries read and not trimmed: (first entry id, last entry
+        # id, stream id one past the group's last sample). A group closes once it holds
+        # 1/1024 of the policy's size, so about 1,024 groups cover a window, whatever the
+        # entry sizes.
+        self._groups: deque[tuple[str, str, int]] = deque()
+        self._group_samples = max(1, (max_samples or 0) // 1024)
+        self._group_start = 0  # stream id of the first sample of the last group
+        self._since_base = 0  # samples offered since the reservoir's base
+        self.trimmed_entries = 0
+        self.compactions = 0
+
+    @property
+    def trims(self) -> bool:
+        """True for the policies whose log is trimmed by entry (window and age)."""
+        return self.name in ("window", "age")
+
+    # -- the engine ---------------------------------------------------------------------
+    def load_base(self, engine: EngineHost) -> str:
+        """Put the stored base, if any, into the engine (a new one); returns the log id
+        it covers (``"0-0"`` without a base). A reservoir continues from the base's
+        state; another policy takes the base's rows as samples (the retention was
+        changed). A next base half written by a crashed compaction is dropped first."""
+        storage = self.storage
+        storage.discard_partial()
+        base = storage.read_base()
+        if base is None:
+            return "0-0"
+        pages: list[np.ndarray] = []
+        for ids, X in storage.base_rows(base):
+            if isinstance(self.policy, ReservoirRetention):
+                pages.append(ids)
+                engine.feed(X, ids, n_after=engine.store.n_samples + X.shape[0], any_order=True)
+            else:
+                self.offer(engine, X, None)
+        if isinstance(self.policy, ReservoirRetention):
+            slots = np.concatenate(pages) if pages else _NO_IDS
+            self.policy.load_state(base.policy, slots)
+        log.info("base %d of the log: %d retained samples up to entry %s", base.generation,
+                 base.n_rows, base.last_id)  # fmt: skip
+        return base.last_id
+
+    def offer(self, engine: EngineHost, X: np.ndarray, entry_id: str | None) -> None:
+        """Offer the rows of one log entry (``(n, d)`` float32) to the policy at the
+        entry's time and carry out its answer on ``engine``."""
+        now = id_key(entry_id)[0] / 1000.0 if entry_id is not None else None
+        adm = self.policy.admit(X.shape[0], now)
+        rows = X if adm.keep.shape[0] == X.shape[0] else X[adm.keep]
+        engine.feed(rows, adm.ids, n_after=self.policy.retained, retire_ids=adm.retire_ids,
+                    retire_before=adm.retire_before)  # fmt: skip
+        if self.trims and entry_id is not None:
+            end = self.policy.n_offered
+            groups = self._groups
+            if groups and groups[-1][2] - self._group_start < self._group_samples:
+                groups[-1] = (groups[-1][0], entry_id, end)  # the last group is not full
+            else:
+                self._group_start = end - X.shape[0]
+                groups.append((entry_id, entry_id, end))
+        self._since_base += X.shape[0]
+
+    def tick(self, engine: EngineHost, now: float) -> None:
+        """Retire what time alone retires (``age``, at ``now``, seconds of Redis's clock)."""
+        if self.name != "age":
+            return
+        adm = self.policy.admit(0, now)
+        if adm.retires:
+            engine.feed(np.empty((0, engine.store.dim), np.float32), _NO_IDS,
+                        n_after=self.policy.retained, retire_before=adm.retire_before)  # fmt: skip
+
+    # -- the log ------------------------------------------------------------------------
+    def trim_point(self) -> str | None:
+        """``MINID`` that trims every entry read whose samples have all left (window,
+        age), or None when no entry has left since the last call."""
+        if not self.trims:
+            return None
+        threshold = self.policy.threshold
+        last = None
+        while self._groups and self._groups[0][2] <= threshold:
+            last = self._groups.popleft()[1]
+        if last is None:
+            return None
+        return self._groups[0][0] if self._groups else next_id(last)
+
+    def maintain(self, engine: EngineHost, last_id: str, lease_token: str | None) -> None:
+        """After a round of reads (the last entry offered: ``last_id``): retire what time
+        retires (``age``, by Redis's ``TIME``), trim the log (window, age), compact a
+        reservoir when due (refused by Redis for its memory: logged, tried again later).
+        Raises Redis errors, and ``LeaseLostError`` if the lease is gone."""
+        if self.name == "age":
+            seconds, micros = self.storage.client.time()
+            self.tick(engine, seconds + micros / 1e6)
+        self.trim()
+        if self.compaction_due():
+            try:
+                self.compact(engine, last_id, lease_token)
+            except redis.ResponseError as exc:
+                if not redis_oom(exc):
+                    raise
+                log.warning("reservoir compaction refused by Redis for its memory: %s", exc)
+
+    def trim(self) -> int:
+        """Trim the log to :meth:`trim_point`; returns the entries removed."""
+        min_id = self.trim_point()
+        if min_id is None:
+            return 0
+        removed = self.storage.trim_log(min_id)
+        self.trimmed_entries += removed
+        return removed
+
+    def compaction_due(self) -> bool:
+        """True when a reservoir has taken enough samples since its base to compact."""
+        if not isinstance(self.policy, ReservoirRetention):
+            return False
+        return self._since_base >= max(int(self.policy.max_samples), MIN_COMPACTION)
+
+    def compact(self, engine: EngineHost, last_id: str, lease_token: str | None) -> None:
+        """Write the reservoir (rows of the engine, in slot order) as the new base covering
+        the log up to ``last_id`` (the last entry offered), and trim what it covers."""
+        assert isinstance(self.policy, ReservoirRetention)
+        slots = self.policy.slots[: self.policy.retained].copy()
+        X = engine.rows_of(slots)
+        base = self.storage.compact(slots, X, last_id=last_id, policy=self.policy.state_dict(),
+                               lease_token=lease_token)  # fmt: skip
+        self._since_base = 0
+        self.compactions += 1
+        log.info("reservoir compacted: base %d, %d samples up to entry %s", base.generation,
+                 base.n_rows, last_id)  # fmt: skip
