@@ -6,6 +6,9 @@ warms every algorithm up alike, runs every algorithm from the same start for eac
 (order rotated from seed to seed), computes ``E*_s``, and writes results.json,
 results.md, curves.png and curves.json (plus rho_study.json with ``--rho-study``) into
 ``--out``.
+
+With ``--drift`` it runs the drift benchmark instead (:mod:`nmbatch.engine.bench.drift`:
+streams that change, methods that forget; drift.json, drift.md and drift.png).
 """
 
 from __future__ import annotations
@@ -150,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rho-slices", default=None,
                    help="times (s) at which the rho study reports E_V "
                    "(default 2,10; quick 0.05,0.2)")
+    p.add_argument("--drift", action="store_true",
+                   help="run the drift benchmark instead (its options: --drift --help; "
+                   "nmbatch.engine.bench.drift)")
     p.add_argument("--quick", action="store_true",
                    help="small version for CI: blobs (or a subsample of the data), 2 seeds, "
                    "short budgets; under a minute")
@@ -256,6 +262,10 @@ def _faiss_blas_fixed(
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--drift" in (sys.argv[1:] if argv is None else argv):  # the drift benchmark instead
+        from nmbatch.engine.bench.drift import main as drift_main
+
+        return drift_main(argv)
     args = build_parser().parse_args(argv)
     quick = args.quick
     args.seeds = args.seeds or (2 if quick else 5)

@@ -68,7 +68,7 @@ def test_kill_9_while_forgetting_loses_and_duplicates_no_retained_sample(
                        120, "ingestion")  # fmt: skip
             # The worker at work: it has trimmed the log, or compacted the reservoir.
             if retention == "window":
-                wait_until(lambda: service.get("/stats").json()["n_retired"] > 0, 60, "trims")
+                wait_until(lambda s=service: s.get("/stats").json()["n_retired"] > 0, 60, "trims")
             else:
                 wait_until(lambda g=generation: int(client.hget(meta, "base_generation") or 0)
                            > g, 60, "a compaction")  # fmt: skip

@@ -195,8 +195,10 @@ def test_feed_retires_and_appends_the_same_in_both_hosts() -> None:
                 chunk = X[start : start + 250]
                 for engine, policy in zip((local, remote), policies, strict=True):
                     adm = policy.admit(chunk.shape[0])
-                    engine.feed(chunk[adm.keep], adm.ids, n_after=policy.retained,
-                                retire_ids=adm.retire_ids, retire_before=adm.retire_before)  # fmt: skip
+                    engine.feed(
+                        chunk[adm.keep], adm.ids, n_after=policy.retained,
+                        retire_ids=adm.retire_ids, retire_before=adm.retire_before,
+                    )  # fmt: skip
                     if engine.ready():
                         engine.step()
                 assert _state(local) == _state(remote)
