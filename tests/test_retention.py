@@ -480,3 +480,42 @@ def test_a_pickled_estimator_keeps_its_window_and_stream_ids():
     assert (loaded.n_samples_seen_, loaded.n_samples_retained_) == (900, 250)
     assert set(loaded._store.ids().tolist()) == set(range(650, 900))
     np.testing.assert_array_equal(loaded._store.samples(), X[loaded._store.ids()])
+
+
+# ---------------------------------------------------------------------------------------
+# the batch under a stream
+
+
+def test_a_sliding_window_keeps_every_retained_sample_in_the_batch():
+    """Once the batch holds every stored sample, each step takes in all new ones, so a
+    window never drains the batch (the doubling test seldom passes while it slides)."""
+    X = blobs(30_000, 6, 5, seed=21)
+    store = NestedBatchStore(6, seed=1)
+    algo = make_algorithm("nmbatch", store, 5, batch_size=500, rho=100.0, random_state=0)
+    policy = WindowRetention(4_000)
+    covered = False
+    for start in range(0, 30_000, 300):
+        feed(policy, algo, X[start : start + 300])
+        stats = algo.step()
+        covered = covered or stats.batch_size == stats.n_samples
+        if covered:  # from then on the batch is the window itself, after every step
+            assert stats.batch_size == stats.n_samples == store.n_samples
+    assert covered and algo.batch_size == 4_000
+
+
+def test_retirements_from_a_growing_batch_are_replaced_at_the_next_step():
+    """Before the batch held every sample: prefix rows retired are replaced from the
+    store, so the next step works on at least as many rows as before the retirement."""
+    X = blobs(20_000, 4, 3, seed=22)
+    store = NestedBatchStore(4, seed=2)
+    algo = make_algorithm("nmbatch", store, 3, batch_size=1_000, rho=1e9, random_state=0)
+    store.append(X)
+    algo.step()
+    algo.step()
+    assert algo.batch_size == 1_000  # rho this large: the doubling test never passes
+    out = algo.retire(ids=store.ids()[:300])  # 300 prefix rows
+    assert out.n_prefix == 300 and algo.batch_size == 700
+    before = snapshot(algo)
+    stats = algo.step()
+    assert stats.batch_size == 1_000 and stats.n_new == 300
+    check_step_invariants(algo, before)

@@ -16,7 +16,7 @@ from nmbatch.engine.algorithms.base import KMeansAlgorithm
 from nmbatch.engine.kernels import bound_sweep, centroid_update, reassign_rows, settle_assigned
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.state import IterationStats
-from nmbatch.engine.store import NestedBatchStore
+from nmbatch.engine.store import NestedBatchStore, Retirement
 
 __all__ = ["DENSE_REVISIT_FRACTION", "NestedMiniBatch"]
 
@@ -55,6 +55,10 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.name = "elkan" if full else ("nmbatch" if bounds else "nmbatch.deact")
         self._sse_from_sums_on_update = True
         self._grow = False
+        # The stream: once the batch held every stored sample, it takes in every new one;
+        # a retirement never shrinks the batch the next step works on (see _target_batch).
+        self._covered_all = False
+        self._regrow_to = 0
         self._xx = np.empty(0, dtype=np.float64)  # ||x(i)||^2 of the prefix rows
         self._clear_rows()
 
@@ -106,11 +110,28 @@ class NestedMiniBatch(KMeansAlgorithm):
             self._lower, self._upper = lower, upper
 
     def _target_batch(self, n: int) -> int:
+        """``b`` of the next step, with ``n`` samples stored: the doubling rule, and two
+        rules for a stream (samples arriving and leaving between steps). A batch that
+        held every stored sample at the last step takes in every new one: there is no
+        nested batch left to grow, and waiting for the doubling test would leave new
+        samples out of the model for as long as the centroids keep moving. And samples
+        retired from the batch are replaced by new ones from the store (up to the size
+        before the retirement): without it a sliding window, whose centroids move a
+        little at every step, would drain the batch, since the doubling test seldom
+        passes while they move. Either way the rows that join are the next rows of
+        the shuffled store: a uniform random subset, as every growth takes."""
         if self.full or not self.initialized:
             return n if self.full else min(self.initial_batch_size, n)
-        if self._grow:
-            return min(2 * self.batch_size, n)
-        return self.batch_size
+        if self._covered_all:
+            return n
+        target = min(2 * self.batch_size, n) if self._grow else self.batch_size
+        return max(target, min(self._regrow_to, n))
+
+    def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
+        b_old = self.batch_size
+        out = super().retire(ids=ids, before=before)
+        self._regrow_to = max(self._regrow_to, b_old)
+        return out
 
     def _assign_new(self, data: np.ndarray, start: int, stop: int) -> None:
         """Assign the rows ``[start, stop)`` that join the batch (all their distances)."""
@@ -191,6 +212,8 @@ class NestedMiniBatch(KMeansAlgorithm):
         # centroids, which need not be the means of their samples: p > 0 then).
         self.converged = b == n_now and b == b_old and n_changed == 0 and not self.p.any()
         self._grow = (not self.full) and self._doubling_test(self.rho)
+        self._covered_all = b == n_now
+        self._regrow_to = 0
         next_b = min(2 * b, n_now) if self._grow else b
         n_possible = b_old * k + (b - b_old) * k
         return IterationStats(
@@ -233,6 +256,8 @@ class NestedMiniBatch(KMeansAlgorithm):
         # sse from the sums under the restored centroids (the kernel's update is discarded).
         centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
         self.batch_size = b
+        self._covered_all = b == self.store.n_samples
+        self._regrow_to = 0
         self.counts = self.v.copy()
         self.iteration = int(iteration)
         self.converged = False
