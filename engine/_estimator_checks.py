@@ -156,6 +156,8 @@ def check_params(params: dict[str, Any]) -> None:
     for name in ("batch_size", "max_iter"):
         if not _is_int_at_least_1(params[name]):
             raise ValueError(f"{name} must be an int >= 1, got {params[name]!r}")
+    if not isinstance(params.get("relocate_empty", True), bool):
+        raise ValueError(f"relocate_empty must be a bool, got {params['relocate_empty']!r}")
     algorithm = params["algorithm"]
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")

@@ -61,6 +61,11 @@ callback : callable ``callback(stats, state) -> bool | None`` or None, default=N
     and its return value is ignored. An exception it raises propagates. Not part of the
     model: ``partial_fit`` accepts a new callback. It is pickled with the estimator, so an
     estimator to pickle needs a module-level function (or None), not a lambda.
+relocate_empty : bool, default=True
+    After each update, a cluster left without samples takes the batch's sample farthest
+    from its own centroid (its vote moved exactly; as scikit-learn relocates empty
+    clusters). False keeps an empty cluster's centroid where it was (the paper's
+    protocol). mbatch and mbatch.remove never relocate.
 retention : {"all", "window", "age", "reservoir"}, default="all"
     Which samples of the stream ``partial_fit`` keeps (``nmbatch.engine.retention``):
     all (``max_samples``, if set, is a capacity: a chunk that would pass it raises a
@@ -189,6 +194,7 @@ class NestedMiniBatchKMeans(ParamsMixin):
         retention: str = "all",
         max_samples: int | None = None,
         max_age_seconds: float | None = None,
+        relocate_empty: bool = True,
     ) -> None:
         self.n_clusters = n_clusters
         self.rho = rho
@@ -201,6 +207,7 @@ class NestedMiniBatchKMeans(ParamsMixin):
         self.retention = retention
         self.max_samples = max_samples
         self.max_age_seconds = max_age_seconds
+        self.relocate_empty = relocate_empty
 
     def __sklearn_tags__(self) -> Any:
         """scikit-learn's tags: an unsupervised clusterer and transformer of dense input.
@@ -262,6 +269,7 @@ class NestedMiniBatchKMeans(ParamsMixin):
             rho=float(self.rho),
             batch_size=int(self.batch_size),
             random_state=seed,
+            relocate_empty=bool(self.relocate_empty),
         )
 
     def _publish(
@@ -333,7 +341,7 @@ class NestedMiniBatchKMeans(ParamsMixin):
         """Parameters a running model was built with; ``partial_fit`` may not change them."""
         return (
             self.n_clusters, self.algorithm, self.rho, self.batch_size, self.retention,
-            self.max_samples, self.max_age_seconds,
+            self.max_samples, self.max_age_seconds, self.relocate_empty,
         )
 
     def _resume_after_unpickling(self) -> None:

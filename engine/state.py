@@ -15,7 +15,7 @@ __all__ = ["IterationStats", "ModelState"]
 
 @dataclass(frozen=True)
 class IterationStats:
-    """What one ``step()`` did."""
+    """What one ``step()`` did (``n_relocated``: empty clusters given a sample)."""
 
     iteration: int
     batch_size: int
@@ -28,6 +28,7 @@ class IterationStats:
     n_distances: int
     n_skipped: int
     seconds: float
+    n_relocated: int = 0
 
 
 @dataclass(frozen=True, slots=True)

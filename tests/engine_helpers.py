@@ -116,7 +116,10 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
       empty ones;
     - every row whose label changed (with ``all_revisited``: every row of the prefix) is
       labelled with its brute-force nearest centroid among ``before.centroids``, the
-      centroids in force during the step, ties to the lowest index;
+      centroids in force during the step, ties to the lowest index; except a row an
+      empty cluster took after the update (``relocate_empty``): then it is the only
+      sample of its cluster, whose centroid is the row itself, and there are as many
+      such rows as the step says it relocated;
     - with bounds (``lower_bounds()`` non-empty): ``l(i, j) <= ||x(i) - c_before(j)||`` and
       ``l(i, j) - p(j) <= ||x(i) - c_new(j)||``, in float64.
     """
@@ -143,6 +146,13 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
     old = np.full(b, -1, dtype=labels.dtype)
     old[: before.labels.shape[0]] = before.labels
     check = np.ones(b, dtype=bool) if all_revisited else old != labels
+    relocated = getattr(algo, "n_relocated", 0)  # empty clusters given a sample by the step
+    if relocated:
+        alone = (algo.v[labels] == 1) & (algo.centroids[labels] == X).all(axis=1)
+        ref, _ = brute_nearest(X, before.centroids)
+        moved = alone & (labels != ref)
+        assert int(moved.sum()) <= relocated <= int(alone.sum())
+        check &= ~alone
     if check.any():
         ref, _ = brute_nearest(X[check], before.centroids)
         np.testing.assert_array_equal(labels[check], ref)

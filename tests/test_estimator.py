@@ -161,6 +161,7 @@ def test_get_params_set_params_and_repr():
         "max_samples": None,
         "n_clusters": 3,
         "random_state": 7,
+        "relocate_empty": True,
         "retention": "all",
         "rho": 100.0,
     }
@@ -594,3 +595,15 @@ def test_pickle_round_trip_predicts_the_same_and_resumes(algorithm):
     assert loaded.n_samples_seen_ == len(X) + 30
     assert loaded.n_iter_ == est.n_iter_ + 1
     assert_allclose(loaded.cluster_centers_, est.cluster_centers_, atol=0.5)
+
+
+def test_relocate_empty_is_a_checked_parameter_that_reaches_the_algorithm():
+    X = np.concatenate([np.zeros((50, 2)), np.ones((50, 2)) * 10]).astype(np.float32)
+    X += np.random.default_rng(0).normal(size=X.shape).astype(np.float32)
+    init = np.array([[0.0, 0.0], [10.0, 10.0], [500.0, 500.0]], dtype=np.float32)
+    kept = NestedMiniBatchKMeans(3, init=init, relocate_empty=False, random_state=0).fit(X)
+    np.testing.assert_array_equal(kept.cluster_centers_[2], init[2])  # dead, where it was
+    moved = NestedMiniBatchKMeans(3, init=init, random_state=0).fit(X)
+    assert np.bincount(moved.labels_, minlength=3).min() > 0  # the far centroid took a sample
+    with pytest.raises(ValueError, match="relocate_empty must be a bool"):
+        NestedMiniBatchKMeans(3, relocate_empty="yes").fit(X)

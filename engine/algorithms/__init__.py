@@ -43,17 +43,25 @@ def make_algorithm(
     rho: float = 100.0,
     batch_size: int = 5000,
     random_state: int | None = None,
+    relocate_empty: bool = True,
 ) -> KMeansAlgorithm:
-    """Build the algorithm ``name`` (one of ``ALGORITHMS``) on ``store``."""
+    """Build the algorithm ``name`` (one of ``ALGORITHMS``) on ``store``.
+
+    ``relocate_empty``: after each update, a cluster left without samples takes the
+    farthest sample of the batch (:mod:`.relocation`; nmbatch, nmbatch.deact, elkan and
+    lloyd); False keeps its centroid where it was (the paper's protocol). mbatch and
+    mbatch.remove keep theirs (running averages of sampled assignments).
+    """
     common = {"init": init, "batch_size": batch_size, "random_state": random_state}
+    moving = {**common, "relocate_empty": relocate_empty}
     if name == "nmbatch":
-        return NestedMiniBatch(store, n_clusters, rho=rho, **common)
+        return NestedMiniBatch(store, n_clusters, rho=rho, **moving)
     if name == "nmbatch.deact":
-        return NestedMiniBatch(store, n_clusters, rho=rho, bounds=False, **common)
+        return NestedMiniBatch(store, n_clusters, rho=rho, bounds=False, **moving)
     if name == "elkan":
-        return NestedMiniBatch(store, n_clusters, rho=rho, full=True, **common)
+        return NestedMiniBatch(store, n_clusters, rho=rho, full=True, **moving)
     if name == "lloyd":
-        return Lloyd(store, n_clusters, **common)
+        return Lloyd(store, n_clusters, **moving)
     if name == "mbatch":
         return MiniBatch(store, n_clusters, **common)
     if name == "mbatch.remove":

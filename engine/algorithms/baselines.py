@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
+from nmbatch.engine.algorithms.relocation import relocate_empty
 from nmbatch.engine.state import IterationStats
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
@@ -64,6 +65,13 @@ class Lloyd(_WithoutBounds):
 
     name = "lloyd"
 
+    def __init__(
+        self, store: NestedBatchStore, n_clusters: int, *, relocate_empty: bool = True, **kwargs
+    ) -> None:
+        super().__init__(store, n_clusters, **kwargs)
+        self.relocate_empty = bool(relocate_empty)
+        self.n_relocated = 0  # empty clusters given a sample by the last step
+
     def step(self) -> IterationStats:
         t0, n_now, data, b = self._begin_step()
         b_old = self.batch_size
@@ -76,7 +84,15 @@ class Lloyd(_WithoutBounds):
             labels=self._labels, dist2=self._dist2,
         )
         self.batch_size = b
+        C_prev = self.centroids
         self._update_centroids()
+        self.n_relocated = 0
+        if self.relocate_empty:
+            self.n_relocated = relocate_empty(
+                data, b, labels=self._labels, norms=None, S=self.S, v=self.v, Q=self.Q,
+                sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
+            )  # fmt: skip
+            self.counts = self.v.copy()
         self.iteration += 1
         # Not a fixed point if the update moved a centroid (after a retirement).
         self.converged = n_changed == 0 and b == b_old and not self.p.any()
@@ -84,6 +100,7 @@ class Lloyd(_WithoutBounds):
             iteration=self.iteration, batch_size=b, next_batch_size=b, n_samples=n_now,
             n_changed=n_changed, n_new=b - b_old, doubled=False, converged=self.converged,
             n_distances=b * self.n_clusters, n_skipped=0, seconds=time.perf_counter() - t0,
+            n_relocated=self.n_relocated,
         )
 
 

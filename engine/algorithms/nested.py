@@ -13,6 +13,7 @@ import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
+from nmbatch.engine.algorithms.relocation import relocate_empty
 from nmbatch.engine.kernels import bound_sweep, centroid_update, reassign_rows, settle_assigned
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.state import IterationStats
@@ -43,6 +44,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         rho: float = 100.0,
         bounds: bool = True,
         full: bool = False,
+        relocate_empty: bool = True,
         **kwargs,
     ) -> None:
         super().__init__(store, n_clusters, **kwargs)
@@ -51,6 +53,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.rho = float(rho)
         self.bounds = bool(bounds)
         self.full = bool(full)
+        self.relocate_empty = bool(relocate_empty)
         self.dense_revisit_fraction = DENSE_REVISIT_FRACTION
         self.name = "elkan" if full else ("nmbatch" if bounds else "nmbatch.deact")
         self._sse_from_sums_on_update = True
@@ -59,6 +62,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         # a retirement never shrinks the batch the next step works on (see _target_batch).
         self._covered_all = False
         self._regrow_to = 0
+        self.n_relocated = 0  # empty clusters given a sample by the last step
         self._xx = np.empty(0, dtype=np.float64)  # ||x(i)||^2 of the prefix rows
         self._clear_rows()
 
@@ -126,6 +130,14 @@ class NestedMiniBatch(KMeansAlgorithm):
             return n
         target = min(2 * self.batch_size, n) if self._grow else self.batch_size
         return max(target, min(self._regrow_to, n))
+
+    def _relocate(self, data: np.ndarray, b: int, C_prev: np.ndarray) -> int:
+        """Empty clusters take the batch's farthest samples (:mod:`.relocation`)."""
+        return relocate_empty(
+            data, b, labels=self._labels, norms=self._xx, S=self.S, v=self.v, Q=self.Q,
+            sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
+            upper=self._upper if self.bounds else None,
+        )  # fmt: skip
 
     def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
         b_old = self.batch_size
@@ -205,7 +217,13 @@ class NestedMiniBatch(KMeansAlgorithm):
             self._assign_new(data, b_old, b)
             n_dist += (b - b_old) * k
         self.batch_size = b
+        C_prev = self.centroids
         self._update_centroids()
+        n_relocated = self._relocate(data, b, C_prev) if self.relocate_empty else 0
+        self.n_relocated = n_relocated
+        n_changed += n_relocated
+        if n_relocated:
+            self.counts = self.v.copy()
         self.iteration += 1
         # A fixed point: every sample of the store in the batch, no label changed, and the
         # update moved no centroid (after restore() the labels are those of the given
@@ -228,6 +246,7 @@ class NestedMiniBatch(KMeansAlgorithm):
             n_distances=n_dist,
             n_skipped=n_possible - n_dist,
             seconds=time.perf_counter() - t0,
+            n_relocated=n_relocated,
         )
 
     def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> None:

@@ -1,0 +1,120 @@
+"""Empty clusters relocated: a centroid with no sample takes the sample farthest from its own.
+
+A cluster that loses all its samples keeps its centroid where it was (``c(j) = S(j)/v(j)``
+is undefined), and an old centroid far from the data may never win a sample again: with
+many clusters (``k`` in the thousands, a first batch of a few samples per cluster) or
+after a stream moves (a window whose old samples all left), the model then keeps dead
+clusters and stops above what Lloyd reaches from a good start. After the update, each
+empty cluster takes, in turn, the batch sample with the largest distance to its own
+centroid whose cluster keeps at least one other sample (scikit-learn's rule for Lloyd;
+ties to the lowest row). The sample's vote moves exactly, as in a reassignment: out of
+``S``, ``v``, ``Q`` of its cluster, into those of the empty one, whose centroid becomes
+the sample itself; ``p`` of both clusters becomes their whole move since the centroids
+the bounds refer to (``C_prev``), and their ``sse`` is recomputed from the sums under
+those centroids, as the update computes it. Bounds stay sound: the moved sample's upper
+bound becomes its distance to its new cluster's previous centroid (as every upper bound
+refers to the centroids before the update), and every bound is corrected by ``p`` at the
+next bound sweep, as for any centroid move.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["farthest_first", "relocate_empty"]
+
+_CHUNK = 16_384  # rows per block of the exact distance pass
+_SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
+
+
+def _own_sqdist(data: np.ndarray, b: int, labels: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """``||x(i) - c(a(i))||^2`` (float64) of the rows ``[0, b)``: ``(b,)`` float64."""
+    C64 = C.astype(np.float64)
+    out = np.empty(b, dtype=np.float64)
+    for start in range(0, b, _CHUNK):
+        stop = min(start + _CHUNK, b)
+        diff = data[start:stop].astype(np.float64) - C64[labels[start:stop]]
+        out[start:stop] = np.einsum("ij,ij->i", diff, diff)
+    return out
+
+
+def farthest_first(dist2: np.ndarray, wanted: int) -> np.ndarray:
+    """Rows by decreasing ``dist2`` (ties: lowest row first), at least the ``wanted``
+    largest (all of them when that is most)."""
+    n = dist2.shape[0]
+    if 4 * wanted + 64 < n:
+        top = np.argpartition(-dist2, 4 * wanted + 64)[: 4 * wanted + 64]
+    else:
+        top = np.arange(n)
+    return top[np.lexsort((top, -dist2[top]))]
+
+
+def relocate_empty(
+    data: np.ndarray,
+    b: int,
+    *,
+    labels: np.ndarray,
+    norms: np.ndarray | None,
+    S: np.ndarray,
+    v: np.ndarray,
+    Q: np.ndarray,
+    sse: np.ndarray | None,
+    C: np.ndarray,
+    C_prev: np.ndarray,
+    p: np.ndarray,
+    upper: np.ndarray | None = None,
+) -> int:
+    """Give each empty cluster the farthest sample of the batch ``[0, b)``; returns how
+    many clusters got one (fewer than the empty ones when too few clusters can spare a
+    sample, or every sample sits on its centroid).
+
+    data   : (>= b, d) float32  IN     the store's rows
+    labels : (>= b,) int32      INOUT  ``a(i)``
+    norms  : (>= b,) float64 or None   IN  ``||x(i)||^2`` as the votes added them to ``Q``
+             (None: computed from the row, for an algorithm that rebuilds ``Q`` each step)
+    S, v, Q: (k, d) float64, (k,) int64, (k,) float64   INOUT
+    sse    : (k,) float64 or None   INOUT  recomputed for the clusters that changed
+    C      : (k, d) float32     INOUT  the updated centroids
+    C_prev : (k, d) float32     IN     the centroids before the update
+    p      : (k,) float64       INOUT  distance each centroid moved from ``C_prev``
+    upper  : (>= b,) float64 or None   INOUT  ``u(i)``
+    """
+    empty = np.flatnonzero(v == 0)
+    if not empty.shape[0] or b == 0:
+        return 0
+    dist2 = _own_sqdist(data, b, labels, C)
+    order = farthest_first(dist2, empty.shape[0])
+    if order.shape[0] < b:  # if the rows considered cannot give enough: every row
+        order = np.concatenate([order, farthest_first(dist2, b)])
+    moved = 0
+    changed: set[int] = set()
+    for row in order:  # a row seen twice is skipped the second time (moved, or v < 2)
+        if moved == empty.shape[0] or dist2[row] == 0.0:
+            break
+        a = int(labels[row])
+        if v[a] < 2:
+            continue
+        j = int(empty[moved])
+        x = data[row].astype(np.float64)
+        xx = float(x @ x) if norms is None else norms[row]
+        S[a] -= x
+        v[a] -= 1
+        Q[a] -= xx
+        S[j] += x
+        v[j] += 1
+        Q[j] += xx
+        labels[row] = j
+        if upper is not None:  # as every u(i): a bound on the distance to C_prev(a(i))
+            gap = x - C_prev[j].astype(np.float64)
+            upper[row] = float(np.sqrt(gap @ gap)) * _SAFETY
+        changed |= {a, j}
+        moved += 1
+    for c in sorted(changed):
+        if v[c] > 0:
+            C[c] = (S[c] / v[c]).astype(np.float32)
+        step = C[c].astype(np.float64) - C_prev[c].astype(np.float64)
+        p[c] = float(np.sqrt(step @ step)) * _SAFETY
+        if sse is not None:
+            old = C_prev[c].astype(np.float64)
+            sse[c] = max(Q[c] - 2.0 * (old @ S[c]) + v[c] * (old @ old), 0.0)
+    return moved
