@@ -15,24 +15,26 @@ from tests.testkit import blobs
 
 
 def _reference(X, labels, C, C_prev, v):
-    """The rule in plain numpy: each empty cluster, in index order, takes the row of
-    largest ``||x - c(a)||^2`` (ties: lowest row) whose cluster keeps another sample."""
+    """The rule in plain numpy: each empty cluster, in index order, takes the row
+    farthest from every centroid and every row relocated before it (ties: lowest row)
+    whose cluster keeps another sample."""
     labels = labels.copy()
     v = v.copy()
-    d2 = ((X.astype(np.float64) - C.astype(np.float64)[labels]) ** 2).sum(1)
-    order = sorted(range(len(X)), key=lambda i: (-d2[i], i))
+    X64 = X.astype(np.float64)
+    d2 = ((X64 - C.astype(np.float64)[labels]) ** 2).sum(1)
     empty = [j for j in range(len(v)) if v[j] == 0]
     taken = []
-    for i in order:
-        if len(taken) == len(empty) or d2[i] == 0:
+    for j in empty:
+        ok = [i for i in range(len(X)) if d2[i] > 0 and v[labels[i]] >= 2]
+        if not ok:
             break
-        if v[labels[i]] < 2:
-            continue
-        j = empty[len(taken)]
+        i = min(ok, key=lambda r: (-d2[r], r))
         v[labels[i]] -= 1
         v[j] += 1
         labels[i] = j
         taken.append(i)
+        d2 = np.minimum(d2, ((X64 - X64[i]) ** 2).sum(1))
+        d2[i] = 0.0
     return labels, v, taken
 
 
@@ -141,3 +143,30 @@ def test_a_window_after_an_abrupt_change_keeps_no_dead_cluster():
             algo.step()
     assert int((algo.v == 0).sum()) == 0
     assert (algo.centroids > 30.0).all()  # every centroid among the new clusters
+
+
+def test_past_the_work_cap_the_farthest_samples_are_taken_in_one_order(monkeypatch):
+    """Beyond ``MAXIMIN_WORK`` the distances are not updated between choices: the
+    samples farthest from their own centroids, each of a cluster that can spare it."""
+    from nmbatch.engine.algorithms import relocation
+
+    monkeypatch.setattr(relocation, "MAXIMIN_WORK", 0)
+    rng = np.random.default_rng(9)
+    k, d, b = 6, 2, 40
+    X = rng.normal(size=(b, d)).astype(np.float32)
+    labels = (np.arange(b) % 2).astype(np.int32)  # clusters 2..5 empty
+    v = np.bincount(labels, minlength=k).astype(np.int64)
+    S = np.zeros((k, d))
+    np.add.at(S, labels, X.astype(np.float64))
+    Q = np.zeros(k)
+    C = np.zeros((k, d), np.float32)
+    C[:2] = (S[:2] / v[:2, None]).astype(np.float32)
+    d2 = ((X.astype(np.float64) - C.astype(np.float64)[labels]) ** 2).sum(1)
+    want = np.argsort(-d2, kind="stable")[:4]
+    moved = relocate_empty(X, b, labels=labels, norms=None, S=S, v=v, Q=Q, sse=None, C=C,
+                           C_prev=C.copy(), p=np.zeros(k))  # fmt: skip
+    assert moved == 4
+    assert labels[want].tolist() == [2, 3, 4, 5]
+    S_ref = np.zeros((k, d))
+    np.add.at(S_ref, labels, X.astype(np.float64))
+    np.testing.assert_allclose(S, S_ref, atol=1e-12)

@@ -1,20 +1,25 @@
-"""Empty clusters relocated: a centroid with no sample takes the sample farthest from its own.
+"""Empty clusters relocated: a centroid with no sample takes a sample far from every centroid.
 
 A cluster that loses all its samples keeps its centroid where it was (``c(j) = S(j)/v(j)``
 is undefined), and an old centroid far from the data may never win a sample again: with
 many clusters (``k`` in the thousands, a first batch of a few samples per cluster) or
 after a stream moves (a window whose old samples all left), the model then keeps dead
 clusters and stops above what Lloyd reaches from a good start. After the update, each
-empty cluster takes, in turn, the batch sample with the largest distance to its own
-centroid whose cluster keeps at least one other sample (scikit-learn's rule for Lloyd;
-ties to the lowest row). The sample's vote moves exactly, as in a reassignment: out of
-``S``, ``v``, ``Q`` of its cluster, into those of the empty one, whose centroid becomes
-the sample itself; ``p`` of both clusters becomes their whole move since the centroids
-the bounds refer to (``C_prev``), and their ``sse`` is recomputed from the sums under
-those centroids, as the update computes it. Bounds stay sound: the moved sample's upper
-bound becomes its distance to its new cluster's previous centroid (as every upper bound
-refers to the centroids before the update), and every bound is corrected by ``p`` at the
-next bound sweep, as for any centroid move.
+empty cluster takes, in turn, the batch sample farthest from every centroid (its own,
+and the samples relocated before it: farthest-point order, as k-means++'s greedy maximin
+spreads its seeds) whose cluster keeps at least one other sample; ties to the lowest
+row. With the distance to its own centroid alone (scikit-learn's rule for Lloyd)
+several empty clusters land in one region: after a stream's abrupt change, pairs of new
+clusters then stay merged under one centroid.
+
+The sample's vote moves exactly, as in a reassignment: out of ``S``, ``v``, ``Q`` of
+its cluster, into those of the empty one, whose centroid becomes the sample itself;
+``p`` of both clusters becomes their whole move since the centroids the bounds refer to
+(``C_prev``), and their ``sse`` is recomputed from the sums under those centroids, as
+the update computes it. Bounds stay sound: the moved sample's upper bound becomes its
+distance to its new cluster's previous centroid (as every upper bound refers to the
+centroids before the update), and every bound is corrected by ``p`` at the next bound
+sweep, as for any centroid move.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import numpy as np
 __all__ = ["farthest_first", "relocate_empty"]
 
 _CHUNK = 16_384  # rows per block of the exact distance pass
+MAXIMIN_WORK = 2e9
+"""Most coordinate differences the farthest-point choice may compute (empty clusters x
+batch rows x d); beyond it the samples are taken in one order of farthest first."""
 _SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
 
 
@@ -36,6 +44,28 @@ def _own_sqdist(data: np.ndarray, b: int, labels: np.ndarray, C: np.ndarray) -> 
         diff = data[start:stop].astype(np.float64) - C64[labels[start:stop]]
         out[start:stop] = np.einsum("ij,ij->i", diff, diff)
     return out
+
+
+def _closer_to(dist2: np.ndarray, data: np.ndarray, b: int, x: np.ndarray) -> None:
+    """``dist2 = min(dist2, ||x(i) - x||^2)`` over the rows ``[0, b)`` (negative entries,
+    rows that cannot move, stay negative)."""
+    for start in range(0, b, _CHUNK):
+        stop = min(start + _CHUNK, b)
+        diff = data[start:stop].astype(np.float64) - x
+        np.minimum(dist2[start:stop], np.einsum("ij,ij->i", diff, diff), out=dist2[start:stop])
+
+
+def _next_row(dist2: np.ndarray, labels: np.ndarray, v: np.ndarray, order, maximin: bool) -> int:
+    """The next sample to move: the largest ``dist2`` (ties: lowest row) whose cluster
+    keeps another sample; -1 when none is off its centroid."""
+    while True:
+        row = int(np.argmax(dist2)) if maximin else next(order, -1)
+        if row < 0 or dist2[row] <= 0.0:
+            return -1
+        if v[labels[row]] >= 2:
+            return row
+        if maximin:
+            dist2[row] = -1.0  # its cluster cannot spare it, now or later in this call
 
 
 def farthest_first(dist2: np.ndarray, wanted: int) -> np.ndarray:
@@ -83,17 +113,15 @@ def relocate_empty(
     if not empty.shape[0] or b == 0:
         return 0
     dist2 = _own_sqdist(data, b, labels, C)
-    order = farthest_first(dist2, empty.shape[0])
-    if order.shape[0] < b:  # if the rows considered cannot give enough: every row
-        order = np.concatenate([order, farthest_first(dist2, b)])
+    maximin = empty.shape[0] * b * data.shape[1] <= MAXIMIN_WORK
+    order = iter(()) if maximin else iter(farthest_first(dist2, b))
     moved = 0
     changed: set[int] = set()
-    for row in order:  # a row seen twice is skipped the second time (moved, or v < 2)
-        if moved == empty.shape[0] or dist2[row] == 0.0:
+    while moved < empty.shape[0]:
+        row = _next_row(dist2, labels, v, order, maximin)
+        if row < 0:
             break
         a = int(labels[row])
-        if v[a] < 2:
-            continue
         j = int(empty[moved])
         x = data[row].astype(np.float64)
         xx = float(x @ x) if norms is None else norms[row]
@@ -109,6 +137,9 @@ def relocate_empty(
             upper[row] = float(np.sqrt(gap @ gap)) * _SAFETY
         changed |= {a, j}
         moved += 1
+        dist2[row] = 0.0
+        if maximin:  # the next choice sees the sample as a centroid already
+            _closer_to(dist2, data, b, x)
     for c in sorted(changed):
         if v[c] > 0:
             C[c] = (S[c] / v[c]).astype(np.float32)
