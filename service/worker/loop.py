@@ -321,6 +321,7 @@ class Worker:
             engine.store.n_samples,
             time.perf_counter() - started,
         )
+        self._retain()  # the count ever accepted before the first publication; trims
         if self.snapshot is not None and engine.store.n_samples > 0:
             state = self.snapshot.model.state
             self._publish(engine.restore(state.centroids, state.batch_size, state.iteration))

@@ -92,13 +92,21 @@ def test_kill_9_while_forgetting_loses_and_duplicates_no_retained_sample(
     final.ready(60)
     with httpx.Client(base_url=final.base, timeout=10) as http:
 
+        last: list[dict] = [{}]
+
         def caught_up() -> dict | None:
             response = http.get("/centroids")
             doc = response.json() if response.status_code == 200 else {}
+            last[0] = {k: v for k, v in doc.items() if k != "centroids"}
             done = doc.get("n_ingested") == ingested and doc.get("converged")
             return doc if done and doc["n_samples"] == SIZE else None
 
-        doc = wait_until(caught_up, 60, "the restarted model")
+        try:
+            doc = wait_until(caught_up, 90, "the restarted model")
+        except BaseException:
+            print("last /centroids:", last[0], "ingested:", ingested)
+            print("stats:", http.get("/stats").json())
+            raise
         assert doc["retention"] == retention and sum(doc["counts"]) == SIZE
         # Caught up, the worker has trimmed (window) or compacted (reservoir) the log.
         base, logged = _retained_in_redis(client)
