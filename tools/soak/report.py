@@ -157,7 +157,11 @@ def _others(result: dict[str, Any]) -> str:
     return (
         f", the client processes {clients:.2f} (their start-up included), other programs "
         f"and the kernel {machine - service - clients:.2f}"
-        + (f" (the busiest other processes, cores: {named})." if named else ".")
+        + (
+            f" (the busiest other processes, with the children they reaped, cores: {named})."
+            if named
+            else "."
+        )
         + unaccounted
     )
 

@@ -150,7 +150,9 @@ def other_programs(
 ) -> list[dict[str, Any]]:
     """The processes not in ``ours`` that used the most CPU between two
     :func:`cpu_by_process` readings ``seconds`` apart: command and cores (processes that
-    started meanwhile count from 0; those that ended, in their parent once reaped)."""
+    started meanwhile count from 0; those that ended, in their parent once reaped, with
+    all their time: a parent that reaped a long-running child meanwhile can show more
+    cores than the interval had)."""
     used = []
     for pid, (command, end) in after.items():
         if pid in ours or pid == 1:  # pid 1: the init of the machine, not a program
