@@ -208,6 +208,13 @@ class AsyncSampleLog:
             if key_seconds is None:
                 raise ValueError("key_seconds is needed with an idempotency_key")
             return await self._append_once(X, idempotency_key, key_seconds, capacity, offload)
+        if capacity:
+            # Refused before any XADD when the count already shows it: the guard below
+            # would take the entries out again, but Redis's append-only file would keep
+            # both the entries and their deletion.
+            held = await self.n_samples()
+            if held + m > capacity:
+                raise StoreFullError(capacity, held, m)
         entries = await offload(X.size // _COPY_WEIGHT, encode_chunks, X)
         try:
             async with self.client.pipeline(transaction=True) as pipe:

@@ -107,6 +107,11 @@ def full_problem(response, max_samples: int, n_samples: int, rejected: int) -> d
     return problem
 
 
+def xadd_calls(client: redis.Redis) -> int:
+    """How many ``XADD`` commands the server has run (``INFO commandstats``)."""
+    return int(client.info("commandstats").get("cmdstat_xadd", {}).get("calls", 0))
+
+
 @pytest.mark.parametrize("keyed", [False, True], ids=["plain", "idempotency-key"])
 def test_a_batch_past_the_capacity_gets_507_and_stores_nothing(
     make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str, keyed: bool
@@ -123,9 +128,12 @@ def test_a_batch_past_the_capacity_gets_507_and_stores_nothing(
     with TestClient(create_app(make_settings(max_samples=10))) as client:
         assert post(X[:6], "a").status_code == 202
         before = log_state(redis_client, model_name)
+        xadds = xadd_calls(redis_client)
         refused = post(np.concatenate([X[6:], X[:1]]), "b")  # 5 rows: 11 > 10
         full_problem(refused, 10, 6, 5)
         assert log_state(redis_client, model_name) == before
+        # Refused before any XADD: the append-only file gets no entries to delete again.
+        assert xadd_calls(redis_client) == xadds
         assert client.get("/readyz").status_code == 200
         if keyed:  # the refused key left no record: the same key may store what fits
             assert post(X[6:], "b").status_code == 202
