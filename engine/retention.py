@@ -42,6 +42,7 @@ __all__ = [
     "RetentionPolicy",
     "WindowRetention",
     "apply",
+    "carry_out",
     "check_retention",
     "feed",
     "make_retention",
@@ -275,14 +276,30 @@ def make_retention(
     return AllRetention(max_samples)
 
 
+def carry_out(
+    algo: Any,
+    rows: np.ndarray,
+    ids: np.ndarray,
+    retire_ids: np.ndarray,
+    retire_before: int,
+    *,
+    any_order: bool = False,
+) -> None:
+    """On ``algo`` (a ``KMeansAlgorithm``): retire the stored samples with ids in
+    ``retire_ids`` (int64) or below ``retire_before`` (votes taken back exactly), then
+    append ``rows`` (``(m, d)`` float32) under ``ids`` (``(m,)`` int64; ``any_order``:
+    not necessarily increasing)."""
+    if retire_before > 0 or retire_ids.shape[0]:
+        algo.retire(ids=retire_ids, before=retire_before)
+    if rows.shape[0]:
+        algo.store.append(rows, ids=ids, any_order=any_order)
+
+
 def apply(adm: Admission, algo: Any, X: np.ndarray) -> None:
     """Carry out ``adm`` (the admission of the rows of ``X``, ``(m, d)`` float32) on
     ``algo`` (a ``KMeansAlgorithm``) and its store: retire, then append."""
-    if adm.retires:
-        algo.retire(ids=adm.retire_ids, before=adm.retire_before)
-    if adm.keep.shape[0]:
-        rows = X if adm.keep.shape[0] == X.shape[0] else X[adm.keep]
-        algo.store.append(rows, ids=adm.ids)
+    rows = X if adm.keep.shape[0] == X.shape[0] else X[adm.keep]
+    carry_out(algo, rows, adm.ids, adm.retire_ids, adm.retire_before)
 
 
 def feed(policy: RetentionPolicy, algo: Any, X: np.ndarray, now: float | None = None) -> Admission:

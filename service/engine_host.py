@@ -49,6 +49,7 @@ import numpy as np
 
 from nmbatch.engine import NestedBatchStore, make_algorithm
 from nmbatch.engine.algorithms import KMeansAlgorithm
+from nmbatch.engine.retention import carry_out
 from nmbatch.engine.state import ModelState
 
 __all__ = ["EngineConfig", "EngineHost", "EngineProcess", "EngineProcessError", "LocalEngine"]
@@ -100,21 +101,6 @@ class StoreView(Protocol):
     def n_samples(self) -> int: ...
 
     def append(self, X: np.ndarray) -> int: ...
-
-
-def _carry_out(
-    algo: KMeansAlgorithm,
-    X: np.ndarray,
-    ids: np.ndarray,
-    retire_ids: np.ndarray,
-    retire_before: int,
-    any_order: bool,
-) -> None:
-    """Retire (votes taken back exactly), then append ``X`` under ``ids``."""
-    if retire_before > 0 or retire_ids.shape[0]:
-        algo.retire(ids=retire_ids, before=retire_before)
-    if X.shape[0]:
-        algo.store.append(X, ids=ids, any_order=any_order)
 
 
 class EngineHost(Protocol):
@@ -199,7 +185,7 @@ class LocalEngine:
         retire_before: int = 0,
         any_order: bool = False,
     ) -> None:
-        _carry_out(self._algo, X, ids, retire_ids, retire_before, any_order)
+        carry_out(self._algo, X, ids, retire_ids, retire_before, any_order=any_order)
         if self.store.n_samples != n_after:
             raise RuntimeError(f"the store holds {self.store.n_samples} rows, not {n_after}")
         self.state = dataclasses.replace(self.state, converged=False)
@@ -265,7 +251,8 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
                     ids = np.frombuffer(payload, np.int64, m, at)
                     retire_ids = np.frombuffer(payload, np.int64, r, at + 8 * m)
                     X = np.frombuffer(payload, np.float32, m * d, at + 8 * (m + r))
-                    _carry_out(algo, X.reshape(m, d), ids, retire_ids, before, bool(flags & 1))
+                    any_order = bool(flags & 1)
+                    carry_out(algo, X.reshape(m, d), ids, retire_ids, before, any_order=any_order)
                     continue  # nor are feeds
                 if op == _ROWS:
                     conn.send(store.rows_of(np.frombuffer(payload, dtype=np.int64)))
