@@ -226,6 +226,22 @@ class RetainedLog:
                 "a newer compaction replaced it while it was read"
             )
 
+    def log_bytes(self) -> int | None:
+        """Redis's memory of the log and the current base (``MEMORY USAGE``, which
+        samples a few stream nodes: cheap, approximate), in bytes; None where Redis
+        refuses the command (an ACL of a managed Redis)."""
+        generation = self.client.hget(self.keys.meta, "base_generation")
+        keys = [self.keys.log]
+        if generation is not None:
+            keys.append(self.keys.base(int(generation)))
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.memory_usage(key)
+                return sum(int(used or 0) for used in pipe.execute())
+        except redis.ResponseError:
+            return None
+
     # -- trimming --------------------------------------------------------------------------
     def trim_log(self, min_id: str) -> int:
         """Delete the log's entries with ids below ``min_id`` (exact ``XTRIM MINID``).

@@ -4,7 +4,6 @@ into a base, crash safety under ``kill -9`` at every stage (real child processes
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -19,10 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-import redis.asyncio
 
 from nmbatch.service.storage import (
-    AsyncSampleLog,
     Base,
     BaseChangedError,
     LeaseLostError,
@@ -446,28 +443,15 @@ def test_trim_log_removes_exactly_the_entries_below_min_id(
     assert redis_client.xlen(keys.log) == 0
 
 
-def log_size(url: str, model: str) -> tuple[int, int | None]:
-    """``AsyncSampleLog.log_size`` of ``model`` (what ``/stats`` shows)."""
-
-    async def run() -> tuple[int, int | None]:
-        client = redis.asyncio.Redis.from_url(url)
-        try:
-            return await AsyncSampleLog(client, model).log_size()
-        finally:
-            await client.aclose()
-
-    return asyncio.run(run())
-
-
-def test_log_size_counts_the_log_and_the_current_base(
-    redis_url: str, redis_client: redis.Redis, model_name: str
+def test_log_bytes_counts_the_log_and_the_current_base(
+    redis_client: redis.Redis, model_name: str
 ) -> None:
-    assert log_size(redis_url, "nothing-here") == (0, 0)
+    retained = RetainedLog(redis_client, ModelKeys("nothing-here"))
+    assert retained.log_bytes() == 0
     s = make_scenario(redis_client, model_name)
     log_only = redis_client.memory_usage(s.keys.log)
-    entries, both = log_size(redis_url, model_name)
-    assert entries == redis_client.xlen(s.keys.log) > 0
+    both = s.retained.log_bytes()
     assert both >= log_only + 60 * (4 * D + 8)
     s.retained.compact(s.new_ids, s.new_rows, last_id=s.entry_ids[-1], policy={})
-    entries, compacted = log_size(redis_url, model_name)
-    assert entries == 0 and compacted >= 100 * (4 * D + 8)
+    assert redis_client.xlen(s.keys.log) == 0
+    assert s.retained.log_bytes() >= 100 * (4 * D + 8)
