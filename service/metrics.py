@@ -122,6 +122,12 @@ class ServiceMetrics:
             "Times the worker rebuilt its engine process after it died",
             registry=r,
         )
+        self.worker_failures = Counter(
+            "nmbatch_worker_failures",
+            "Unexpected errors of the worker; after each it waits (1 s doubling to 60 s) and "
+            "rebuilds its engine from the log",
+            registry=r,
+        )
         self.gc_frozen_objects = Gauge(
             "nmbatch_gc_frozen_objects",
             "Objects moved out of the garbage collector's scans at start-up (gc.freeze)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from nmbatch.service.storage.retained import RetainedLog
 from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
 from nmbatch.service.worker.lease import VERSION_BLOCK, LeaseKeeper
 from nmbatch.service.worker.publisher import Publisher
+from nmbatch.service.worker.recovery import EngineRecovery
 from nmbatch.service.worker.retention import LogRetention
 from nmbatch.service.worker.roles import Phase, Role
 
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 _LOG_PAGE = 32  # log entries read at a time (<= 1 MiB each): bounded replies, also in replay
 
 
-class Worker:
+class Worker(EngineRecovery):
     """Runs nmbatch on the model's sample log in a background thread, or stands by.
 
     Parameters
@@ -73,7 +75,8 @@ class Worker:
     role : Role
     phase : Phase
     error : BaseException or None
-        What ended the thread, if it failed.
+        What ended the thread, if it failed; or the unexpected error the worker is
+        recovering from, until its engine is rebuilt.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class Worker:
         )
         self.publisher = Publisher(board, metrics, self.lease, self.backoff)
         self.error: BaseException | None = None
+        self._failures, self._failed_at = 0, -math.inf  # see EngineRecovery._recover
         self.phase = Phase.STARTING
         self.role = Role.STARTING
         self.engine: EngineHost | None = None
@@ -176,9 +180,15 @@ class Worker:
                     if self.role == Role.WORKER:
                         try:
                             if self._prepare():
+                                self.error = None
                                 self._loop()
                         except EngineProcessError as exc:
                             self._restart_engine(exc)
+                            continue
+                        except Exception as exc:
+                            if self._stopping.is_set():
+                                raise
+                            self._recover(exc)
                             continue
                         if self.lease.lost.is_set() and not self._stopping.is_set():
                             self._demote()
@@ -326,28 +336,6 @@ class Worker:
             state = self.snapshot.model.state
             self._publish(engine.restore(state.centroids, state.batch_size, state.iteration))
         return True
-
-    def _restart_engine(self, exc: EngineProcessError) -> None:
-        """The engine's process died: rebuild it from the log and the served centroids.
-
-        The next :meth:`_prepare` replays the whole log into a new process and restores
-        the centroids published last (versions go on increasing). Waits a second first,
-        so a process that cannot start is not restarted in a tight loop.
-        """
-        log.error("%s: restarting the engine (log replay, restore from version %s)", exc,
-                  self.board.model.version if self.board.model else None)  # fmt: skip
-        self.metrics.engine_restarts.inc()
-        self._close_engine()
-        model = self.board.model
-        if model is not None and model.state.n_samples > 0:
-            self.snapshot = Snapshot(model, self.last_id)
-        self._stopping.wait(1.0)
-
-    def _close_engine(self) -> None:
-        """Drop the engine (and end its process, if any)."""
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            engine.close()
 
     def _loop(self) -> None:
         engine = self.engine
