@@ -25,6 +25,7 @@ serve: $(RUN_STAMP)
 
 ## Lint and run the whole test suite.
 test: $(STAMP)
+	bash tools/ensure_chromium.sh
 	$(BIN)/ruff check nmbatch engine service tests tools
 	$(BIN)/python -m pytest
 

@@ -29,7 +29,7 @@ from nmbatch.service.fastpath import AssignFastPath
 from nmbatch.service.metrics import RequestTimingMiddleware, ServiceMetrics
 from nmbatch.service.problems import install_problem_handlers
 from nmbatch.service.redis_errors import redis_error_handler
-from nmbatch.service.routes import assign, centroids, health, samples, stats
+from nmbatch.service.routes import assign, centroids, dashboard, health, samples, stats
 
 __all__ = ["REQUEST_SOCKET_TIMEOUT", "StartupError", "create_app"]
 
@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     # Inside the timing middleware: fast-path answers are timed and labelled as well.
     app.add_middleware(AssignFastPath, settings=settings)
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
-    for module in (samples, centroids, assign, stats, health):
+    for module in (samples, centroids, assign, stats, health, dashboard):
         app.include_router(module.router)
     # After the routers: the methods /assign does not take (405, Allow: GET, POST).
     app.router.routes.append(assign.OTHER_METHODS)

@@ -1,0 +1,535 @@
+/* nmbatch dashboard: polls the JSON API every 2 s and draws six panels.
+ *
+ * Reads GET readyz, stats, dashboard/data and centroids (the last with If-None-Match, so
+ * an unchanged version costs a 304). URLs are relative to the page (/dashboard), so the
+ * page works behind a path prefix. With an API key for reads, a 401 opens a form; the key
+ * is kept in sessionStorage and sent as "Authorization: Bearer", never in a URL.
+ * Time series (ingestion rate, energy by version, centroid trails) are what this page has
+ * seen since it opened; the batch size history comes whole from /stats' doublings.
+ * The 2-D map is a PCA of the centroids computed here (pca2), not on the server.
+ * Exposed for tests: window.NmbDashboard = {pca2, tinyThreshold, state}.
+ */
+(function () {
+  "use strict";
+
+  const POLL_MS = 2000;
+  const KEY_STORE = "nmbatch.apiKey";
+  const TRAIL_VERSIONS = 5; // previous centroid versions traced on the map
+  const HISTORY = 300; // points kept per time series
+  const SVG_NS = "http://www.w3.org/2000/svg";
+
+  const state = {
+    stats: null, centroids: null, etag: null, health: null,
+    centroidsProblem: null, statsProblem: null, ready: null,
+    lastOk: null, unreachable: null, needKey: false, keyRefused: false,
+    ingest: { t: [], rate: [], n: [] }, prevIngest: null,
+    energy: new Map(), trail: [], axes: null, timer: null,
+  };
+
+  // -- math ------------------------------------------------------------------------------
+  /** First two principal components of the rows (k x d numbers): the scores, the axes,
+   *  the mean and the share of the variance they hold. Orthogonal iteration on X^T X
+   *  (X the centred rows) with a Rayleigh-Ritz step; never forms a d x d matrix. */
+  function pca2(rows, previousAxes) {
+    const k = rows.length, d = rows[0].length;
+    const mean = new Float64Array(d);
+    for (const r of rows) for (let i = 0; i < d; i++) mean[i] += r[i] / k;
+    const X = rows.map((r) => Float64Array.from(r, (v, i) => v - mean[i]));
+    let total = 0;
+    for (const x of X) for (let i = 0; i < d; i++) total += x[i] * x[i];
+    const project = (v) => X.map((x) => dot(x, v));
+    const back = (p) => { // X^T p
+      const out = new Float64Array(d);
+      X.forEach((x, j) => { for (let i = 0; i < d; i++) out[i] += p[j] * x[i]; });
+      return out;
+    };
+    let V = [largestRow(X, d), seeded(d)];
+    orthonormalise(V);
+    for (let it = 0; it < 2000; it++) {
+      const W = V.map((v) => back(project(v)));
+      orthonormalise(W);
+      const c00 = dot(V[0], W[0]), c01 = dot(V[0], W[1]);
+      const c10 = dot(V[1], W[0]), c11 = dot(V[1], W[1]);
+      V = W;
+      if (it > 5 && 1 - Math.abs(c00 * c11 - c01 * c10) < 1e-15) break;
+    }
+    // Rayleigh-Ritz: the 2 x 2 problem in the subspace gives the two components apart.
+    const P = V.map(project);
+    const h00 = dot(P[0], P[0]), h01 = dot(P[0], P[1]), h11 = dot(P[1], P[1]);
+    const theta = 0.5 * Math.atan2(2 * h01, h00 - h11);
+    const cs = Math.cos(theta), sn = Math.sin(theta);
+    let axes = [V[0].map((v, i) => cs * v + sn * V[1][i]), V[1].map((v, i) => -sn * V[0][i] + cs * v)];
+    axes = axes.map((a, n) => orient(a, previousAxes && previousAxes[n]));
+    const scores = X.map((x) => [dot(x, axes[0]), dot(x, axes[1])]);
+    const shown = scores.reduce((s, [a, b]) => s + a * a + b * b, 0);
+    return { scores, axes, mean, explained: total > 0 ? shown / total : 1 };
+  }
+
+  function dot(a, b) {
+    let s = 0;
+    for (let i = 0; i < a.length; i++) s += a[i] * b[i];
+    return s;
+  }
+
+  function largestRow(X, d) {
+    let best = null, bestNorm = 0;
+    for (const x of X) { const n = dot(x, x); if (n > bestNorm) { best = x; bestNorm = n; } }
+    return best ? Float64Array.from(best) : seeded(d, 7);
+  }
+
+  function seeded(d, salt = 1) { // a fixed, generic start vector
+    return Float64Array.from({ length: d }, (_, i) => {
+      const s = Math.sin((i + 1) * 12.9898 + salt * 78.233) * 43758.5453;
+      return s - Math.floor(s) - 0.5;
+    });
+  }
+
+  function orthonormalise(V) { // Gram-Schmidt; a vanishing vector is replaced by another
+    for (let n = 0; n < V.length; n++) {
+      for (let attempt = 0; attempt < 3; attempt++) {
+        for (let m = 0; m < n; m++) {
+          const c = dot(V[n], V[m]);
+          for (let i = 0; i < V[n].length; i++) V[n][i] -= c * V[m][i];
+        }
+        const norm = Math.sqrt(dot(V[n], V[n]));
+        if (norm > 1e-300) { for (let i = 0; i < V[n].length; i++) V[n][i] /= norm; break; }
+        V[n] = seeded(V[n].length, n + 3 + attempt);
+      }
+    }
+  }
+
+  function orient(axis, previous) { // same side as before, else largest loading positive
+    let sign;
+    if (previous && previous.length === axis.length) sign = dot(axis, previous) < 0 ? -1 : 1;
+    else {
+      let big = 0;
+      for (const v of axis) if (Math.abs(v) > Math.abs(big)) big = v;
+      sign = big < 0 ? -1 : 1;
+    }
+    return Float64Array.from(axis, (v) => sign * v);
+  }
+
+  /** Counts below this are flagged tiny: a tenth of the mean count. */
+  function tinyThreshold(counts) {
+    const total = counts.reduce((s, c) => s + c, 0);
+    return counts.length ? 0.1 * total / counts.length : 0;
+  }
+
+  // -- formatting ------------------------------------------------------------------------
+  const int = (n) => Math.round(n).toLocaleString("en-US");
+  const num = (x, digits = 4) => (x === null || x === undefined ? "–" : Number(x).toPrecision(digits));
+  function bytes(n) {
+    if (n === null || n === undefined) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0, v = n;
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return (i ? v.toFixed(1) : String(v)) + " " + units[i];
+  }
+  const ms = (s) => (s === null || s === undefined ? "–" : (1000 * s).toFixed(s < 0.01 ? 2 : 1) + " ms");
+  const clock = (t) => new Date(t).toLocaleTimeString("en-GB");
+
+  function fig(id, text, value, flag) {
+    const el = document.getElementById(id);
+    el.textContent = text;
+    if (value === undefined || value === null) delete el.dataset.value;
+    else el.dataset.value = String(value);
+    if (flag) el.dataset.flag = flag; else delete el.dataset.flag;
+  }
+
+  // -- API -------------------------------------------------------------------------------
+  class Refused extends Error {
+    constructor(status, problem) {
+      super((problem && (problem.detail || problem.title)) || "HTTP " + status);
+      this.status = status;
+      this.problem = problem || {};
+    }
+  }
+
+  async function api(path, extra = {}) {
+    const headers = { Accept: "application/json", ...extra };
+    const key = sessionStorage.getItem(KEY_STORE);
+    if (key) headers.Authorization = "Bearer " + key;
+    const response = await fetch(path, { headers, cache: "no-store" });
+    if (response.status === 304) return { body: null, response };
+    let body = null;
+    try { body = await response.json(); } catch (e) { body = null; }
+    if (response.status === 401) throw new Refused(401, body);
+    if (!response.ok && path !== "readyz") throw new Refused(response.status, body);
+    return { body, response };
+  }
+
+  // -- polling ---------------------------------------------------------------------------
+  async function poll() {
+    clearTimeout(state.timer);
+    if (state.needKey) return;
+    const ifNoneMatch = state.etag ? { "If-None-Match": state.etag } : {};
+    const results = await Promise.allSettled([
+      api("readyz"), api("stats"), api("dashboard/data"), api("centroids", ifNoneMatch),
+    ]);
+    const [ready, stats, health, cents] = results;
+    if (results.some((r) => r.status === "rejected" && r.reason.status === 401)) {
+      askForKey();
+      return;
+    }
+    const reached = results.filter((r) => r.status === "fulfilled" || r.reason instanceof Refused);
+    if (reached.length === 0) {
+      state.unreachable = state.unreachable || Date.now();
+      state.unreachableWhy = results[0].reason && results[0].reason.message;
+    } else {
+      state.unreachable = null;
+      state.lastOk = Date.now();
+    }
+    state.ready = ready.status === "fulfilled" ? ready.value.body : null;
+    if (stats.status === "fulfilled") { state.stats = stats.value.body; state.statsProblem = null; }
+    else if (stats.reason instanceof Refused) state.statsProblem = stats.reason;
+    if (health.status === "fulfilled") state.health = health.value.body;
+    if (cents.status === "fulfilled") {
+      state.centroidsProblem = null;
+      if (cents.value.body) takeCentroids(cents.value.body, cents.value.response.headers.get("ETag"));
+    } else if (cents.reason instanceof Refused) {
+      state.centroidsProblem = cents.reason;
+    }
+    if (stats.status === "fulfilled") recordIngestion(state.stats);
+    render();
+    state.timer = setTimeout(poll, POLL_MS);
+  }
+
+  function takeCentroids(doc, etag) {
+    const previous = state.centroids;
+    if (previous && previous.version !== doc.version && previous.k === doc.k && previous.dim === doc.dim) {
+      state.trail.push({ version: previous.version, rows: previous.centroids });
+      if (state.trail.length > TRAIL_VERSIONS) state.trail.shift();
+    } else if (previous && (previous.k !== doc.k || previous.dim !== doc.dim)) {
+      state.trail = [];
+      state.axes = null;
+    }
+    state.centroids = doc;
+    state.etag = etag;
+    const pca = pca2(doc.centroids, state.axes);
+    state.axes = pca.axes;
+    state.pca = pca;
+  }
+
+  function recordIngestion(stats) {
+    const now = Date.now() / 1000;
+    if (stats.version !== null && stats.energy !== null) state.energy.set(stats.version, stats.energy);
+    if (state.energy.size > HISTORY) state.energy.delete(state.energy.keys().next().value);
+    const prev = state.prevIngest;
+    state.prevIngest = { t: now, n: stats.n_ingested };
+    if (!prev || now - prev.t < 0.2) return;
+    const series = state.ingest;
+    series.t.push(now);
+    series.rate.push(Math.max(0, (stats.n_ingested - prev.n) / (now - prev.t)));
+    series.n.push(stats.n_samples);
+    if (series.t.length > HISTORY) for (const s of Object.values(series)) s.shift();
+  }
+
+  // -- API key ---------------------------------------------------------------------------
+  function askForKey() {
+    const refused = sessionStorage.getItem(KEY_STORE) !== null;
+    state.needKey = true;
+    const error = document.getElementById("key-error");
+    error.hidden = !refused;
+    error.textContent = refused ? "The service refused this key (401)." : "";
+    document.getElementById("key-overlay").hidden = false;
+    document.getElementById("api-key").focus();
+    setStatus("key", "API key needed");
+  }
+
+  function useKey(event) {
+    event.preventDefault();
+    const input = document.getElementById("api-key");
+    const key = input.value.trim();
+    if (!key) return;
+    sessionStorage.setItem(KEY_STORE, key);
+    input.value = "";
+    document.getElementById("key-overlay").hidden = true;
+    state.needKey = false;
+    poll();
+  }
+
+  function forgetKey() {
+    sessionStorage.removeItem(KEY_STORE);
+    state.needKey = false;
+    poll();
+  }
+
+  // -- rendering -------------------------------------------------------------------------
+  function setStatus(kind, text) {
+    const pill = document.getElementById("status");
+    pill.dataset.state = kind;
+    pill.textContent = text;
+  }
+
+  function notice(level, text) {
+    const el = document.getElementById("notice");
+    el.hidden = !text;
+    el.textContent = text || "";
+    if (level) el.dataset.level = level; else delete el.dataset.level;
+  }
+
+  function redisAway() {
+    const p = state.statsProblem;
+    if (p && p.status === 503) return p.message;
+    if (state.ready && state.ready.redis !== "ok") return state.ready.redis;
+    if (state.health && !state.health.redis_up) return "the worker cannot reach Redis";
+    return null;
+  }
+
+  function render() {
+    document.getElementById("key-button").hidden = sessionStorage.getItem(KEY_STORE) === null;
+    const since = state.lastOk ? " Showing the last data received, at " + clock(state.lastOk) + "." : "";
+    const away = redisAway();
+    if (state.unreachable) {
+      setStatus("down", "service unreachable");
+      notice("bad", "The service does not answer (" + (state.unreachableWhy || "no connection") + ")." + since);
+    } else if (away) {
+      setStatus("down", "Redis unreachable");
+      notice("bad", "Redis is unreachable: " + away + ". Ingestion and /stats wait for it; " +
+        "the centroids shown are the last ones served." + since);
+    } else if (!state.centroids) {
+      setStatus("waiting", "no centroids yet");
+      notice(null, state.centroidsProblem ? "No centroids yet: " + state.centroidsProblem.message : "");
+    } else {
+      setStatus("ok", state.stats ? state.stats.phase : "ready");
+      notice(null, "");
+    }
+    const s = state.stats, c = state.centroids;
+    document.getElementById("model-line").textContent = s
+      ? `role ${s.role} · retention ${s.retention}` + (c ? ` · k ${c.k} · d ${c.dim}` : "") : "";
+    document.getElementById("updated").textContent = state.lastOk ? "updated " + clock(state.lastOk) : "";
+    if (s) renderStats(s);
+    renderHealth(state.health, s);
+    renderClusters();
+    renderMap();
+  }
+
+  function renderStats(s) {
+    const rates = state.ingest.rate;
+    const rate = rates.length ? rates[rates.length - 1] : null;
+    fig("fig-rate", rate === null ? "–" : int(rate) + " /s", rate === null ? null : rate);
+    fig("fig-n-samples", int(s.n_samples), s.n_samples);
+    fig("fig-n-ingested", int(s.n_ingested), s.n_ingested);
+    const full = s.max_samples ? s.n_samples / s.max_samples : null;
+    fig("fig-capacity", s.max_samples ? int(s.max_samples) + " (" + (100 * full).toFixed(1) + "% used)" : "–",
+      s.max_samples, full !== null && full > 0.9 ? "warn" : null);
+    fig("fig-b", int(s.b), s.b);
+    fig("fig-iteration", int(s.iteration), s.iteration);
+    fig("fig-doublings", int(s.doublings.length), s.doublings.length);
+    fig("fig-converged", s.converged ? "yes" : "no", s.converged, s.converged ? "good" : null);
+    fig("fig-energy", num(s.energy), s.energy);
+    fig("fig-version", s.version === null ? "–" : int(s.version), s.version);
+    fig("fig-iteration-seconds", ms(s.last_iteration_seconds), s.last_iteration_seconds);
+    const ingest = state.ingest;
+    charts.ingestion.setData([ingest.t, ingest.rate, ingest.n]);
+    charts.batch.setData(batchSeries(s));
+    const versions = [...state.energy.keys()].sort((a, b) => a - b);
+    charts.energy.setData([versions, versions.map((v) => state.energy.get(v))]);
+    placeholder("chart-energy", versions.length ? null : "No energy yet: it comes with the first iteration.");
+    placeholder("chart-batch", s.b ? null : "No batch yet: the first iteration needs k samples.");
+  }
+
+  function batchSeries(s) { // b over iterations as steps, doublings as points
+    const x = [0], b = [], marks = [null];
+    const first = s.doublings.length ? s.doublings[0].from_b : s.b;
+    b.push(first);
+    for (const e of s.doublings) { x.push(e.iteration); b.push(e.to_b); marks.push(e.to_b); }
+    if (s.iteration > x[x.length - 1]) { x.push(s.iteration); b.push(s.b); marks.push(null); }
+    return s.b ? [x, b, marks] : [[], [], []];
+  }
+
+  function renderHealth(h, s) {
+    if (h) {
+      const lat = h.assign_latency;
+      fig("fig-p50", ms(lat.p50), lat.p50);
+      fig("fig-p90", ms(lat.p90), lat.p90);
+      fig("fig-p99", ms(lat.p99), lat.p99);
+      fig("fig-assign-count", int(lat.count), lat.count);
+      fig("fig-server-errors", int(h.server_errors), h.server_errors, h.server_errors ? "bad" : "good");
+      fig("fig-client-errors", int(h.client_errors), h.client_errors);
+      fig("fig-redis-unavailable", int(h.redis_unavailable), h.redis_unavailable, h.redis_unavailable ? "warn" : null);
+      fig("fig-rss", bytes(h.server_rss_bytes), h.server_rss_bytes);
+    }
+    const away = redisAway();
+    fig("fig-redis", away ? "unreachable" : state.ready ? "up" : "–", away ? 0 : 1, away ? "bad" : "good");
+    if (s) {
+      fig("fig-engine-bytes", bytes(s.engine_bytes), s.engine_bytes);
+      const used = s.redis_used_memory;
+      fig("fig-redis-memory", bytes(used) + (s.redis_maxmemory ? " of " + bytes(s.redis_maxmemory) : ""), used);
+      fig("fig-skipped", s.skipped_share === null ? "–" : (100 * s.skipped_share).toFixed(1) + "%", s.skipped_share);
+    }
+  }
+
+  function placeholder(containerId, text) {
+    const box = document.getElementById(containerId);
+    let el = box.querySelector(".placeholder");
+    if (!text) { if (el) el.remove(); box.closest(".panel").dataset.empty = "false"; return; }
+    if (!el) { el = document.createElement("div"); el.className = "placeholder"; box.appendChild(el); }
+    el.textContent = text;
+    box.closest(".panel").dataset.empty = "true";
+  }
+
+  function svgEl(name, attrs, parent) {
+    const el = document.createElementNS(SVG_NS, name);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+    if (parent) parent.appendChild(el);
+    return el;
+  }
+
+  function freshSvg(containerId) {
+    const box = document.getElementById(containerId);
+    const old = box.querySelector("svg");
+    if (old) old.remove();
+    const w = Math.max(box.clientWidth, 120), h = Math.max(box.clientHeight, 120);
+    const svg = svgEl("svg", { viewBox: `0 0 ${w} ${h}`, width: w, height: h });
+    box.insertBefore(svg, box.firstChild);
+    return { svg, w, h };
+  }
+
+  function noCentroidsText() {
+    const p = state.centroidsProblem;
+    return "No centroids yet" + (p ? ": " + p.message : ".");
+  }
+
+  function renderClusters() {
+    const c = state.centroids;
+    if (!c) {
+      placeholder("clusters", noCentroidsText());
+      for (const id of ["fig-k", "fig-empty", "fig-tiny", "fig-largest"]) fig(id, "–", null);
+      return;
+    }
+    placeholder("clusters", null);
+    const counts = c.counts, k = counts.length;
+    const order = counts.map((_, j) => j).sort((a, b) => counts[b] - counts[a] || a - b);
+    const tiny = tinyThreshold(counts), max = Math.max(1, counts[order[0]]);
+    const nEmpty = counts.filter((v) => v === 0).length;
+    const nTiny = counts.filter((v) => v > 0 && v < tiny).length;
+    fig("fig-k", int(k), k);
+    fig("fig-empty", int(nEmpty), nEmpty, nEmpty ? "bad" : "good");
+    fig("fig-tiny", int(nTiny), nTiny, nTiny ? "warn" : "good");
+    fig("fig-largest", int(counts[order[0]]), counts[order[0]]);
+    const { svg, w, h } = freshSvg("clusters");
+    const left = 44, right = 6, top = 8, bottom = 18;
+    const plotW = w - left - right, plotH = h - top - bottom, step = plotW / k;
+    const y = (v) => top + plotH * (1 - v / max);
+    svgEl("line", { x1: left, x2: left + plotW, y1: y(0), y2: y(0), class: "axis" }, svg);
+    for (const v of [0, max]) {
+      svgEl("text", { x: left - 4, y: y(v) + 3, "text-anchor": "end", class: "axis-label" }, svg).textContent = int(v);
+    }
+    if (tiny > 0) {
+      svgEl("line", { x1: left, x2: left + plotW, y1: y(tiny), y2: y(tiny), class: "axis", "stroke-dasharray": "3 3" }, svg);
+    }
+    svgEl("text", { x: left + plotW / 2, y: h - 4, "text-anchor": "middle", class: "axis-label" }, svg)
+      .textContent = "clusters by size (" + int(k) + ")";
+    order.forEach((j, i) => {
+      const v = counts[j];
+      const cls = v === 0 ? "bar empty-mark" : v < tiny ? "bar tiny" : "bar";
+      const height = v === 0 ? 3 : Math.max(1, y(0) - y(v));
+      const rect = svgEl("rect", {
+        x: left + i * step + Math.min(1, step * 0.1), y: y(0) - height,
+        width: Math.max(1, step - Math.min(2, step * 0.2)), height,
+        class: cls, "data-cluster": j, "data-count": v,
+      }, svg);
+      svgEl("title", {}, rect).textContent = `cluster ${j}: ${int(v)}` + (v === 0 ? " (empty)" : v < tiny ? " (tiny)" : "");
+    });
+  }
+
+  function renderMap() {
+    const c = state.centroids, pca = state.pca;
+    if (!c || !pca) {
+      placeholder("map", noCentroidsText());
+      for (const id of ["fig-explained", "fig-drift", "fig-trail"]) fig(id, "–", null);
+      return;
+    }
+    placeholder("map", null);
+    const project = (row) => {
+      const x = row.map((v, i) => v - pca.mean[i]);
+      return [dot(x, pca.axes[0]), dot(x, pca.axes[1])];
+    };
+    const trails = state.trail.map((t) => t.rows.map(project));
+    const points = [...pca.scores, ...trails.flat()];
+    let [x0, x1, y0, y1] = [Infinity, -Infinity, Infinity, -Infinity];
+    for (const [a, b] of points) { x0 = Math.min(x0, a); x1 = Math.max(x1, a); y0 = Math.min(y0, b); y1 = Math.max(y1, b); }
+    const { svg, w, h } = freshSvg("map");
+    const rMax = Math.max(6, Math.min(w, h) / 14), pad = rMax + 4;
+    const span = Math.max(x1 - x0, y1 - y0, 1e-12);
+    const scale = Math.min((w - 2 * pad) / span, (h - 2 * pad) / span);
+    const cx = (w - scale * (x1 + x0)) / 2, cy = (h + scale * (y1 + y0)) / 2;
+    const sx = (a) => cx + scale * a, sy = (b) => cy - scale * b;
+    const counts = c.counts, maxCount = Math.max(1, ...counts), tiny = tinyThreshold(counts);
+    pca.scores.forEach((p, j) => {
+      const path = [...trails.map((t) => t[j]), p];
+      if (path.length > 1) {
+        svgEl("polyline", { points: path.map(([a, b]) => `${sx(a).toFixed(1)},${sy(b).toFixed(1)}`).join(" "), class: "trail" }, svg);
+        svgEl("circle", { cx: sx(path[0][0]), cy: sy(path[0][1]), r: 2, class: "trail-start" }, svg);
+      }
+    });
+    const order = counts.map((_, j) => j).sort((a, b) => counts[b] - counts[a]); // small ones on top
+    for (const j of order) {
+      const [a, b] = pca.scores[j], v = counts[j];
+      const r = 3 + (rMax - 3) * Math.sqrt(v / maxCount);
+      const circle = svgEl("circle", {
+        cx: sx(a).toFixed(2), cy: sy(b).toFixed(2), r: r.toFixed(2),
+        class: "centroid" + (v === 0 ? " empty" : v < tiny ? " tiny" : ""),
+        "data-centroid": j, "data-count": v, "data-pc1": a, "data-pc2": b,
+      }, svg);
+      svgEl("title", {}, circle).textContent = `centroid ${j}: ${int(v)} samples`;
+      if (counts.length <= 40) {
+        svgEl("text", { x: sx(a) + r + 2, y: sy(b) + 3, class: "centroid-label" }, svg).textContent = String(j);
+      }
+    }
+    fig("fig-explained", (100 * pca.explained).toFixed(1) + "%", pca.explained);
+    const last = state.trail[state.trail.length - 1];
+    if (last) {
+      const drift = c.centroids.reduce((sum, row, j) =>
+        sum + Math.sqrt(row.reduce((s, v, i) => s + (v - last.rows[j][i]) ** 2, 0)), 0) / c.k;
+      fig("fig-drift", num(drift, 3) + " since v" + last.version, drift);
+    } else fig("fig-drift", "–", null);
+    fig("fig-trail", int(state.trail.length + 1), state.trail.length + 1);
+  }
+
+  // -- charts (uPlot) --------------------------------------------------------------------
+  const charts = {};
+
+  function chart(id, opts, series) {
+    const box = document.getElementById(id);
+    const size = () => ({ width: Math.max(box.clientWidth, 120), height: Math.max(box.clientHeight, 120) });
+    const plot = new uPlot({ ...size(), legend: { show: false }, ...opts }, series, box);
+    new ResizeObserver(() => plot.setSize(size())).observe(box);
+    return plot;
+  }
+
+  function setUpCharts() {
+    const blue = "#2563eb", grey = "#94a3b8", red = "#dc2626";
+    charts.ingestion = chart("chart-ingestion", {
+      scales: { x: { time: true }, n: {} },
+      series: [{}, { label: "samples/s", stroke: blue, width: 2, scale: "rate" },
+        { label: "N", stroke: grey, width: 1.5, scale: "n" }],
+      axes: [{}, { scale: "rate", label: "samples/s", size: 60 },
+        { scale: "n", side: 1, label: "N", size: 60, grid: { show: false } }],
+    }, [[], [], []]);
+    charts.batch = chart("chart-batch", {
+      scales: { x: { time: false }, y: { distr: 3, log: 2 } },
+      series: [{ label: "iteration" },
+        { label: "b", stroke: blue, width: 2, paths: uPlot.paths.stepped({ align: 1 }), points: { show: false } },
+        { label: "doubling", stroke: red, width: 0, paths: () => null, points: { show: true, size: 7, fill: red } }],
+      axes: [{ label: "iteration" }, { label: "b (log scale)", size: 60 }],
+    }, [[], [], []]);
+    charts.energy = chart("chart-energy", {
+      scales: { x: { time: false } },
+      series: [{ label: "version" }, { label: "energy", stroke: blue, width: 2, points: { show: true, size: 4 } }],
+      axes: [{ label: "centroid version" }, { label: "energy", size: 60 }],
+    }, [[], []]);
+  }
+
+  function start() {
+    setUpCharts();
+    document.getElementById("key-form").addEventListener("submit", useKey);
+    document.getElementById("key-button").addEventListener("click", forgetKey);
+    document.addEventListener("visibilitychange", () => { if (!document.hidden) poll(); });
+    poll();
+  }
+
+  window.NmbDashboard = { pca2, tinyThreshold, state, poll };
+  start();
+})();

@@ -1,0 +1,222 @@
+"""``GET /dashboard``: the live dashboard page, its static files, and its health figures.
+
+The page (``service/dashboard/``, shipped as package data) is static: HTML, one script,
+one style sheet and the vendored charting library uPlot (MIT, ``vendor/``). It needs no
+build step and computes what it draws in the browser from the JSON API it polls:
+``/readyz``, ``/stats``, ``/centroids`` (with ``If-None-Match``) and
+``GET /dashboard/data``, which this module adds for what only the metrics hold: the
+``/assign`` latency quantiles, the error counts, Redis availability as the worker sees it
+and the server's memory. The 2-D map's PCA of the centroids runs in the browser.
+
+The page and its files are open (they hold no data); ``/dashboard/data`` is a read like
+``/metrics``: it needs the API key with ``NMBATCH_API_KEY_READS=true``. The page asks
+for the key when an answer is ``401`` and sends it as ``Authorization: Bearer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterable
+from functools import cache
+from importlib import resources
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from nmbatch.service.metrics import ServiceMetrics
+from nmbatch.service.problems import ProblemError, problem_responses
+from nmbatch.service.routes.centroids import etag_matches, iso_time
+from nmbatch.service.security import OPTIONAL_KEY, require_read_key
+
+__all__ = ["ASSETS", "DashboardData", "histogram_quantile", "router"]
+
+router = APIRouter(tags=["monitoring"])
+
+#: The files served under ``/dashboard/static/``, with their media types; nothing else.
+ASSETS: dict[str, str] = {
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+    "vendor/uPlot.iife.min.js": "text/javascript; charset=utf-8",
+    "vendor/uPlot.min.css": "text/css; charset=utf-8",
+    "vendor/uPlot.LICENSE": "text/plain; charset=utf-8",
+}
+
+#: The page loads only its own files and talks only to this service.
+_PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+_QUANTILES = (0.5, 0.9, 0.99)
+_STARTED = time.monotonic()
+
+
+@cache
+def _asset(name: str) -> tuple[bytes, str]:
+    """The bytes of ``dashboard/<name>`` in the installed package, and their ETag."""
+    body = (resources.files("nmbatch.service") / "dashboard" / name).read_bytes()
+    return body, '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+
+
+def _file_response(request: Request, name: str, media_type: str, **headers: str) -> Response:
+    body, etag = _asset(name)
+    headers.update({"ETag": etag, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+    if etag_matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type=media_type, headers=headers)
+
+
+@router.get("/dashboard", include_in_schema=False)
+async def dashboard_page(request: Request) -> Response:
+    """The dashboard's HTML page."""
+    return _file_response(
+        request,
+        "index.html",
+        "text/html; charset=utf-8",
+        **{"Content-Security-Policy": _PAGE_POLICY, "Referrer-Policy": "no-referrer"},
+    )
+
+
+@router.get("/dashboard/static/{name:path}", include_in_schema=False)
+async def dashboard_asset(request: Request, name: str) -> Response:
+    """One of the :data:`ASSETS`; any other name is a ``404`` problem."""
+    media_type = ASSETS.get(name)
+    if media_type is None:
+        raise ProblemError(404, "not-found", f"the dashboard has no file '{name[:100]}'")
+    return _file_response(request, name, media_type)
+
+
+# -- health figures ------------------------------------------------------------------------
+class LatencyOut(BaseModel):
+    """Latency of the successful ``/assign`` answers (GET and POST) since the start."""
+
+    count: int = Field(description="Successful /assign answers timed.")
+    p50: float | None = Field(description="Median latency in seconds (None: no answer yet).")
+    p90: float | None = Field(description="90th percentile in seconds.")
+    p99: float | None = Field(description="99th percentile in seconds.")
+
+
+class DashboardData(BaseModel):
+    """What ``/stats`` does not show: request health, Redis as the worker sees it, memory.
+
+    Quantiles are estimated from the ``nmbatch_request_seconds`` histogram buckets by
+    linear interpolation inside the bucket (as Prometheus' ``histogram_quantile``), so
+    each lies within the bounds of the bucket holding the true quantile.
+    """
+
+    time: str = Field(description="Server time, ISO 8601 UTC.")
+    uptime_seconds: float = Field(description="Seconds since this process loaded the app.")
+    assign_latency: LatencyOut
+    requests: int = Field(description="HTTP requests answered by this process.")
+    client_errors: int = Field(description="Answers with a 4xx status.")
+    server_errors: int = Field(description="Answers with a 5xx status.")
+    assign_errors: int = Field(description="/assign answers with a 5xx status.")
+    redis_up: bool = Field(description="The worker thread reaches Redis (not backing off).")
+    redis_unavailable: int = Field(
+        description="Redis calls that failed because Redis was unavailable (all callers)."
+    )
+    engine_restarts: int = Field(description="Times the worker rebuilt its engine process.")
+    server_rss_bytes: int | None = Field(
+        description="Resident memory of this server process (None where /proc is absent)."
+    )
+
+
+def histogram_quantile(q: float, bounds: list[float], cumulative: list[float]) -> float | None:
+    """The ``q``-quantile of a histogram, interpolated linearly inside its bucket.
+
+    ``bounds``: the buckets' upper bounds, increasing, the last one ``inf``;
+    ``cumulative``: the observations ``<=`` each bound (same length). The first bucket
+    starts at 0. A quantile in the ``+Inf`` bucket is the largest finite bound. None when
+    there is no observation.
+    """
+    total = cumulative[-1] if cumulative else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound, count in zip(bounds, cumulative, strict=True):
+        if count >= rank and count > below:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return lower
+
+
+def _samples(metric: object) -> Iterable[tuple[str, dict[str, str], float]]:
+    for family in metric.collect():  # type: ignore[attr-defined]
+        for sample in family.samples:
+            yield sample.name, sample.labels, sample.value
+
+
+def _latency(metrics: ServiceMetrics) -> tuple[LatencyOut, int, int, int, int]:
+    """The ``/assign`` latency and the answer counts of the request histogram."""
+    buckets: dict[float, float] = {}
+    requests = client = server = assign_errors = 0
+    for name, labels, value in _samples(metrics.request_seconds):
+        status = labels.get("status", "")
+        if name.endswith("_count"):
+            n = int(value)
+            requests += n
+            client += n if status.startswith("4") else 0
+            server += n if status.startswith("5") else 0
+            if labels.get("route") == "/assign" and status.startswith("5"):
+                assign_errors += n
+        elif name.endswith("_bucket") and labels.get("route") == "/assign" and status[:1] == "2":
+            le = float(labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + value
+    bounds = sorted(buckets)
+    cumulative = [buckets[b] for b in bounds]
+    quantiles = [histogram_quantile(q, bounds, cumulative) for q in _QUANTILES]
+    latency = LatencyOut(
+        count=int(cumulative[-1]) if cumulative else 0,
+        p50=quantiles[0],
+        p90=quantiles[1],
+        p99=quantiles[2],
+    )
+    return latency, requests, client, server, assign_errors
+
+
+def _counter_total(metric: object) -> int:
+    return int(sum(v for name, _, v in _samples(metric) if name.endswith("_total")))
+
+
+def _rss_bytes() -> int | None:
+    """Resident memory of this process from ``/proc/self/statm`` (None elsewhere)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+@router.get(
+    "/dashboard/data",
+    response_model=DashboardData,
+    summary="Health figures of the dashboard",
+    description="The /assign latency quantiles, error counts, Redis availability and the "
+    "server's memory, from this process's metrics (the rest of the dashboard reads "
+    "/stats and /centroids). Never touches Redis, so it answers while Redis is away.",
+    openapi_extra=OPTIONAL_KEY,
+    dependencies=[Depends(require_read_key)],
+    responses=problem_responses(401),
+)
+async def dashboard_data(request: Request) -> DashboardData:
+    metrics: ServiceMetrics = request.app.state.metrics
+    latency, requests, client, server, assign_errors = _latency(metrics)
+    return DashboardData(
+        time=iso_time(time.time()),
+        uptime_seconds=round(time.monotonic() - _STARTED, 3),
+        assign_latency=latency,
+        requests=requests,
+        client_errors=client,
+        server_errors=server,
+        assign_errors=assign_errors,
+        redis_up=any(v > 0 for _, _, v in _samples(metrics.redis_up)),
+        redis_unavailable=_counter_total(metrics.redis_errors),
+        engine_restarts=_counter_total(metrics.engine_restarts),
+        server_rss_bytes=_rss_bytes(),
+    )
