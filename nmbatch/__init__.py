@@ -6,12 +6,16 @@ importable from the top::
 
     from nmbatch import NestedMiniBatchKMeans
 
+and so is the client of a running service (:mod:`nmbatch.service.client`)::
+
+    from nmbatch import Client, AsyncClient
+
 ``python -m nmbatch`` runs the service.
 """
 
 from __future__ import annotations
 
-__all__ = ["NestedMiniBatchKMeans"]
+__all__ = ["AsyncClient", "Client", "NestedMiniBatchKMeans"]
 
 
 def __getattr__(name: str):
@@ -20,4 +24,8 @@ def __getattr__(name: str):
         from nmbatch.engine.estimator import NestedMiniBatchKMeans
 
         return NestedMiniBatchKMeans
+    if name in ("Client", "AsyncClient"):
+        from nmbatch.service import client
+
+        return getattr(client, name)
     raise AttributeError(f"module 'nmbatch' has no attribute {name!r}")

@@ -10,6 +10,9 @@ Subcommands, each run by the package it belongs to:
   ``(k, d)`` and the labels ``(n,)`` of every row (its exact nearest centroid). A
   progress line on stderr shows the iteration, the nested batch size and the energy
   estimate.
+- ``nmbatch push FILE`` and ``nmbatch watch`` (``nmbatch.service.client.cli``): send
+  the rows of a ``.npy``/``.csv`` file to a running service, and follow its centroid
+  versions and statistics, with the Python client.
 - ``nmbatch bench`` (``nmbatch.engine.bench``): the benchmark, also ``python -m
   nmbatch.engine.bench``; every argument after ``bench`` is passed on unchanged,
   ``--help`` included.
@@ -49,7 +52,7 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``nmbatch`` with its three subcommands."""
+    """The argument parser of ``nmbatch`` with its subcommands."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Streaming k-means on Nested Mini-Batch K-Means (Newling & Fleuret, 2016).",
@@ -151,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
         "-q", "--quiet", action="store_true", help="no progress line and no summary on stderr"
     )
 
+    from nmbatch.service.client.cli import add_client_commands  # argparse only
+
+    add_client_commands(sub, _positive_int)
+
     # Everything after `bench` goes to nmbatch.engine.bench untouched (main() never parses
     # it); this entry only makes `bench` appear in `nmbatch --help`.
     sub.add_parser(
@@ -201,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_serve(args)
         except ServeError as exc:
             return _error(args.command, exc)
+    if args.command in ("push", "watch"):
+        from nmbatch.service.client.cli import run_client_command
+
+        return run_client_command(args)
     if args.command == "fit":
         from nmbatch.engine.fit import FitError, run_fit
 

@@ -1,0 +1,182 @@
+"""The asynchronous client: :class:`AsyncClient` over ``httpx.AsyncClient``.
+
+The same operations (:mod:`service.client.operations`), retries and errors as
+:class:`~service.client._sync.Client`; only the driver awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, TypeVar
+
+import httpx
+
+from nmbatch.service.client.errors import NmbatchError
+from nmbatch.service.client.operations import (
+    Answer,
+    Call,
+    CentroidsCache,
+    Encoding,
+    Limits,
+    Operation,
+    Progress,
+    Sleep,
+    assign_operation,
+    centroids_operation,
+    push_operation,
+    stats_operation,
+    wait_operation,
+)
+from nmbatch.service.client.results import Assignment, Centroids, PushResult
+from nmbatch.service.client.retry import Retrier, RetryPolicy
+from nmbatch.service.client.session import (
+    DEFAULT_TIMEOUT,
+    RETRIED_ERRORS,
+    client_headers,
+    final_answer,
+    no_answer,
+)
+
+__all__ = ["AsyncClient"]
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """An asyncio client of one nmbatch service; parameters as for :class:`Client`.
+
+    Example
+    -------
+    >>> async with AsyncClient("http://127.0.0.1:8000") as client:  # doctest: +SKIP
+    ...     await client.push(X)
+    ...     model = await client.wait_for(converged=True, min_samples=len(X))
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_vectors: int | None = None,
+        max_body_bytes: int | None = None,
+        **http_options: Any,
+    ) -> None:
+        self.retry = retry or RetryPolicy()
+        self.limits = Limits()
+        if max_vectors is not None:
+            self.limits.max_vectors = max_vectors
+        if max_body_bytes is not None:
+            self.limits.max_body_bytes = max_body_bytes
+        self._cache = CentroidsCache()
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=timeout,
+            headers=client_headers(api_key),
+            **http_options,
+        )
+
+    # -- the API (documented on Client) ----------------------------------------------------
+    async def push(
+        self,
+        X: Any,
+        *,
+        encoding: Encoding = "npy",
+        idempotency_key: str | None = None,
+        progress: Progress | None = None,
+    ) -> PushResult:
+        """Store the rows of ``X`` ``(n, d)``, chunked, every chunk stored once
+        (see :meth:`Client.push`)."""
+        return await self._run(
+            push_operation(
+                X,
+                self.limits,
+                encoding=encoding,
+                idempotency_key=idempotency_key,
+                progress=progress,
+            )
+        )
+
+    async def centroids(self) -> Centroids:
+        """The current centroids (the same object while unchanged: ``304``)."""
+        return await self._run(centroids_operation(self._cache))
+
+    async def assign(self, X: Any, *, encoding: Encoding = "npy") -> Assignment:
+        """Nearest centroid and distance of each row of ``X`` ``(n, d)``."""
+        return await self._run(assign_operation(X, self.limits, encoding=encoding))
+
+    async def stats(self) -> dict[str, Any]:
+        """``GET /stats`` as a dict."""
+        return await self._run(stats_operation())
+
+    async def wait_for(
+        self,
+        *,
+        version: int | None = None,
+        converged: bool = True,
+        min_samples: int | None = None,
+        timeout: float = 60.0,
+        interval: float = 0.2,
+    ) -> Centroids:
+        """Poll until the centroids meet the conditions (see :meth:`Client.wait_for`)."""
+        return await self._run(
+            wait_operation(
+                self._cache,
+                version=version,
+                converged=converged,
+                min_samples=min_samples,
+                timeout=timeout,
+                interval=interval,
+            )
+        )
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the driver ------------------------------------------------------------------------
+    async def _run(self, operation: Operation[T]) -> T:
+        answer: Answer | None = None
+        error: Exception | None = None
+        while True:
+            try:
+                step = operation.throw(error) if error is not None else operation.send(answer)
+            except StopIteration as done:
+                return done.value
+            answer, error = None, None
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+                continue
+            try:
+                answer = await self._send(step)
+            except NmbatchError as exc:  # into the operation, which may handle it
+                error = exc
+
+    async def _send(self, call: Call) -> Answer:
+        retrier = Retrier(call.retry or self.retry)
+        while True:
+            retrier.begin()
+            try:
+                response = await self._http.request(
+                    call.method, call.path, headers=call.headers, content=call.content
+                )
+            except RETRIED_ERRORS as exc:
+                wait = retrier.after_failure()
+                if wait is None:
+                    raise no_answer(call, exc, retrier.attempts) from exc
+                await asyncio.sleep(wait)
+                continue
+            except httpx.HTTPError as exc:  # not worth retrying (a bad URL, say)
+                raise no_answer(call, exc, retrier.attempts) from exc
+            wait = retrier.after_answer(response.status_code, response.headers)
+            if wait is None:
+                return final_answer(response, retrier.attempts)
+            await response.aclose()
+            await asyncio.sleep(wait)

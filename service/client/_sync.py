@@ -1,0 +1,215 @@
+"""The synchronous client: :class:`Client` over ``httpx.Client``.
+
+It drives the operations of :mod:`service.client.operations`: each :class:`Call` is sent
+with the API key, retried under the :class:`RetryPolicy` (no answer, ``429``/``502``/
+``503``/``504``, ``Retry-After``), and its final answer is handed back, or the typed
+error of an error answer is thrown into the operation. :class:`AsyncClient` (``_async.py``)
+is the same on ``httpx.AsyncClient``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeVar
+
+import httpx
+
+from nmbatch.service.client.errors import NmbatchError
+from nmbatch.service.client.operations import (
+    Answer,
+    Call,
+    CentroidsCache,
+    Encoding,
+    Limits,
+    Operation,
+    Progress,
+    Sleep,
+    assign_operation,
+    centroids_operation,
+    push_operation,
+    stats_operation,
+    wait_operation,
+)
+from nmbatch.service.client.results import Assignment, Centroids, PushResult
+from nmbatch.service.client.retry import Retrier, RetryPolicy
+from nmbatch.service.client.session import (
+    DEFAULT_TIMEOUT,
+    RETRIED_ERRORS,
+    client_headers,
+    final_answer,
+    no_answer,
+)
+
+__all__ = ["Client"]
+
+T = TypeVar("T")
+
+
+class Client:
+    """A client of one nmbatch service (one model).
+
+    Parameters
+    ----------
+    base_url : str
+        The service's address, e.g. ``http://127.0.0.1:8000``; a path prefix is kept
+        (``http://host/nmbatch`` behind a proxy).
+    api_key : str or None
+        Sent as ``Authorization: Bearer <key>`` (``NMBATCH_API_KEY`` of the service).
+    retry : RetryPolicy
+        Retries of every request (see :mod:`service.client.retry`).
+    timeout : float
+        Seconds for each request's connect, read and write (httpx's timeout).
+    max_vectors, max_body_bytes : int
+        The service's ``NMBATCH_MAX_VECTORS`` and ``NMBATCH_MAX_BODY_BYTES`` (default:
+        the service's defaults); smaller limits a ``413`` names are learnt on the way.
+    **http_options
+        Passed to ``httpx.Client`` (``transport``, ``verify``, ``event_hooks`` ...).
+
+    Example
+    -------
+    >>> with Client("http://127.0.0.1:8000") as client:  # doctest: +SKIP
+    ...     client.push(X)
+    ...     model = client.wait_for(converged=True, min_samples=len(X))
+    ...     labels = client.assign(X).labels
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_vectors: int | None = None,
+        max_body_bytes: int | None = None,
+        **http_options: Any,
+    ) -> None:
+        self.retry = retry or RetryPolicy()
+        self.limits = Limits()
+        if max_vectors is not None:
+            self.limits.max_vectors = max_vectors
+        if max_body_bytes is not None:
+            self.limits.max_body_bytes = max_body_bytes
+        self._cache = CentroidsCache()
+        self._http = httpx.Client(
+            base_url=base_url,
+            timeout=timeout,
+            headers=client_headers(api_key),
+            **http_options,
+        )
+
+    # -- the API ---------------------------------------------------------------------------
+    def push(
+        self,
+        X: Any,
+        *,
+        encoding: Encoding = "npy",
+        idempotency_key: str | None = None,
+        progress: Progress | None = None,
+    ) -> PushResult:
+        """Store the rows of ``X`` (``(n, d)``, real numbers, sent as float32).
+
+        Sent in chunks within the service's limits, each with its own
+        ``Idempotency-Key`` (``"{idempotency_key}:{start}-{stop}"``; a random prefix when
+        None), so retries store every vector once; repeat a push that raised with the
+        same ``idempotency_key`` to complete it without duplicates. ``encoding`` ``raw``
+        sends bare float32 (the model's dimension must be known); ``progress(done, n)``
+        is called after each chunk. Raises a :class:`ProblemError` subclass when refused
+        (:class:`WrongDimensionError`, :class:`StoreFullError` ...); the chunks before
+        it are stored.
+        """
+        return self._run(
+            push_operation(
+                X,
+                self.limits,
+                encoding=encoding,
+                idempotency_key=idempotency_key,
+                progress=progress,
+            )
+        )
+
+    def centroids(self) -> Centroids:
+        """The current centroids; the same object again while the version is unchanged
+        (the request carries ``If-None-Match`` and the service answers ``304``)."""
+        return self._run(centroids_operation(self._cache))
+
+    def assign(self, X: Any, *, encoding: Encoding = "npy") -> Assignment:
+        """Nearest centroid and distance of each row of ``X`` ``(n, d)`` (nothing stored)."""
+        return self._run(assign_operation(X, self.limits, encoding=encoding))
+
+    def stats(self) -> dict[str, Any]:
+        """``GET /stats``: phase, version, ``b``, ``N``, energy, doublings, memory ..."""
+        return self._run(stats_operation())
+
+    def wait_for(
+        self,
+        *,
+        version: int | None = None,
+        converged: bool = True,
+        min_samples: int | None = None,
+        timeout: float = 60.0,
+        interval: float = 0.2,
+    ) -> Centroids:
+        """Poll until the centroids reach ``version`` (or later), are ``converged`` (when
+        True) and hold ``min_samples`` samples; returns them. Raises
+        :class:`WaitTimeoutError` after ``timeout`` seconds."""
+        return self._run(
+            wait_operation(
+                self._cache,
+                version=version,
+                converged=converged,
+                min_samples=min_samples,
+                timeout=timeout,
+                interval=interval,
+            )
+        )
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the driver ------------------------------------------------------------------------
+    def _run(self, operation: Operation[T]) -> T:
+        answer: Answer | None = None
+        error: Exception | None = None
+        while True:
+            try:
+                step = operation.throw(error) if error is not None else operation.send(answer)
+            except StopIteration as done:
+                return done.value
+            answer, error = None, None
+            if isinstance(step, Sleep):
+                time.sleep(step.seconds)
+                continue
+            try:
+                answer = self._send(step)
+            except NmbatchError as exc:  # into the operation, which may handle it
+                error = exc
+
+    def _send(self, call: Call) -> Answer:
+        retrier = Retrier(call.retry or self.retry)
+        while True:
+            retrier.begin()
+            try:
+                response = self._http.request(
+                    call.method, call.path, headers=call.headers, content=call.content
+                )
+            except RETRIED_ERRORS as exc:
+                wait = retrier.after_failure()
+                if wait is None:
+                    raise no_answer(call, exc, retrier.attempts) from exc
+                time.sleep(wait)
+                continue
+            except httpx.HTTPError as exc:  # not worth retrying (a bad URL, say)
+                raise no_answer(call, exc, retrier.attempts) from exc
+            wait = retrier.after_answer(response.status_code, response.headers)
+            if wait is None:
+                return final_answer(response, retrier.attempts)
+            response.close()
+            time.sleep(wait)

@@ -1,0 +1,269 @@
+"""``nmbatch push`` and ``nmbatch watch``: the client on the command line.
+
+- ``nmbatch push FILE`` sends the rows of a ``.npy`` (read as a memory map: only one
+  chunk at a time is in memory) or ``.csv``/``.tsv``/``.txt`` file (numbers; a
+  non-numeric first line is a header) to ``POST /samples`` with
+  :meth:`Client.push <service.client._sync.Client.push>`: chunked, retried, every chunk
+  stored once. A push that fails half-way says how to finish it without duplicates (the
+  same command with ``--idempotency-key``). ``--wait`` then waits for convergence.
+- ``nmbatch watch`` prints one line per ``--interval`` seconds from ``GET /stats``: the
+  centroid version and how many versions appeared since the last line, ``N``, the
+  ingestion rate, ``b``, the iteration, the energy estimate, the phase and the share of
+  distances the bounds skipped. ``--count N`` stops after N lines, ``--once`` after one.
+
+Both take ``--url`` (``NMBATCH_URL``, default ``http://127.0.0.1:8000``) and
+``--api-key`` (``NMBATCH_API_KEY``). Exit status: 0 done, 1 the service refused or did
+not answer, 2 a bad file or option. ``nmbatch/cli.py`` adds the parsers with
+:func:`add_client_commands` and runs :func:`run_client_command`; this module imports
+neither httpx nor numpy until a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["COMMANDS", "DEFAULT_URL", "add_client_commands", "load_vectors", "run_client_command"]
+
+COMMANDS = ("push", "watch")
+DEFAULT_URL = "http://127.0.0.1:8000"
+TEXT_SUFFIXES = (".csv", ".tsv", ".txt")
+
+
+class FileError(Exception):
+    """A file that cannot be pushed: one line, exit status 2."""
+
+
+def add_client_commands(
+    sub: argparse._SubParsersAction, positive_int: Callable[[str], int]
+) -> None:
+    """Add ``push`` and ``watch`` to the ``nmbatch`` subcommands."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help=f"the service (default: $NMBATCH_URL, else {DEFAULT_URL})")
+    common.add_argument("--api-key", help="the service's API key (default: $NMBATCH_API_KEY)")
+    common.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds per request (default: %(default)s)"
+    )
+
+    push = sub.add_parser(
+        "push",
+        parents=[common],
+        help="send the rows of a .npy/.csv file to a running service",
+        description=(
+            "Send the rows of a data file to POST /samples, in chunks within the service's "
+            "limits; each chunk carries an Idempotency-Key and is retried on connection "
+            "errors and 503, so it is stored once. Input: .npy (2-D; more dimensions are "
+            "flattened to rows) or .csv/.tsv/.txt (numbers; a header line is skipped)."
+        ),
+    )
+    push.add_argument("file", type=Path, help="data file: .npy, .csv, .tsv or .txt")
+    push.add_argument(
+        "--encoding",
+        choices=("npy", "raw"),
+        default="npy",
+        help="body format: .npy, or raw float32 once the model's dimension is known "
+        "(default: %(default)s)",
+    )
+    push.add_argument(
+        "--max-vectors",
+        type=positive_int,
+        help="rows per request (default: the service's default limit, lowered when it says)",
+    )
+    push.add_argument(
+        "--idempotency-key",
+        help="key prefix of the chunks: repeat a failed push with the same key to finish it "
+        "without storing anything twice (default: random)",
+    )
+    push.add_argument(
+        "--wait",
+        action="store_true",
+        help="then wait until the centroids converged on at least the samples pushed",
+    )
+    push.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=300.0,
+        help="seconds --wait waits (default: %(default)s)",
+    )
+    push.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+    watch = sub.add_parser(
+        "watch",
+        parents=[common],
+        help="show the centroid versions and statistics of a running service",
+        description=(
+            "Print one line of GET /stats every --interval seconds: time, centroid version "
+            "(and how many versions appeared since the last line), samples N, ingestion "
+            "rate, nested batch size b, iteration, energy estimate, phase, share of "
+            "distances skipped by the bounds."
+        ),
+    )
+    watch.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between lines (default: %(default)s)",
+    )
+    lines = watch.add_mutually_exclusive_group()
+    lines.add_argument("--count", type=positive_int, help="stop after this many lines")
+    lines.add_argument("--once", action="store_true", help="print one line and stop")
+
+
+def run_client_command(
+    args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    """Run ``push`` or ``watch``; returns the exit status."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    from nmbatch.service.client import Client, NmbatchError  # httpx and numpy from here
+
+    url = args.url or os.environ.get("NMBATCH_URL") or DEFAULT_URL
+    api_key = args.api_key or os.environ.get("NMBATCH_API_KEY") or None
+    try:
+        with Client(url, api_key=api_key, timeout=args.timeout) as client:
+            if args.command == "push":
+                return _push(client, args, stdout, stderr)
+            return _watch(client, args, stdout)
+    except FileError as exc:
+        print(f"nmbatch {args.command}: error: {exc}", file=stderr)
+        return 2
+    except NmbatchError as exc:
+        print(f"nmbatch {args.command}: {exc}", file=stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def load_vectors(path: Path) -> Any:
+    """The rows of ``path`` as a 2-D array: ``.npy`` memory-mapped, text files parsed.
+
+    Raises :class:`FileError` for a missing, unreadable or non-2-D file.
+    """
+    import numpy as np
+
+    if not path.is_file():
+        raise FileError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            A = np.load(path, mmap_mode="r", allow_pickle=False)
+        elif suffix in TEXT_SUFFIXES:
+            delimiter = {".csv": ",", ".tsv": "\t"}.get(suffix)
+            with path.open() as handle:
+                first = handle.readline().strip()
+            try:
+                for field in first.split(delimiter) if first else ():
+                    float(field)
+                skip = 0
+            except ValueError:
+                skip = 1  # a header line
+            A = np.loadtxt(path, delimiter=delimiter, skiprows=skip, ndmin=2, dtype=np.float64)
+        else:
+            raise FileError(f"{path}: unknown file type {suffix!r} (use .npy or .csv)")
+    except (OSError, ValueError) as exc:
+        raise FileError(f"{path}: cannot read: {exc}") from None
+    if A.ndim < 2:
+        raise FileError(f"{path}: expected a 2-D array (n_samples, n_features), got {A.shape}")
+    return A.reshape(A.shape[0], -1) if A.ndim > 2 else A
+
+
+def _push(client: Any, args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    from nmbatch.service.client import ProblemError
+    from nmbatch.service.client.operations import new_key
+
+    X = load_vectors(args.file)
+    if args.max_vectors is not None:
+        client.limits.max_vectors = args.max_vectors
+    key = new_key(args.idempotency_key)
+    n = X.shape[0]
+    show = not args.quiet and stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if show:
+            print(f"\rpushed {done:,}/{total:,}", end="", file=stderr, flush=True)
+
+    try:
+        result = client.push(X, encoding=args.encoding, idempotency_key=key, progress=progress)
+    except ProblemError as exc:
+        if show:
+            print(file=stderr)
+        print(f"nmbatch push: {exc}", file=stderr)
+        print(
+            f"nmbatch push: to finish without storing anything twice: "
+            f"nmbatch push {args.file} --idempotency-key {key}",
+            file=stderr,
+        )
+        return 1
+    if show:
+        print(file=stderr)
+    print(
+        f"pushed {result.accepted:,} vectors ({n:,} x {X.shape[1]}) in {result.requests} "
+        f"request(s), {result.replayed} replayed, {result.retries} retried; the model holds "
+        f"{result.n_samples:,} samples",
+        file=stdout,
+    )
+    if args.wait:
+        model = client.wait_for(
+            converged=True, min_samples=result.n_samples, timeout=args.wait_timeout
+        )
+        print(
+            f"converged: version {model.version}, N={model.n_samples:,}, b={model.batch_size:,}, "
+            f"iteration {model.iteration}",
+            file=stdout,
+        )
+    return 0
+
+
+WATCH_HEADER = (
+    f"{'time':<8}  {'version':>8}  {'new':>4}  {'N':>11}  {'rate/s':>9}  {'b':>9}  "
+    f"{'iter':>6}  {'energy':>10}  {'phase':<11}  {'skipped':>7}"
+)
+
+
+def watch_line(stats: dict[str, Any], previous: dict[str, Any] | None, elapsed: float) -> str:
+    """One line of ``nmbatch watch`` from a ``/stats`` document and the one before it."""
+    version = stats.get("version")
+    new = "-"
+    if previous is not None and version is not None and previous.get("version") is not None:
+        new = f"+{version - previous['version']}"
+    rate = "-"
+    if previous is not None and elapsed > 0:
+        rate = f"{(stats['n_ingested'] - previous['n_ingested']) / elapsed:,.0f}"
+    energy = stats.get("energy")
+    skipped = stats.get("skipped_share")
+    return (
+        f"{time.strftime('%H:%M:%S')}  {'-' if version is None else version:>8}  {new:>4}  "
+        f"{stats['N']:>11,}  {rate:>9}  {stats['b']:>9,}  {stats['iteration']:>6}  "
+        f"{'-' if energy is None else format(energy, '.4g'):>10}  {stats['phase']:<11}  "
+        f"{'-' if skipped is None else format(skipped, '.1%'):>7}"
+    )
+
+
+def _watch(client: Any, args: argparse.Namespace, stdout: TextIO) -> int:
+    from nmbatch.service.client import NmbatchError, RetryPolicy
+
+    client.retry = RetryPolicy.never()  # a line per interval: an outage shows, not waits
+    count = 1 if args.once else args.count
+    previous: dict[str, Any] | None = None
+    previous_at = 0.0
+    printed, status = 0, 0
+    print(WATCH_HEADER, file=stdout, flush=True)
+    while count is None or printed < count:
+        if printed:
+            time.sleep(args.interval)
+        try:
+            stats = client.stats()
+        except NmbatchError as exc:
+            line, status = f"{time.strftime('%H:%M:%S')}  unavailable: {exc}", 1
+        else:
+            now = time.monotonic()
+            line, status = watch_line(stats, previous, now - previous_at), 0
+            previous, previous_at = stats, now
+        print(line, file=stdout, flush=True)
+        printed += 1
+    return status

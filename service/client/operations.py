@@ -1,0 +1,336 @@
+"""The client's operations without I/O: generators that yield requests and get answers.
+
+Each operation (push, centroids, assign, stats, wait) is a generator that yields a
+:class:`Call` (an HTTP request to make) or a :class:`Sleep`, and receives the
+:class:`Answer` of each call. The synchronous and the asynchronous client drive the same
+generators (``_sync.py``, ``_async.py``): they make the request, retry it under their
+:class:`~service.client.retry.RetryPolicy`, and send back the final answer, or throw
+the typed error of an error answer (:mod:`service.client.errors`) into the generator,
+which may catch it (a ``413`` with the service's limit: send smaller chunks; ``409``
+not-enough-samples while waiting: poll again).
+
+Chunking: a batch of ``n`` vectors of dimension ``d`` goes in requests of at most
+:meth:`Limits.rows_per_request` rows, so that no request exceeds the service's
+``NMBATCH_MAX_VECTORS`` rows or ``NMBATCH_MAX_BODY_BYTES`` bytes. The client starts from
+the service's defaults (or the limits it was given) and lowers them for the rest of the
+session when a ``413`` names a smaller ``limit`` (nothing of a refused request is stored).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import uuid
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+import orjson
+
+from nmbatch.service.client.errors import (
+    ConnectionFailedError,
+    NotEnoughSamplesError,
+    PayloadTooLargeError,
+    UnavailableError,
+    WaitTimeoutError,
+)
+from nmbatch.service.client.results import Assignment, Centroids, PushResult
+from nmbatch.service.client.retry import RetryPolicy
+
+__all__ = [
+    "Answer",
+    "Call",
+    "CentroidsCache",
+    "Encoding",
+    "Limits",
+    "Operation",
+    "Sleep",
+    "assign_operation",
+    "centroids_operation",
+    "push_operation",
+    "stats_operation",
+    "wait_operation",
+]
+
+T = TypeVar("T")
+Encoding = Literal["npy", "raw"]
+NPY = "application/x-npy"
+OCTET = "application/octet-stream"
+NPY_RESERVE = 256
+"""Bytes kept free in each body for the ``.npy`` preamble and header (128 for 2-D arrays)."""
+MAX_KEY_PREFIX = 200
+"""Longest key prefix: ``"{key}:{start}-{stop}"`` stays within the service's 255."""
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request; ``retry`` None means the client's own policy."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    content: bytes | None = None
+    retry: RetryPolicy | None = None
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait this many seconds before the next step."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A final answer (2xx or 304); ``attempts`` counts the requests it took."""
+
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+    attempts: int = 1
+
+    def json(self) -> Any:
+        return orjson.loads(self.content)
+
+
+Operation = Generator[Call | Sleep, Answer | None, T]
+
+
+@dataclass
+class Limits:
+    """Most vectors and bytes per request (``NMBATCH_MAX_VECTORS``, ``NMBATCH_MAX_BODY_BYTES``).
+
+    The defaults are the service's defaults; :meth:`learn` lowers them from a ``413``.
+    """
+
+    max_vectors: int = 100_000
+    max_body_bytes: int = 64 * 1024 * 1024
+
+    def rows_per_request(self, row_bytes: int) -> int:
+        """Rows of ``row_bytes`` bytes each that fit in one request (at least 1)."""
+        by_bytes = (self.max_body_bytes - NPY_RESERVE) // max(1, row_bytes)
+        return max(1, min(self.max_vectors, by_bytes))
+
+    def learn(self, error: PayloadTooLargeError) -> bool:
+        """Adopt the smaller limit a ``413`` names; False if it names none smaller."""
+        limit = error.extensions.get("limit")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            return False
+        if error.slug == "too-many-vectors" and limit < self.max_vectors:
+            self.max_vectors = limit
+            return True
+        if error.slug == "body-too-large" and limit < self.max_body_bytes:
+            self.max_body_bytes = limit
+            return True
+        return False
+
+
+@dataclass
+class CentroidsCache:
+    """The last centroids seen, answered again when the service says ``304``."""
+
+    latest: Centroids | None = None
+
+
+# -- vectors to request bodies -------------------------------------------------------------
+def as_matrix(X: Any) -> np.ndarray:
+    """``X`` as a 2-D array without copying (a memory map stays one).
+
+    Raises ValueError for another number of dimensions and TypeError for values that are
+    not numbers (strings, objects). Booleans and complex numbers pass: the service refuses
+    them with its own ``422`` problem.
+    """
+    A = np.asarray(X)
+    if A.ndim != 2:
+        hint = "; wrap one vector as [[...]]" if A.ndim == 1 else ""
+        raise ValueError(f"vectors must be a 2-D array (n, d), got shape {A.shape}{hint}")
+    if A.dtype.kind not in "iufbc":
+        raise TypeError(f"vectors must be numbers, got dtype {A.dtype}")
+    return A
+
+
+def _row_bytes(A: np.ndarray) -> int:
+    itemsize = 4 if A.dtype.kind in "iuf" else A.dtype.itemsize
+    return max(1, A.shape[1] * itemsize)
+
+
+def encode(chunk: np.ndarray, encoding: Encoding) -> tuple[bytes, str]:
+    """A body and its content type for ``chunk`` ``(m, d)``: real numbers as float32.
+
+    ``raw`` is little-endian float32, row-major (the service must know ``d`` already);
+    ``npy`` is NumPy's format (any model). Other dtypes go as ``.npy`` unchanged.
+    """
+    if chunk.dtype.kind in "iuf":
+        with np.errstate(over="ignore"):  # beyond float32: inf, which the service refuses
+            chunk = np.ascontiguousarray(chunk, dtype="<f4")
+        if encoding == "raw":
+            return chunk.tobytes(), OCTET
+    out = io.BytesIO()
+    np.save(out, chunk, allow_pickle=False)
+    return out.getvalue(), NPY
+
+
+def new_key(key: str | None) -> str:
+    """The key prefix of a push: ``key`` checked, or a new random one."""
+    if key is None:
+        return uuid.uuid4().hex
+    if not 1 <= len(key) <= MAX_KEY_PREFIX or not all("!" <= ch <= "~" for ch in key):
+        raise ValueError(f"idempotency_key must be 1 to {MAX_KEY_PREFIX} visible ASCII characters")
+    return key
+
+
+def _chunked(
+    A: np.ndarray,
+    limits: Limits,
+    path: str,
+    encoding: Encoding,
+    headers: Callable[[int, int], dict[str, str]] = lambda start, stop: {},
+    on_answer: Callable[[int, int, Answer], None] = lambda start, stop, answer: None,
+) -> Operation[list[Answer]]:
+    """Send the rows of ``A`` to ``path`` in chunks; the answers, in row order.
+
+    ``headers(start, stop)`` adds headers to the request of rows ``[start, stop)``;
+    ``on_answer(start, stop, answer)`` sees each answer as it comes. A ``413`` naming a
+    smaller limit is learnt and the chunk is split; any other error propagates. An empty
+    ``A`` is sent as it is (the service says why it refuses it).
+    """
+    n = A.shape[0]
+    answers: list[Answer] = []
+    start = 0
+    while start < n or (n == 0 and not answers):
+        stop = min(n, start + limits.rows_per_request(_row_bytes(A)))
+        body, content_type = encode(A[start:stop], encoding)
+        try:
+            answer = yield Call(
+                "POST", path, {"content-type": content_type, **headers(start, stop)}, body
+            )
+        except PayloadTooLargeError as exc:
+            if stop - start > 1 and limits.learn(exc):
+                continue  # nothing was stored: the same rows again, in smaller chunks
+            raise
+        assert answer is not None
+        answers.append(answer)
+        on_answer(start, stop, answer)
+        start = stop
+    return answers
+
+
+# -- operations ----------------------------------------------------------------------------
+def push_operation(
+    X: Any,
+    limits: Limits,
+    *,
+    encoding: Encoding = "npy",
+    idempotency_key: str | None = None,
+    progress: Progress | None = None,
+) -> Operation[PushResult]:
+    """``POST /samples`` of the rows of ``X`` ``(n, d)``, chunk by chunk.
+
+    Chunk ``[start, stop)`` carries ``Idempotency-Key: {prefix}:{start}-{stop}``: a retry
+    (by the client, or by a caller repeating the push with the same ``idempotency_key``)
+    is stored once. ``progress(rows_acknowledged, n)`` is called after every chunk.
+    """
+    A = as_matrix(X)
+    prefix = new_key(idempotency_key)
+    n = A.shape[0]
+    tally = {"accepted": 0, "replayed": 0, "retries": 0}
+    n_samples: int | None = None
+
+    def headers(start: int, stop: int) -> dict[str, str]:
+        return {"idempotency-key": f"{prefix}:{start}-{stop}"}
+
+    def on_answer(start: int, stop: int, answer: Answer) -> None:
+        nonlocal n_samples
+        document = answer.json()
+        tally["accepted"] += int(document["accepted"])
+        tally["replayed"] += answer.headers.get("idempotent-replayed") == "true"
+        tally["retries"] += answer.attempts - 1
+        n_samples = int(document["n_samples"])
+        if progress is not None:
+            progress(tally["accepted"], n)
+
+    answers = yield from _chunked(A, limits, "/samples", encoding, headers, on_answer)
+    return PushResult(
+        tally["accepted"], n_samples, len(answers), tally["replayed"], tally["retries"], prefix
+    )
+
+
+def assign_operation(
+    X: Any, limits: Limits, *, encoding: Encoding = "npy"
+) -> Operation[Assignment]:
+    """``POST /assign`` of the rows of ``X`` ``(n, d)``, chunked like a push."""
+    A = as_matrix(X)
+    answers = yield from _chunked(A, limits, "/assign", encoding)
+    documents = [answer.json() for answer in answers]
+    labels = np.concatenate([np.asarray(d["clusters"], dtype=np.int64) for d in documents])
+    distances = np.concatenate([np.asarray(d["distances"], dtype=np.float64) for d in documents])
+    versions = [int(d["version"]) for d in documents]
+    return Assignment(labels, distances, versions[-1], tuple(sorted(set(versions))))
+
+
+def centroids_operation(
+    cache: CentroidsCache, retry: RetryPolicy | None = None
+) -> Operation[Centroids]:
+    """``GET /centroids``; the cached object when the service answers ``304``."""
+    headers = {"accept": "application/json"}
+    cached = cache.latest
+    if cached is not None and cached.etag:
+        headers["if-none-match"] = cached.etag
+    answer = yield Call("GET", "/centroids", headers, retry=retry)
+    assert answer is not None
+    if answer.status == 304 and cached is not None:
+        return cached
+    latest = Centroids.from_document(answer.json(), answer.headers.get("etag"))
+    cache.latest = latest
+    return latest
+
+
+def stats_operation() -> Operation[dict[str, Any]]:
+    """``GET /stats``: the document as a dict."""
+    answer = yield Call("GET", "/stats", {"accept": "application/json"})
+    assert answer is not None
+    return answer.json()
+
+
+def wait_operation(
+    cache: CentroidsCache,
+    *,
+    version: int | None = None,
+    converged: bool = True,
+    min_samples: int | None = None,
+    timeout: float = 60.0,
+    interval: float = 0.2,
+    clock: Callable[[], float] = time.monotonic,
+) -> Operation[Centroids]:
+    """Poll ``GET /centroids`` until the centroids meet every condition given.
+
+    Conditions: ``version`` or later, ``converged`` (when True), at least ``min_samples``
+    samples. No centroids yet, a ``503`` and no answer at all count as "not yet". Raises
+    :class:`WaitTimeoutError` after ``timeout`` seconds.
+    """
+    deadline = clock() + timeout
+    last: Centroids | None = None
+    why = "no centroids yet"
+    while True:
+        try:
+            latest = yield from centroids_operation(cache, RetryPolicy.never())
+        except (NotEnoughSamplesError, UnavailableError, ConnectionFailedError) as exc:
+            why = str(exc)
+        else:
+            last = latest
+            missing = []
+            if version is not None and latest.version < version:
+                missing.append(f"version {latest.version} < {version}")
+            if converged and not latest.converged:
+                missing.append("not converged")
+            if min_samples is not None and latest.n_samples < min_samples:
+                missing.append(f"n_samples {latest.n_samples} < {min_samples}")
+            if not missing:
+                return latest
+            why = ", ".join(missing)
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise WaitTimeoutError(f"gave up after {timeout:g} s: {why}", last)
+        yield Sleep(min(interval, remaining))

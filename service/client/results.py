@@ -1,0 +1,147 @@
+"""What the client's calls return: centroids, assignments, the outcome of a push.
+
+The arrays are read-only: :class:`Centroids` may be the very object an earlier call
+returned (the service answered ``304 Not Modified``), so nobody may change it in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Assignment", "Centroids", "PushResult"]
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True)
+class Centroids:
+    """One published version of the model (``GET /centroids``).
+
+    Attributes
+    ----------
+    version : int
+        Centroid version; it grows with every update.
+    centroids : ndarray of shape (k, d), float32
+        The centroids, exactly as the service holds them.
+    counts : ndarray of shape (k,), int64
+        ``v(j)``: samples of the nested batch assigned to each centroid.
+    n_samples : int
+        Samples the model holds (``N``).
+    n_ingested : int
+        Samples ever accepted into the model's log.
+    batch_size : int
+        The nested batch size ``b``.
+    iteration : int
+        Iterations run so far.
+    converged : bool
+        No centroid moved in the last iteration over all ``N`` samples.
+    retention : str
+        The service's retention policy (``all``, ``window``, ...).
+    updated_at : str
+        Time of this version, ISO 8601 UTC.
+    etag : str or None
+        The answer's ``ETag``, sent back in ``If-None-Match``.
+    """
+
+    version: int
+    centroids: np.ndarray
+    counts: np.ndarray
+    n_samples: int
+    n_ingested: int
+    batch_size: int
+    iteration: int
+    converged: bool
+    retention: str
+    updated_at: str
+    etag: str | None = None
+
+    @property
+    def k(self) -> int:
+        """Number of clusters."""
+        return int(self.centroids.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Dimension ``d``."""
+        return int(self.centroids.shape[1])
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any], etag: str | None) -> Centroids:
+        """From the JSON document of ``GET /centroids``.
+
+        The service writes float32 values in their shortest decimal form, so the float32
+        array rebuilt here equals the service's bit for bit.
+        """
+        k, dim = int(document["k"]), int(document["dim"])
+        centroids = np.asarray(document["centroids"], dtype=np.float64).astype(np.float32)
+        return cls(
+            version=int(document["version"]),
+            centroids=_frozen(centroids.reshape(k, dim)),
+            counts=_frozen(np.asarray(document["counts"], dtype=np.int64).reshape(k)),
+            n_samples=int(document["n_samples"]),
+            n_ingested=int(document["n_ingested"]),
+            batch_size=int(document["batch_size"]),
+            iteration=int(document["iteration"]),
+            converged=bool(document["converged"]),
+            retention=str(document["retention"]),
+            updated_at=str(document["updated_at"]),
+            etag=etag,
+        )
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Nearest centroids of a batch (``POST /assign``, in one or more requests).
+
+    Attributes
+    ----------
+    labels : ndarray of shape (n,), int64
+        Index of each vector's nearest centroid (ties: the lowest index).
+    distances : ndarray of shape (n,), float64
+        Euclidean distance of each vector to it.
+    version : int
+        Centroid version of the last request.
+    versions : tuple of int
+        The distinct versions used, ascending: more than one when the batch took several
+        requests and the centroids changed in between.
+    """
+
+    labels: np.ndarray
+    distances: np.ndarray
+    version: int
+    versions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """The outcome of :meth:`Client.push`.
+
+    Attributes
+    ----------
+    accepted : int
+        Vectors the service acknowledged (all of them: a refusal raises).
+    n_samples : int or None
+        Samples in the model's log after the last request (None: nothing was sent).
+    requests : int
+        ``POST /samples`` requests acknowledged (one per chunk).
+    replayed : int
+        Of those, answered from an earlier identical request (``Idempotent-Replayed``):
+        stored once, by that earlier request.
+    retries : int
+        Requests repeated after no answer or a "not now" answer (503, ...).
+    idempotency_key : str
+        The key prefix; chunk ``[start, stop)`` was sent as ``"{key}:{start}-{stop}"``.
+    """
+
+    accepted: int
+    n_samples: int | None
+    requests: int
+    replayed: int
+    retries: int
+    idempotency_key: str

@@ -1,0 +1,311 @@
+"""The Python client (``nmbatch.Client``, ``AsyncClient``) against a real service process.
+
+Every test starts ``python -m nmbatch`` on a free port (:class:`ServiceProcess`), its
+model on the session's redis-server, and talks to it over HTTP; the Redis log is read
+back to check what was stored. The backoff's arithmetic is checked without a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import random
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+
+from nmbatch import AsyncClient, Client
+from nmbatch.service.client import (
+    IdempotencyKeyReusedError,
+    InvalidVectorsError,
+    NotFoundError,
+    RetryPolicy,
+    UnauthorizedError,
+    WaitTimeoutError,
+    WrongDimensionError,
+)
+from nmbatch.service.client.retry import Retrier, retry_after_seconds
+from nmbatch.service.embedded_redis import EmbeddedRedis
+from tests.faults.fault_helpers import ServiceProcess
+from tests.testkit import blobs, logged_samples
+
+KEY = "client-test-key-0123456789"
+Served = tuple[ServiceProcess, str]
+
+
+@pytest.fixture
+def serve(tmp_path: Path, redis_server: EmbeddedRedis) -> Iterator[Callable[..., Served]]:
+    """``serve(**settings)``: a ready service process on a fresh model; (process, model)."""
+    procs: list[ServiceProcess] = []
+
+    def start(**settings: Any) -> Served:
+        model = f"client-{uuid.uuid4().hex[:10]}"
+        values: dict[str, Any] = dict(
+            redis_url=redis_server.url,
+            model=model,
+            k=3,
+            batch_size=64,
+            worker_threads=1,
+            snapshot_seconds=0.2,
+            poll_seconds=0.05,
+        )
+        values.update(settings)
+        proc = ServiceProcess(tmp_path, model, **values).start()
+        procs.append(proc)
+        proc.ready(60)
+        return proc, model
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            proc.close()
+
+
+@pytest.fixture
+def redis_log(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def nearest(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Brute-force nearest centroid and distance in float64."""
+    d2 = ((X[:, None, :].astype(np.float64) - C[None, :, :].astype(np.float64)) ** 2).sum(2)
+    labels = d2.argmin(1)
+    return labels, np.sqrt(d2[np.arange(len(X)), labels])
+
+
+class Statuses:
+    """An httpx event hook recording ``(method, path, status)`` of every answer."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, int]] = []
+
+    def __call__(self, response: httpx.Response) -> None:
+        self.seen.append((response.request.method, response.request.url.path, response.status_code))
+
+
+def test_push_learns_the_row_limit_stores_every_row_once_and_assign_is_exact(
+    serve: Callable[..., Served], redis_log: redis.Redis
+) -> None:
+    proc, model = serve(max_vectors=250)
+    X = blobs(1000, 4, 3, seed=1, separation=20.0)
+    statuses = Statuses()
+    with Client(proc.base, event_hooks={"response": [statuses]}) as client:
+        result = client.push(X)
+        # The first request (1000 rows) was refused with 413 and its limit; then 4 x 250.
+        assert [s for _, path, s in statuses.seen if path == "/samples"] == [413] + [202] * 4
+        assert client.limits.max_vectors == 250
+        assert (result.accepted, result.n_samples, result.requests) == (1000, 1000, 4)
+        assert (result.replayed, result.retries) == (0, 0)
+        np.testing.assert_array_equal(logged_samples(redis_log, model), X)
+
+        model_now = client.wait_for(converged=True, min_samples=1000, timeout=60)
+        assert model_now.converged and model_now.n_samples == 1000
+        assert model_now.centroids.shape == (3, 4) and model_now.centroids.dtype == np.float32
+        assert model_now.counts.dtype == np.int64 and model_now.counts.shape == (3,)
+        assert not model_now.centroids.flags.writeable
+        # The JSON centroids are the service's float32 values bit for bit.
+        npy = httpx.get(
+            proc.base + "/centroids", headers={"accept": "application/x-npy"}, timeout=10
+        )
+        assert npy.headers["etag"] == model_now.etag  # converged, nothing new: unchanged
+        np.testing.assert_array_equal(np.load(io.BytesIO(npy.content)), model_now.centroids)
+
+        assigned = client.assign(X, encoding="raw")
+        assert assigned.versions == (assigned.version,) == (model_now.version,)
+        labels, distances = nearest(X, model_now.centroids)
+        np.testing.assert_array_equal(assigned.labels, labels)
+        np.testing.assert_allclose(assigned.distances, distances, rtol=1e-5, atol=1e-5)
+        # Chunked like a push: the service's 250 rows per request.
+        assign_calls = [s for _, path, s in statuses.seen if path == "/assign"]
+        assert assign_calls == [200] * 4
+
+        stats = client.stats()
+        assert stats["n_logged"] == 1000 and stats["version"] >= model_now.version
+
+
+def test_centroids_are_not_downloaded_again_while_the_version_is_unchanged(
+    serve: Callable[..., Served],
+) -> None:
+    proc, _ = serve()
+    statuses = Statuses()
+    with Client(proc.base, event_hooks={"response": [statuses]}) as client:
+        client.push(blobs(300, 3, 3, seed=2, separation=20.0))
+        first = client.wait_for(converged=True, min_samples=300, timeout=60)
+        statuses.seen.clear()
+        again = client.centroids()
+        assert again is first
+        assert statuses.seen == [("GET", "/centroids", 304)]
+
+        client.push(blobs(300, 3, 3, seed=3, separation=20.0))
+        later = client.wait_for(version=first.version + 1, min_samples=600, timeout=60)
+        assert later is not first and later.version > first.version
+        assert later.n_samples == 600
+
+
+def test_a_repeated_push_with_its_key_is_stored_once(
+    serve: Callable[..., Served], redis_log: redis.Redis
+) -> None:
+    proc, model = serve()
+    X = blobs(500, 5, 3, seed=4)
+    with Client(proc.base, max_vectors=200) as client:
+        first = client.push(X, idempotency_key="batch-7")
+        again = client.push(X, idempotency_key="batch-7")
+        assert (first.requests, first.replayed) == (3, 0)
+        assert (again.requests, again.replayed, again.accepted) == (3, 3, 500)
+        assert again.n_samples == 500
+        np.testing.assert_array_equal(logged_samples(redis_log, model), X)
+        # The same key with other vectors is refused; nothing more is stored.
+        with pytest.raises(IdempotencyKeyReusedError) as refused:
+            client.push(X[::-1], idempotency_key="batch-7")
+        assert refused.value.status == 409
+        assert refused.value.type == "urn:nmbatch:problem:idempotency-key-reused"
+        assert logged_samples(redis_log, model).shape == (500, 5)
+
+
+def test_refusals_are_typed_errors_with_the_problem_members(
+    serve: Callable[..., Served],
+) -> None:
+    proc, _ = serve()
+    with Client(proc.base) as client:
+        client.push(np.ones((4, 3)))  # fixes the dimension: 3
+        with pytest.raises(WrongDimensionError) as wrong:
+            client.push(np.ones((2, 5)))
+        problem = wrong.value
+        assert isinstance(problem, InvalidVectorsError)
+        assert (problem.status, problem.slug, problem.title) == (
+            422,
+            "wrong-dimension",
+            "Unprocessable Entity",
+        )
+        assert problem.extensions == {"expected_dim": 3, "got_dim": 5}
+        assert "dimension is 3" in problem.detail
+        assert problem.headers["content-type"] == "application/problem+json"
+
+        with pytest.raises(InvalidVectorsError) as nan:
+            client.push(np.array([[1.0, np.nan, 2.0]]))
+        assert nan.value.slug == "non-finite"
+        with pytest.raises(InvalidVectorsError) as empty:
+            client.push(np.empty((0, 3)))
+        assert empty.value.slug == "empty"
+        with pytest.raises(WrongDimensionError):
+            client.assign(np.ones((1, 2)))
+        with pytest.raises(ValueError, match="2-D"):
+            client.push(np.ones(3))
+    with Client(proc.base + "/no/such/prefix") as lost, pytest.raises(NotFoundError) as gone:
+        lost.stats()
+    assert gone.value.status == 404
+
+
+def test_the_api_key_and_a_body_limit_learnt_from_413(
+    serve: Callable[..., Served], redis_log: redis.Redis
+) -> None:
+    proc, model = serve(api_key=KEY, api_key_reads="true", max_body_bytes=4096)
+    X = blobs(500, 8, 3, seed=5)
+    with Client(proc.base) as anonymous, pytest.raises(UnauthorizedError) as refused:
+        anonymous.push(X)
+    assert refused.value.status == 401
+    assert refused.value.headers["www-authenticate"].startswith("Bearer")
+
+    with Client(proc.base, api_key=KEY) as client:
+        result = client.push(X)
+        # 16,000 bytes at first: refused with the limit, then (4096 - 256) // 32 rows each.
+        assert client.limits.max_body_bytes == 4096
+        assert result.requests == -(-500 // ((4096 - 256) // 32))
+        np.testing.assert_array_equal(logged_samples(redis_log, model), X)
+        assert client.wait_for(converged=True, min_samples=500, timeout=60).n_samples == 500
+
+
+def test_wait_for_gives_up_with_the_last_centroids_seen(serve: Callable[..., Served]) -> None:
+    proc, _ = serve()
+    with Client(proc.base) as client:
+        with pytest.raises(WaitTimeoutError, match="no centroids yet"):
+            client.wait_for(timeout=0.5)
+        client.push(blobs(200, 2, 3, seed=6, separation=20.0))
+        model = client.wait_for(converged=True, min_samples=200, timeout=60)
+        with pytest.raises(WaitTimeoutError) as late:
+            client.wait_for(version=model.version + 10**6, timeout=0.5)
+        assert late.value.last is model
+
+
+def test_the_async_client_pushes_concurrently_and_waits(
+    serve: Callable[..., Served], redis_log: redis.Redis
+) -> None:
+    proc, model = serve()
+    parts = [blobs(400, 6, 3, seed=10 + i, separation=20.0) for i in range(3)]
+
+    async def session() -> tuple[Any, Any, dict[str, Any]]:
+        async with AsyncClient(proc.base, max_vectors=150) as client:
+            # Waiting starts before there is any sample: "not yet" until the pushes land.
+            waiting = asyncio.create_task(
+                client.wait_for(converged=True, min_samples=1200, timeout=60)
+            )
+            results = await asyncio.gather(*(client.push(part) for part in parts))
+            model_now = await waiting
+            assert await client.centroids() is model_now
+            assigned = await client.assign(parts[0])
+            return results, (model_now, assigned), await client.stats()
+
+    results, (model_now, assigned), stats = asyncio.run(session())
+    assert [r.requests for r in results] == [3, 3, 3]
+    assert sum(r.accepted for r in results) == 1200
+    stored = logged_samples(redis_log, model)
+    # Interleaved chunks, each stored once: the same rows as a multiset.
+    expected = np.concatenate(parts)
+    np.testing.assert_array_equal(stored[np.lexsort(stored.T)], expected[np.lexsort(expected.T)])
+    labels, _ = nearest(parts[0], model_now.centroids)
+    np.testing.assert_array_equal(assigned.labels, labels)
+    assert stats["n_logged"] == 1200
+
+
+def test_from_service_client_is_the_same_client() -> None:
+    from service.client import AsyncClient as CheckoutAsync
+    from service.client import Client as CheckoutClient
+
+    assert CheckoutClient is Client and CheckoutAsync is AsyncClient
+
+
+# -- backoff, without a server ---------------------------------------------------------------
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap_and_stops_at_the_attempts() -> None:
+    policy = RetryPolicy(attempts=6, deadline=1000, backoff=0.5, max_backoff=3.0, jitter=0.5)
+    retrier = Retrier(policy, rng=random.Random(1), clock=FakeClock())
+    waits = []
+    for _ in range(6):
+        retrier.begin()
+        waits.append(retrier.after_failure())
+    assert waits[-1] is None  # 6 attempts made
+    for n, wait in enumerate(waits[:-1], start=1):
+        ceiling = min(3.0, 0.5 * 2 ** (n - 1))
+        assert ceiling * 0.5 <= wait <= ceiling
+
+
+def test_retry_after_is_honoured_and_the_deadline_bounds_the_retries() -> None:
+    clock = FakeClock()
+    retrier = Retrier(RetryPolicy(deadline=10.0, backoff=0.1), rng=random.Random(0), clock=clock)
+    retrier.begin()
+    assert retrier.after_answer(503, {"retry-after": "4"}) == 4.0
+    assert retrier.after_answer(422, {"retry-after": "4"}) is None  # final answer
+    clock.now += 4.0
+    retrier.begin()
+    assert retrier.after_answer(503, {"retry-after": "7"}) is None  # past the deadline
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+    assert retry_after_seconds("soon") is None
+    assert RetryPolicy.never().attempts == 1
