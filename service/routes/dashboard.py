@@ -38,6 +38,7 @@ router = APIRouter(tags=["monitoring"])
 #: The files served under ``/dashboard/static/``, with their media types; nothing else.
 ASSETS: dict[str, str] = {
     "dashboard.js": "text/javascript; charset=utf-8",
+    "pca.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
     "vendor/uPlot.iife.min.js": "text/javascript; charset=utf-8",
     "vendor/uPlot.min.css": "text/css; charset=utf-8",
