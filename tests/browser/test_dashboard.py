@@ -8,8 +8,8 @@ key needed for reads, the page asks for it, keeps it in the tab's session and se
 only as a header; with Redis stopped it says so and keeps the last centroids.
 
 The screenshot goes to ``test-artifacts/dashboard.png`` (gitignored) and the test's tmp
-folder, and to ``$NMBATCH_DASHBOARD_PNG`` when set (the README's ``docs/dashboard.png``:
-``NMBATCH_DASHBOARD_PNG=docs/dashboard.png .venv/bin/pytest tests/browser -q``).
+folder, and to ``$DASHBOARD_PNG`` when set (the README's ``docs/dashboard.png``:
+``DASHBOARD_PNG=docs/dashboard.png .venv/bin/pytest tests/browser -q``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def save_screenshot(page: WatchedPage, tmp_path: Path) -> Path:
     artifacts = REPO / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
     shutil.copyfile(shot, artifacts / "dashboard.png")
-    if target := os.environ.get("NMBATCH_DASHBOARD_PNG"):
+    if target := os.environ.get("DASHBOARD_PNG"):
         shutil.copyfile(shot, REPO / target)
     return shot
 
