@@ -19,6 +19,7 @@ import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms import ALGORITHMS
+from nmbatch.engine.algorithms.bounds import check_bound_mode
 from nmbatch.engine.retention import check_retention
 
 __all__ = [
@@ -158,6 +159,7 @@ def check_params(params: dict[str, Any]) -> None:
             raise ValueError(f"{name} must be an int >= 1, got {params[name]!r}")
     if not isinstance(params.get("relocate_empty", True), bool):
         raise ValueError(f"relocate_empty must be a bool, got {params['relocate_empty']!r}")
+    check_bound_mode(params.get("bounds", "auto"))
     algorithm = params["algorithm"]
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")

@@ -35,8 +35,8 @@ rho : float, default=100.0
     the centroid just moved. Large values (the paper uses 100) keep the batch small for
     longer. Used by ``nmbatch`` and ``nmbatch.deact``.
 batch_size : int, default=5000
-    Initial batch size ``b_0`` (the nested algorithms) or the fixed mini-batch size
-    (``mbatch``, ``mbatch.remove``). Capped at the number of samples.
+    Initial batch size ``b_0`` (nested algorithms: at least ``20 k``) or the fixed
+    mini-batch size (``mbatch``, ``mbatch.remove``). Capped at the number of samples.
 init : {"k-means++", "first"} or array of shape (n_clusters, n_features), default="k-means++"
     Initial centroids: k-means++ seeding on the first batch, the first ``k`` samples of
     the shuffled data, or the given array.
@@ -80,6 +80,11 @@ max_samples : int or None, default=None
     Size of the window or the reservoir, or the capacity; at least ``n_clusters``.
 max_age_seconds : float or None, default=None
     Age limit of ``retention="age"``.
+bounds : {"auto", "full", "group", "hamerly"}, default="auto"
+    Lower bounds each sample keeps (``nmbatch``): one per centroid (4k bytes per sample),
+    one per group of about ten centroids, or one; ``auto``: full while k <= max(d, 256)
+    or the batch's bounds fit in 1 GiB, then group. The centroids are the same; memory
+    and speed differ.
 
 Attributes
 ----------
@@ -195,6 +200,7 @@ class NestedMiniBatchKMeans(ParamsMixin):
         max_samples: int | None = None,
         max_age_seconds: float | None = None,
         relocate_empty: bool = True,
+        bounds: str = "auto",
     ) -> None:
         self.n_clusters = n_clusters
         self.rho = rho
@@ -208,6 +214,7 @@ class NestedMiniBatchKMeans(ParamsMixin):
         self.max_samples = max_samples
         self.max_age_seconds = max_age_seconds
         self.relocate_empty = relocate_empty
+        self.bounds = bounds
 
     def __sklearn_tags__(self) -> Any:
         """scikit-learn's tags: an unsupervised clusterer and transformer of dense input.
@@ -270,6 +277,7 @@ class NestedMiniBatchKMeans(ParamsMixin):
             batch_size=int(self.batch_size),
             random_state=seed,
             relocate_empty=bool(self.relocate_empty),
+            bounds=self.bounds,
         )
 
     def _publish(
@@ -341,7 +349,7 @@ class NestedMiniBatchKMeans(ParamsMixin):
         """Parameters a running model was built with; ``partial_fit`` may not change them."""
         return (
             self.n_clusters, self.algorithm, self.rho, self.batch_size, self.retention,
-            self.max_samples, self.max_age_seconds, self.relocate_empty,
+            self.max_samples, self.max_age_seconds, self.relocate_empty, self.bounds,
         )
 
     def _resume_after_unpickling(self) -> None:

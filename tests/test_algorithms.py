@@ -294,6 +294,7 @@ def test_batch_only_grows_doubling_to_min_2b_n(rho):
     X = blobs(1000, 2, 5, seed=3, spread=1.0, separation=5.0)
     store = filled_store(X, seed=5)
     algo = make_algorithm("nmbatch", store, 5, batch_size=30, rho=rho)
+    algo.b0_per_cluster = 0  # b_0 = batch_size, the paper's (growth.py: max(30, c k))
     history = run_checked(algo, 200)
     sizes = [s.batch_size for _, s in history]
     assert sizes[0] == 30 and sizes[-1] == 1000 and history[-1][1].converged

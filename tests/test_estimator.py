@@ -154,6 +154,7 @@ def test_get_params_set_params_and_repr():
     assert est.get_params() == {
         "algorithm": "nmbatch",
         "batch_size": 5000,
+        "bounds": "auto",
         "callback": None,
         "init": "k-means++",
         "max_age_seconds": None,

@@ -14,12 +14,14 @@ import numpy as np
 
 from nmbatch.engine.algorithms.base import SPAN_PRODUCT_RATIO, KMeansAlgorithm
 from nmbatch.engine.algorithms.baselines import Lloyd, MiniBatch
+from nmbatch.engine.algorithms.bounds import BOUND_MODES, check_bound_mode
 from nmbatch.engine.algorithms.nested import DENSE_REVISIT_FRACTION, NestedMiniBatch
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore
 
 __all__ = [
     "ALGORITHMS",
+    "BOUND_MODES",
     "DENSE_REVISIT_FRACTION",
     "SPAN_PRODUCT_RATIO",
     "IterationStats",
@@ -44,6 +46,7 @@ def make_algorithm(
     batch_size: int = 5000,
     random_state: int | None = None,
     relocate_empty: bool = True,
+    bounds: str = "auto",
 ) -> KMeansAlgorithm:
     """Build the algorithm ``name`` (one of ``ALGORITHMS``) on ``store``.
 
@@ -51,11 +54,18 @@ def make_algorithm(
     farthest sample of the batch (:mod:`.relocation`; nmbatch, nmbatch.deact, elkan and
     lloyd); False keeps its centroid where it was (the paper's protocol). mbatch and
     mbatch.remove keep theirs (running averages of sampled assignments).
+
+    ``bounds`` (nmbatch): the lower bounds each sample keeps, one of ``BOUND_MODES``:
+    ``"full"`` (one per centroid, the paper's), ``"group"`` (one per group of about ten
+    centroids), ``"hamerly"`` (one), ``"auto"`` (full while ``k <= max(d, 256)`` or the
+    batch's bounds fit in 1 GiB, then group; :mod:`.bounds`). Every mode gives the same
+    centroids; memory and speed differ.
     """
+    check_bound_mode(bounds)
     common = {"init": init, "batch_size": batch_size, "random_state": random_state}
     moving = {**common, "relocate_empty": relocate_empty}
     if name == "nmbatch":
-        return NestedMiniBatch(store, n_clusters, rho=rho, **moving)
+        return NestedMiniBatch(store, n_clusters, rho=rho, bound_mode=bounds, **moving)
     if name == "nmbatch.deact":
         return NestedMiniBatch(store, n_clusters, rho=rho, bounds=False, **moving)
     if name == "elkan":

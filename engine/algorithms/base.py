@@ -22,6 +22,7 @@ from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
 from nmbatch.engine.init import kmeans_plusplus
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
+from nmbatch.engine.kernels.grouped import assign_dense_grouped
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
@@ -162,6 +163,15 @@ class KMeansAlgorithm:
             if isinstance(a, np.ndarray) and a.base is None
         )
 
+    def bytes_per_sample(self) -> int:
+        """Bytes the algorithm keeps per batch row (labels, norms, distances, bounds),
+        the row itself and its id in the store not counted."""
+        arrays = {id(a): a for a in (*self._row_arrays(), getattr(self, "_dist2", None))}
+        return sum(
+            a.itemsize * int(np.prod(a.shape[1:])) for a in arrays.values()
+            if isinstance(a, np.ndarray)
+        )
+
     def state(self, stats: IterationStats | None = None) -> ModelState:
         """The model as it stands, as one record (``stats``: of the step just run)."""
         energy = self.energy_estimate() if self.iteration > 0 and self.batch_size > 0 else None
@@ -212,14 +222,18 @@ class KMeansAlgorithm:
         upper: np.ndarray | None = None,
         norms: np.ndarray | None = None,
         fresh: bool = True,
+        groups: np.ndarray | None = None,
     ) -> int:
         """Assign ``rows`` (sorted, int64) of ``data`` with BLAS distances in chunks.
 
         Arguments as :func:`~nmbatch.engine.kernels.dense.assign_dense`; ``lower`` and
         ``upper``: the bounds to write (None: none). ``norms`` (N,) float64, optional: a
         cache of ``||data[i]||^2`` by row, written for ``rows`` when ``fresh`` (the kernel
-        computes them as it reads each row), read from otherwise. A chunk that fills most
-        of its span of ``data`` is multiplied in place rather than gathered.
+        computes them as it reads each row), read from otherwise. ``groups`` (k,) int32,
+        optional: ``lower`` holds one bound per group of centroids (``groups[j]``: the
+        group of ``j``; :func:`~nmbatch.engine.kernels.grouped.assign_dense_grouped`).
+        A chunk that fills most of its span of ``data`` is multiplied in place rather
+        than gathered.
 
         Returns the number of rows whose label changed.
         """
@@ -240,11 +254,16 @@ class KMeansAlgorithm:
                     dots = (data[lo : lo + span] @ Ct)[r - lo]
                 else:
                     dots = data[r] @ Ct
-            changed += assign_dense(
-                data, r, C, dots=dots, cc=cc, labels=labels, dist2=dist2,
-                S=self.S, v=self.v, sse=self.sse, Q=self.Q, remove=remove,
-                sqnorms=norms, sqnorms_known=not fresh, lower_bounds=lower, upper_bounds=upper,
-            )
+            common = {
+                "dots": dots, "cc": cc, "labels": labels, "dist2": dist2, "S": self.S,
+                "v": self.v, "sse": self.sse, "Q": self.Q, "remove": remove,
+                "sqnorms": norms, "sqnorms_known": not fresh,
+                "lower_bounds": lower, "upper_bounds": upper,
+            }  # fmt: skip
+            if groups is None:
+                changed += assign_dense(data, r, C, **common)
+            else:
+                changed += assign_dense_grouped(data, r, C, group_of=groups, **common)
         return changed
 
     def _update_centroids(self) -> None:

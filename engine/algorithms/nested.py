@@ -13,8 +13,10 @@ import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
+from nmbatch.engine.algorithms.bounds import make_bounds
+from nmbatch.engine.algorithms.growth import B0_PER_CLUSTER, first_batch_size
 from nmbatch.engine.algorithms.relocation import relocate_empty
-from nmbatch.engine.kernels import bound_sweep, centroid_update, reassign_rows, settle_assigned
+from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.state import IterationStats
 from nmbatch.engine.store import NestedBatchStore, Retirement
@@ -34,6 +36,10 @@ class NestedMiniBatch(KMeansAlgorithm):
     the centroids in force during the iteration, is computed exactly from the per-cluster
     sums, ``sse(j) = Q(j) - 2 c(j).S(j) + v(j) ||c(j)||^2`` with ``Q(j) = sum ||x(i)||^2``,
     so a sample whose bounds prove its label unchanged need not be read at all.
+
+    ``bound_mode`` (nmbatch): ``l`` holds one bound per centroid (``"full"``), per group
+    of centroids (``"group"``) or one in all (``"hamerly"``); ``"auto"`` picks by ``k``,
+    ``d`` and the batch's memory (:mod:`.bounds`). elkan always keeps one per centroid.
     """
 
     def __init__(
@@ -45,6 +51,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         bounds: bool = True,
         full: bool = False,
         relocate_empty: bool = True,
+        bound_mode: str = "full",
         **kwargs,
     ) -> None:
         super().__init__(store, n_clusters, **kwargs)
@@ -55,6 +62,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.full = bool(full)
         self.relocate_empty = bool(relocate_empty)
         self.dense_revisit_fraction = DENSE_REVISIT_FRACTION
+        self.b0_per_cluster = B0_PER_CLUSTER  # b_0 >= this times k (.growth)
         self.name = "elkan" if full else ("nmbatch" if bounds else "nmbatch.deact")
         self._sse_from_sums_on_update = True
         self._grow = False
@@ -64,15 +72,24 @@ class NestedMiniBatch(KMeansAlgorithm):
         self._regrow_to = 0
         self.n_relocated = 0  # empty clusters given a sample by the last step
         self._xx = np.empty(0, dtype=np.float64)  # ||x(i)||^2 of the prefix rows
+        self._bound_request = "full" if full else bound_mode
+        self._bk = make_bounds(self._bound_request, self.n_clusters, self.dim)
         self._clear_rows()
+
+    @property
+    def bound_mode(self) -> str:
+        """The lower bounds kept now: ``"full"``, ``"group"``, ``"hamerly"`` or ``"none"``."""
+        return self._bk.mode if self.bounds else "none"
 
     def labels(self) -> np.ndarray:
         """Assignments ``a(i)`` of the prefix rows ``[0, b)``: ``(b,)`` int32 copy."""
         return self._labels[: self.batch_size].copy()
 
     def lower_bounds(self) -> np.ndarray:
-        """Lower bounds ``l(i, j)`` of the prefix rows: ``(b, k)`` float32 copy."""
-        return self._lower[: self.batch_size].copy()
+        """Lower bounds ``l(i, j)`` of the prefix rows: ``(b, k)`` float32 copy (with group
+        bounds: each centroid's group bound, 0 for ``a(i)``)."""
+        b = self.batch_size
+        return self._bk.expand(self._lower[:b], self._labels[:b])
 
     def upper_bounds(self) -> np.ndarray:
         """Upper bounds ``u(i)`` of the prefix rows: ``(b,)`` float64 copy."""
@@ -91,14 +108,19 @@ class NestedMiniBatch(KMeansAlgorithm):
         self._labels = np.empty(0, dtype=np.int32)
         self._dist2 = np.empty(0, dtype=np.float64)  # scratch of the BLAS path
         self._upper = np.empty(0, dtype=np.float64)
-        self._lower = np.empty((0, self.n_clusters), dtype=np.float32)
+        self._lower = np.empty((0, self._bk.width), dtype=np.float32)
 
     def _reserve(self, b: int) -> None:
+        if self.bounds:
+            self._bk.prepare(self.centroids)  # groups, from the first centroids in force
         if self._labels.shape[0] >= b:
             return
         cap = max(b, 2 * self._labels.shape[0])
-        k = self.n_clusters
         old = self.batch_size
+        if self.bounds and self._bk.too_big(cap):  # auto: group bounds from now on
+            self._bk, self._lower = self._bk.to_groups(
+                self._lower, self._labels, old, self.centroids
+            )
         labels = np.full(cap, -1, dtype=np.int32)
         labels[:old] = self._labels[:old]
         dist2 = np.zeros(cap, dtype=np.float64)
@@ -107,7 +129,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         xx[:old] = self._xx[:old]
         self._labels, self._dist2, self._xx = labels, dist2, xx
         if self.bounds:
-            lower = np.zeros((cap, k), dtype=np.float32)
+            lower = np.zeros((cap, self._bk.width), dtype=np.float32)
             lower[:old] = self._lower[:old]
             upper = np.zeros(cap, dtype=np.float64)
             upper[:old] = self._upper[:old]
@@ -123,9 +145,13 @@ class NestedMiniBatch(KMeansAlgorithm):
         before the retirement): without it a sliding window, whose centroids move a
         little at every step, would drain the batch, since the doubling test seldom
         passes while they move. Either way the rows that join are the next rows of
-        the shuffled store: a uniform random subset, as every growth takes."""
+        the shuffled store: a uniform random subset, as every growth takes. The first
+        batch holds ``b0_per_cluster`` samples per cluster at least (:mod:`.growth`)."""
         if self.full or not self.initialized:
-            return n if self.full else min(self.initial_batch_size, n)
+            if self.full:
+                return n
+            return first_batch_size(self.initial_batch_size, self.n_clusters, n,
+                                    self.b0_per_cluster)
         if self._covered_all:
             return n
         target = min(2 * self.batch_size, n) if self._grow else self.batch_size
@@ -137,6 +163,7 @@ class NestedMiniBatch(KMeansAlgorithm):
             data, b, labels=self._labels, norms=self._xx, S=self.S, v=self.v, Q=self.Q,
             sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
             upper=self._upper if self.bounds else None,
+            group_lower=self._bk.relocation_bounds(self._lower) if self.bounds else None,
         )  # fmt: skip
 
     def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
@@ -152,6 +179,7 @@ class NestedMiniBatch(KMeansAlgorithm):
             labels=self._labels, dist2=self._dist2,
             lower=self._lower if self.bounds else None,
             upper=self._upper if self.bounds else None, norms=self._xx,
+            groups=self._bk.group_of if self.bounds else None,
         )
 
     def _revisit_bounded(self, data: np.ndarray, b_old: int) -> tuple[int, int]:
@@ -170,12 +198,13 @@ class NestedMiniBatch(KMeansAlgorithm):
         labels, upper, lower = self._labels[:b_old], self._upper[:b_old], self._lower[:b_old]
         s_assigned = self._dist2[:b_old]  # scratch
         fraction = self.dense_revisit_fraction
-        rows, n_open = bound_sweep(self.p, labels, upper, lower)
+        bk = self._bk
+        rows, n_open = bk.sweep(self.p, labels, upper, lower)
         n_dist = 0
         known = None
         if n_open > fraction * rows.shape[0] * k:
             n_dist = rows.shape[0]
-            rows, n_open = settle_assigned(
+            rows, n_open = bk.settle(
                 X, rows, self.centroids, self._g, labels, upper, lower, s_assigned
             )
             known = s_assigned
@@ -183,11 +212,12 @@ class NestedMiniBatch(KMeansAlgorithm):
                 changed = self._dense_pass(
                     data, rows, remove=True, labels=self._labels, dist2=self._dist2,
                     lower=self._lower, upper=self._upper, norms=self._xx, fresh=False,
+                    groups=bk.group_of,
                 )
                 # Pairs computed (the distance to a(i), done again, is counted once).
                 return changed, n_dist + rows.shape[0] * (k - 1)
-        changed, n_more = reassign_rows(
-            X, rows, self.centroids, labels=labels, upper_bounds=upper, lower_bounds=lower,
+        changed, n_more = bk.reassign(
+            X, rows, self.centroids, self.p, labels=labels, upper=upper, lower=lower,
             S=self.S, v=self.v, Q=self.Q, assigned_sqdist=known,
         )
         return changed, n_dist + n_more
@@ -269,6 +299,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.Q = np.zeros(k, dtype=np.float64)
         self.p = np.zeros(k, dtype=np.float64)
         self.batch_size = 0
+        self._bk = make_bounds(self._bound_request, self.n_clusters, self.dim)  # groups anew
         self._clear_rows()
         self._reserve(b)
         self._assign_new(data, 0, b)

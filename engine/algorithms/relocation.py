@@ -19,7 +19,9 @@ its cluster, into those of the empty one, whose centroid becomes the sample itse
 the update computes it. Bounds stay sound: the moved sample's upper bound becomes its
 distance to its new cluster's previous centroid (as every upper bound refers to the
 centroids before the update), and every bound is corrected by ``p`` at the next bound
-sweep, as for any centroid move.
+sweep, as for any centroid move. Group bounds (:mod:`.bounds`) exclude the sample's own
+centroid: the group of the cluster it leaves takes in its distance to that cluster's
+previous centroid (rounded down).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ MAXIMIN_WORK = 2e9
 """Most coordinate differences the farthest-point choice may compute (empty clusters x
 batch rows x d); beyond it the samples are taken in one order of farthest first."""
 _SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
+# A float64 distance times this, rounded to float32, is below the true distance.
+_LOWER_SAFETY = (1.0 - 1e-9) * (1.0 - 2.0**-22)
 
 
 def _own_sqdist(data: np.ndarray, b: int, labels: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -93,6 +97,7 @@ def relocate_empty(
     C_prev: np.ndarray,
     p: np.ndarray,
     upper: np.ndarray | None = None,
+    group_lower: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> int:
     """Give each empty cluster the farthest sample of the batch ``[0, b)``; returns how
     many clusters got one (fewer than the empty ones when too few clusters can spare a
@@ -108,6 +113,8 @@ def relocate_empty(
     C_prev : (k, d) float32     IN     the centroids before the update
     p      : (k,) float64       INOUT  distance each centroid moved from ``C_prev``
     upper  : (>= b,) float64 or None   INOUT  ``u(i)``
+    group_lower : ``(lower (>= b, G) float32 INOUT, group_of (k,) int32)`` or None: group
+             bounds, which bound the distances to every centroid of a group but ``a(i)``
     """
     empty = np.flatnonzero(v == 0)
     if not empty.shape[0] or b == 0:
@@ -135,6 +142,12 @@ def relocate_empty(
         if upper is not None:  # as every u(i): a bound on the distance to C_prev(a(i))
             gap = x - C_prev[j].astype(np.float64)
             upper[row] = float(np.sqrt(gap @ gap)) * _SAFETY
+        if group_lower is not None:  # the group of a now bounds c(a) too
+            lower, group_of = group_lower
+            gap = x - C_prev[a].astype(np.float64)
+            ga = int(group_of[a])
+            bound = np.float32(float(np.sqrt(gap @ gap)) * _LOWER_SAFETY)
+            lower[row, ga] = min(lower[row, ga], bound)
         changed |= {a, j}
         moved += 1
         dist2[row] = 0.0

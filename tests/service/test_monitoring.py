@@ -6,6 +6,7 @@ from pathlib import Path
 
 from service_helpers import wait_converged
 
+from nmbatch.engine.algorithms.growth import B0_PER_CLUSTER
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.main import create_app
@@ -80,9 +81,10 @@ def test_stats_show_the_course_of_the_algorithm(client: TestClient) -> None:
     assert (centroids["batch_size"], centroids["n_samples"]) == (120, 120)
     assert stats["iteration"] == centroids["iteration"]
     assert stats["version"] == centroids["version"]
-    # Initial batch 32 doubles to 64, then to min(128, N) = 120.
-    assert [(e["from_b"], e["to_b"]) for e in stats["doublings"]] == [(32, 64), (64, 120)]
-    assert [(e["from_size"], e["to_size"]) for e in stats["doublings"]] == [(32, 64), (64, 120)]
+    # Initial batch max(32, B0_PER_CLUSTER * k) = 60 doubles to min(120, N) = 120.
+    assert B0_PER_CLUSTER * 3 == 60
+    assert [(e["from_b"], e["to_b"]) for e in stats["doublings"]] == [(60, 120)]
+    assert [(e["from_size"], e["to_size"]) for e in stats["doublings"]] == [(60, 120)]
     assert all(e["at"].endswith("+00:00") for e in stats["doublings"])
     assert stats["energy"] == 0.25  # every point is 0.5 from its cluster mean
     assert stats["distances_computed"] > 0 and 0.0 <= stats["skipped_share"] <= 1.0
