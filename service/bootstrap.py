@@ -57,6 +57,7 @@ __all__ = [
     "WORKER_SOCKET_TIMEOUT",
     "StartupError",
     "safe_url",
+    "start_model",
     "start_service",
 ]
 
@@ -106,6 +107,33 @@ async def start_service(
         retry=AsyncRetry(NoBackoff(), 0),
     )
     stack.push_async_callback(async_client.aclose)
+    return await start_model(
+        settings, metrics, stack, url=url, async_client=async_client, embedded=embedded,
+        memory=memory_limit(),
+    )  # fmt: skip
+
+
+async def start_model(
+    settings: Settings,
+    metrics: ServiceMetrics,
+    stack: AsyncExitStack,
+    *,
+    url: str,
+    async_client: redis.asyncio.Redis,
+    embedded: EmbeddedRedis | None,
+    memory: tuple[int, str],
+    warm_up: bool = True,
+    redis_needs: dict[str, int] | None = None,
+) -> ServiceContext:
+    """Start one model (``settings.model``) on the Redis at ``url``; returns its context.
+
+    Its own Redis clients (the worker's and the lease's), start-up checks, worker (and
+    engine process), all registered on ``stack``; ``async_client`` is shared by the
+    request handlers of every model. ``memory``: bytes (and their origin) its capacity
+    is derived from when ``max_samples`` is unset. ``warm_up``: load the kernels first
+    (once per process). ``redis_needs``: shared by the models of one app, so the
+    embedded Redis's ``maxmemory`` covers them all (:meth:`ServiceContext.plan_capacity`).
+    """
     # The worker's operations are idempotent (reads, a snapshot write refusing an equal
     # version, a max() reservation, compare-and-set lease scripts): one immediate retry
     # on a broken connection (a socket Redis closed when it restarted) is safe.
@@ -139,7 +167,7 @@ async def start_service(
     try:
         dim = await run_in_threadpool(repository.check_meta, settings.k, settings.dim)
         snapshot = await run_in_threadpool(repository.read_snapshot)
-        if embedded is None:
+        if embedded is None and warm_up:  # once per process
             await run_in_threadpool(_warn_without_persistence, sync_client, url)
     except ModelConfigError as exc:
         log.error("start-up refused: %s", exc)
@@ -148,7 +176,6 @@ async def start_service(
         raise _unusable(url, exc) from None
 
     board = ModelBoard()
-    memory = memory_limit()
     worker = Worker(
         settings,
         repository,
@@ -178,8 +205,9 @@ async def start_service(
             model.version if model is not None else snapshot.model.version,
             worker.role,
         )
-    seconds = await run_in_threadpool(warm_up_kernels)
-    log.info("kernels loaded in %.2f s", seconds)
+    if warm_up:
+        seconds = await run_in_threadpool(warm_up_kernels)
+        log.info("kernels loaded in %.2f s", seconds)
     worker.start()
     stack.push_async_callback(run_in_threadpool, worker.stop)
     # With the engine in a child process the worker thread mostly waits: it keeps the
@@ -196,6 +224,7 @@ async def start_service(
         dim=dim,
         embedded_redis=embedded,
         memory=memory,
+        redis_needs=redis_needs,
     )
     if dim is not None:  # else planned when the first batch fixes the dimension
         try:

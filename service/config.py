@@ -54,7 +54,9 @@ class Settings(BaseSettings):
     )
     rho: float = Field(100.0, gt=0, description="Batch doubling threshold of nmbatch.")
     batch_size: int = Field(5000, ge=1, description="Initial nested batch size b.")
-    seed: int | None = Field(None, description="Seed of the store shuffle and the init.")
+    seed: int | None = Field(
+        None, ge=0, lt=2**63, description="Seed of the store shuffle and the init."
+    )
     init: Literal["k-means++", "first"] = Field(
         "k-means++", description="Initialisation of the centroids on the first batch."
     )
@@ -79,6 +81,24 @@ class Settings(BaseSettings):
         gt=0,
         description="Retention age: a sample leaves the model this many seconds after it "
         "was accepted (by Redis's clock; required with age, refused with the others).",
+    )
+
+    # -- named models (PUT /models/{name}) ------------------------------------------------
+    max_models: int = Field(
+        16,
+        ge=0,
+        le=1000,
+        description="Most named models (PUT /models/{name}) besides NMBATCH_MODEL; a PUT "
+        "creating one more is refused (409 too-many-models).",
+    )
+    model_max_bytes: int | None = Field(
+        None,
+        ge=1 << 20,
+        description="Memory one named model may fill (its samples in the engine and the "
+        "embedded Redis, plus its centroids); a PUT whose max_samples would not fit is "
+        "refused (507 model-too-large), and a model without max_samples gets the capacity "
+        "this fits. Unset: half the memory (as NMBATCH_MAX_SAMPLES) over NMBATCH_MAX_MODELS "
+        "+ 1.",
     )
 
     # -- HTTP ----------------------------------------------------------------------------

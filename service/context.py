@@ -103,6 +103,7 @@ class ServiceContext:
         embedded_redis: EmbeddedRedis | None = None,
         *,
         memory: tuple[int, str],
+        redis_needs: dict[str, int] | None = None,
     ) -> None:
         self.settings = settings
         self.sample_log = sample_log
@@ -112,7 +113,11 @@ class ServiceContext:
         self.dim = dim
         self.embedded_redis = embedded_redis
         self.memory = memory
+        # Bytes of maxmemory each model of the app needs (shared by the app's models).
+        self.redis_needs = redis_needs if redis_needs is not None else {}
         self.capacity: Capacity | None = None
+        # What a 507 tells the client to raise: the setting, or a named model's max_samples.
+        self.capacity_setting = "NMBATCH_MAX_SAMPLES"
 
     async def plan_capacity(self, dim: int) -> Capacity:
         """The model's :class:`Capacity` for its dimension ``dim``, set up on first use.
@@ -120,7 +125,8 @@ class ServiceContext:
         Planned once the dimension is known (at start-up, or when the first batch fixes
         it): logged, shown in ``nmbatch_max_samples``, and the embedded Redis's
         ``maxmemory`` set to match (never below what it already uses plus its fixed
-        overhead, so a log above a lowered capacity does not block the worker's writes).
+        overhead, so a log above a lowered capacity does not block the worker's writes);
+        with several models (:attr:`redis_needs`) to the sum of their needs.
         """
         capacity = self.capacity
         if capacity is not None and capacity.dim == dim:
@@ -137,8 +143,10 @@ class ServiceContext:
             in_redis = capacity.max_samples * REDIS_SAMPLES[s.retention]
             if s.retention == "reservoir":
                 in_redis += MIN_COMPACTION
+            needs = self.redis_needs
+            needs[s.model] = redis_maxmemory(in_redis, dim) - REDIS_FIXED_BYTES
             maxmemory = await self.embedded_redis.limit_memory(
-                self.sample_log.client, redis_maxmemory(in_redis, dim), REDIS_FIXED_BYTES
+                self.sample_log.client, sum(needs.values()) + REDIS_FIXED_BYTES, REDIS_FIXED_BYTES
             )
             log.info("embedded Redis maxmemory %d bytes (noeviction)", maxmemory)
         self.metrics.max_samples.set(capacity.max_samples)
@@ -206,10 +214,10 @@ class ServiceContext:
         return ProblemError(
             507,
             "store-full",
-            detail + "; the service goes on serving, raise NMBATCH_MAX_SAMPLES (and the "
+            detail + f"; the service goes on serving, raise {self.capacity_setting} (and the "
             "memory) to store more",
             title="Store full",
-            setting="NMBATCH_MAX_SAMPLES",
+            setting=self.capacity_setting,
             max_samples=max_samples,
             n_samples=exc.n_samples,
             rejected=rejected,
@@ -246,12 +254,17 @@ class ServiceContext:
 
 
 async def get_context(request: Request) -> ServiceContext:
-    """FastAPI dependency: the app's :class:`ServiceContext`.
+    """FastAPI dependency: the :class:`ServiceContext` of the request's model.
 
+    The default model's (``NMBATCH_MODEL``), or under ``/models/{name}/...`` the named
+    model's (:meth:`nmbatch.service.models.ModelManager.context`: ``404`` if unknown).
     ``async`` on purpose: FastAPI runs a plain ``def`` dependency in the thread pool,
     a hop to another thread and back on every request for one attribute read.
     """
-    return request.app.state.context
+    name = request.path_params.get("name")
+    if name is None or not request.url.path.startswith("/models/"):
+        return request.app.state.context
+    return await request.app.state.models.context(name)
 
 
 Context = Annotated[ServiceContext, Depends(get_context)]

@@ -9,6 +9,8 @@ What the app is made of, and where each part lives:
   ``503``/``500`` problems (:mod:`nmbatch.service.redis_errors`);
 - two pure ASGI middlewares: request timing (:mod:`nmbatch.service.metrics`) around the
   fast path of ``GET /assign`` (:mod:`nmbatch.service.fastpath`);
+- the named models (:mod:`nmbatch.service.models`, ``/models``), started after the
+  default one;
 - the routers of :mod:`nmbatch.service.routes`; with ``NMBATCH_DIM`` set, the OpenAPI
   document states the vectors' length.
 """
@@ -27,9 +29,10 @@ from nmbatch.service.bootstrap import REQUEST_SOCKET_TIMEOUT, StartupError, star
 from nmbatch.service.config import Settings
 from nmbatch.service.fastpath import AssignFastPath
 from nmbatch.service.metrics import RequestTimingMiddleware, ServiceMetrics
+from nmbatch.service.models import ModelManager
 from nmbatch.service.problems import install_problem_handlers
 from nmbatch.service.redis_errors import redis_error_handler
-from nmbatch.service.routes import assign, centroids, dashboard, health, samples, stats
+from nmbatch.service.routes import assign, centroids, dashboard, health, models, samples, stats
 
 __all__ = ["REQUEST_SOCKET_TIMEOUT", "StartupError", "create_app"]
 
@@ -47,13 +50,18 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            app.state.context = await start_service(settings, metrics, stack)
+            app.state.context = context = await start_service(settings, metrics, stack)
+            # The named models (PUT /models/{name}): every registered one starts now.
+            url = settings.redis_url or context.embedded_redis.url  # type: ignore[union-attr]
+            app.state.models = manager = ModelManager(settings, context, url)
+            stack.push_async_callback(manager.aclose)
+            await manager.start_all()
             if freeze_heap:
                 runtime.freeze_heap(metrics)
             try:
                 yield
             finally:
-                app.state.context = None
+                app.state.context = app.state.models = None
 
     app = FastAPI(
         title="nmbatch",
@@ -68,15 +76,16 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.context = None
+    app.state.models = None
     install_problem_handlers(app)
     app.add_exception_handler(redis.RedisError, redis_error_handler(settings, metrics))
     # Inside the timing middleware: fast-path answers are timed and labelled as well.
     app.add_middleware(AssignFastPath, settings=settings)
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
-    for module in (samples, centroids, assign, stats, health, dashboard):
+    for module in (samples, centroids, assign, stats, health, dashboard, models):
         app.include_router(module.router)
     # After the routers: the methods /assign does not take (405, Allow: GET, POST).
-    app.router.routes.append(assign.OTHER_METHODS)
+    app.router.routes += [assign.OTHER_METHODS, assign.MODEL_OTHER_METHODS]
     if settings.dim is not None:
         app.openapi = _openapi_with_dimension(app, settings.dim)  # type: ignore[method-assign]
     return app

@@ -32,7 +32,7 @@ from nmbatch.service.schemas import AssignMany, AssignOne
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key
 from nmbatch.service.state import PublishedModel
 
-__all__ = ["OTHER_METHODS", "assign_json", "assign_one_json", "router"]
+__all__ = ["MODEL_OTHER_METHODS", "OTHER_METHODS", "assign_json", "assign_one_json", "router"]
 
 router = APIRouter(tags=["assign"], dependencies=[Depends(require_read_key)])
 
@@ -125,8 +125,8 @@ class _OtherMethods(Route):
     request metrics label these answers ``/assign``.
     """
 
-    def __init__(self) -> None:
-        super().__init__("/assign", _method_not_allowed, include_in_schema=False)
+    def __init__(self, path: str = "/assign") -> None:
+        super().__init__(path, _method_not_allowed, include_in_schema=False)
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         match, child_scope = super().matches(scope)
@@ -141,3 +141,5 @@ class _OtherMethods(Route):
 
 OTHER_METHODS = _OtherMethods()
 """The route answering the methods ``/assign`` does not take (``405``, ``Allow: GET, POST``)."""
+MODEL_OTHER_METHODS = _OtherMethods("/models/{name}/assign")
+"""The same for a named model's ``/models/{name}/assign``."""

@@ -78,7 +78,9 @@ def with_dimension(document: dict[str, Any], dim: int) -> dict[str, Any]:
     app's ``openapi()`` passes its document through here (edited in place, returned).
     """
     body = vectors_body(dim)["requestBody"]
-    for operations in document["paths"].values():
+    for path, operations in document["paths"].items():
+        if path.startswith("/models/"):  # named models: each has a dimension of its own
+            continue
         for operation in operations.values():
             if operation.get("requestBody") == VECTORS_BODY["requestBody"]:
                 operation["requestBody"] = body

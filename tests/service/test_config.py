@@ -37,7 +37,8 @@ def test_worker_threads_default_to_all_cores_but_one() -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [("NMBATCH_K", "0"), ("NMBATCH_MODEL", "a b"), ("NMBATCH_APPENDFSYNC", "no"),
-     ("NMBATCH_WORKER_THREADS", "0"), ("NMBATCH_DIM", "-1")],
+     ("NMBATCH_WORKER_THREADS", "0"), ("NMBATCH_DIM", "-1"), ("NMBATCH_SEED", "-1"),
+     ("NMBATCH_SEED", str(2**63))],
 )  # fmt: skip
 def test_invalid_setting_is_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv(name, value)

@@ -1,0 +1,298 @@
+"""Named models (``/models``): create, conflict, list, delete, isolation, limits, restart.
+
+Real parts: the session's redis-server, the app with its lifespan (each named model's
+worker and engine process), a second app on the same Redis for the shared registry.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from nmbatch.service.main import create_app
+from nmbatch.service.models import REGISTRY_KEY
+from nmbatch.service.storage import ModelKeys
+from tests.service.service_helpers import post_npy
+from tests.testkit import SettingsFactory, TestClient, assert_problem, blobs, wait_until
+
+SPEC_A: dict[str, Any] = {"k": 3, "dim": 2, "rho": 100, "batch_size": 32, "seed": 1}
+SPEC_B: dict[str, Any] = {"k": 2, "dim": 3, "rho": 100, "batch_size": 32, "seed": 2}
+
+
+def converged(client: TestClient, prefix: str, n_samples: int) -> dict[str, Any]:
+    """The centroids of the model at ``prefix`` once converged on ``n_samples``."""
+
+    def ready() -> dict[str, Any] | None:
+        response = client.get(f"{prefix}/centroids")
+        if response.status_code != 200:
+            return None
+        doc = response.json()
+        return doc if doc["converged"] and doc["n_samples"] == n_samples else None
+
+    return wait_until(ready, 60, f"{prefix} converged on {n_samples} samples")
+
+
+def model_keys(redis_client: redis.Redis, name: str) -> list[bytes]:
+    return sorted(redis_client.scan_iter(match=ModelKeys(name).prefix + "*"))
+
+
+def test_put_creates_then_the_same_settings_are_200_and_others_409(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    with TestClient(create_app(make_settings())) as client:
+        created = client.put("/models/tenant-a", json=SPEC_A)
+        assert created.status_code == 201, created.text
+        doc = created.json()
+        assert doc["name"] == "tenant-a" and doc["default"] is False
+        assert doc["settings"]["k"] == 3 and doc["settings"]["dim"] == 2
+        assert doc["status"]["version"] is None
+
+        again = client.put("/models/tenant-a", json=SPEC_A)
+        assert again.status_code == 200 and again.json()["settings"] == doc["settings"]
+
+        other = client.put("/models/tenant-a", json=SPEC_A | {"k": 4})
+        problem = assert_problem(other, 409, "model-conflict")
+        assert problem["current"]["k"] == 3
+
+        listed = client.get("/models").json()["models"]
+        assert [m["name"] for m in listed] == [model_name, "tenant-a"]
+        assert listed[0]["default"] is True and listed[0]["settings"]["k"] == 3
+        assert client.get("/models/tenant-a").json()["settings"] == doc["settings"]
+        assert_problem(client.get("/models/nobody"), 404, "unknown-model")
+        assert_problem(client.get("/models/nobody/centroids"), 404, "unknown-model")
+
+        # The default model answers under its name too; other settings for it are a 409.
+        default = make_settings()
+        same = {"k": default.k, "dim": 2, "rho": default.rho, "batch_size": default.batch_size,
+                "seed": default.seed}  # fmt: skip
+        assert_problem(client.put(f"/models/{model_name}", json=same), 409, "model-conflict")
+    assert redis_client.hexists(REGISTRY_KEY, "tenant-a")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "needle"),
+    [
+        ("/models/-lead", SPEC_A, "path.name"),
+        ("/models/" + "x" * 65, SPEC_A, "path.name"),
+        ("/models/ok", SPEC_A | {"k": 5, "retention": "window", "max_samples": 3}, "max_samples"),
+        ("/models/ok", SPEC_A | {"retention": "age"}, "max_age_seconds"),
+        ("/models/ok", SPEC_A | {"max_age_seconds": 5}, "max_age_seconds"),
+        ("/models/ok", SPEC_A | {"colour": "red"}, "colour"),
+        ("/models/ok", {"k": 3}, "dim"),
+        ("/models/ok", SPEC_A | {"k": 0}, "k"),
+        ("/models/ok", SPEC_A | {"init": "random"}, "init"),
+        ("/models/ok", SPEC_A | {"seed": -1}, "seed"),
+    ],
+)
+def test_bad_names_and_settings_are_422_and_store_nothing(
+    make_settings: SettingsFactory,
+    redis_client: redis.Redis,
+    path: str,
+    body: dict[str, Any],
+    needle: str,
+) -> None:
+    with TestClient(create_app(make_settings())) as client:
+        problem = assert_problem(client.put(path, json=body), 422, "invalid-request")
+        assert needle in problem["detail"], problem["detail"]
+        assert client.get("/models").json()["models"][1:] == []
+    assert not redis_client.exists(REGISTRY_KEY)
+    assert model_keys(redis_client, "ok") == []
+
+
+def test_each_model_has_its_own_samples_centroids_assign_and_stats(
+    make_settings: SettingsFactory, model_name: str
+) -> None:
+    X_default = blobs(300, 2, 3, seed=0)
+    X_a = blobs(400, 2, 3, seed=1, separation=100.0)
+    X_b = blobs(200, 3, 2, seed=2)
+    with TestClient(create_app(make_settings())) as client:
+        assert client.put("/models/a", json=SPEC_A).status_code == 201
+        assert client.put("/models/b", json=SPEC_B).status_code == 201
+        assert post_npy(client, X_default).json()["n_samples"] == 300
+        assert post_npy(client, X_a, "/models/a/samples").json()["n_samples"] == 400
+        assert post_npy(client, X_b, "/models/b/samples").json()["n_samples"] == 200
+
+        default = converged(client, "", 300)
+        a = converged(client, "/models/a", 400)
+        b = converged(client, "/models/b", 200)
+        assert (default["k"], default["dim"]) == (3, 2)
+        assert (a["k"], a["dim"], b["k"], b["dim"]) == (3, 2, 2, 3)
+        assert sum(a["counts"]) == 400 and sum(b["counts"]) == 200
+        # a's centroids are its own data's: far out, unlike the default model's.
+        assert np.abs(np.asarray(a["centroids"])).max() > 3 * np.abs(X_default).max()
+        # The default model under its name is the same model.
+        named_default = client.get(f"/models/{model_name}/centroids").json()
+        assert named_default["version"] == default["version"]
+
+        assigned = client.post("/models/b/assign", json={"vectors": X_b[:5].tolist()}).json()
+        assert len(assigned["clusters"]) == 5 and assigned["version"] == b["version"]
+        one = client.get("/models/a/assign", params={"vector": "1,2"}).json()
+        assert one["version"] == a["version"]
+        assert client.get("/models/b/stats").json()["n_samples"] == 200
+        assert client.get("/models/a/stats").json()["n_logged"] == 400
+        assert client.get("/stats").json()["n_logged"] == 300
+
+        # Vectors of another model's dimension: refused, nothing stored.
+        assert_problem(post_npy(client, X_b[:4], "/models/a/samples"), 422, "wrong-dimension")
+        assert_problem(
+            client.post("/models/a/assign", json={"vectors": X_b[:2].tolist()}),
+            422,
+            "wrong-dimension",
+        )
+        assert client.get("/models/a/stats").json()["n_logged"] == 400
+        # Each model iterates in an engine process of its own (the OS schedules them).
+        state = client.app.state  # type: ignore[attr-defined]
+        engines = [state.context.worker.engine]
+        engines += [state.models.running[name].context.worker.engine for name in ("a", "b")]
+        pids = {engine.pid for engine in engines}
+        assert len(pids) == 3 and all(engine.process.is_alive() for engine in engines)
+        status = {m["name"]: m["status"] for m in client.get("/models").json()["models"]}
+        assert status["a"]["n_samples"] == 400 and status["b"]["converged"] is True
+        not_allowed = assert_problem(client.put("/models/a/assign"), 405)
+        assert client.put("/models/a/assign").headers["allow"] == "GET, POST"
+        assert "PUT" in not_allowed["detail"]
+        # Request metrics name the named models' routes apart from the default model's.
+        metrics = client.get("/metrics").text
+        assert 'method="POST",route="/models/{name}/samples",status="202"} 2.0' in metrics
+        assert 'method="POST",route="/samples",status="202"} 1.0' in metrics
+
+
+def test_delete_needs_the_confirmation_and_removes_every_key_of_the_model(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    with TestClient(create_app(make_settings(snapshot_seconds=0.1))) as client:
+        assert client.put("/models/gone", json=SPEC_A).status_code == 201
+        assert client.put("/models/kept", json=SPEC_A).status_code == 201
+        X = blobs(100, 2, 3, seed=3)
+        for name in ("gone", "kept"):
+            response = client.post(
+                f"/models/{name}/samples",
+                json={"vectors": X.tolist()},
+                headers={"Idempotency-Key": f"key-{name}"},
+            )
+            assert response.status_code == 202
+            converged(client, f"/models/{name}", 100)
+        keys = ModelKeys("gone")
+        wait_until(lambda: redis_client.exists(keys.snapshot), 10, "a snapshot of 'gone'")
+        held = {k.decode() for k in model_keys(redis_client, "gone")}
+        assert {keys.log, keys.meta, keys.snapshot, keys.idempotency("key-gone")} <= held
+
+        problem = assert_problem(client.delete("/models/gone"), 400, "confirmation-required")
+        assert problem["parameter"] == "confirm" and "confirm" in problem["detail"]
+        assert_problem(client.delete("/models/gone?confirm=kept"), 400, "confirmation-required")
+        assert model_keys(redis_client, "gone") != []
+
+        deleted = client.delete("/models/gone", params={"confirm": "gone"})
+        assert deleted.status_code == 200, deleted.text
+        assert deleted.json()["keys_removed"] >= 4
+        assert model_keys(redis_client, "gone") == []
+        assert not redis_client.hexists(REGISTRY_KEY, "gone")
+        assert_problem(client.get("/models/gone"), 404, "unknown-model")
+        assert_problem(client.delete("/models/gone?confirm=gone"), 404, "unknown-model")
+        assert_problem(
+            client.delete(f"/models/{model_name}", params={"confirm": model_name}),
+            409,
+            "default-model",
+        )
+        # The other model is untouched, and the name can be created anew, empty.
+        assert client.get("/models/kept/stats").json()["n_logged"] == 100
+        assert client.put("/models/gone", json=SPEC_B).status_code == 201
+        assert client.get("/models/gone/stats").json()["n_logged"] == 0
+    assert model_keys(redis_client, "kept") != []
+
+
+def test_limits_on_models_and_memory_are_4xx_and_store_nothing(
+    make_settings: SettingsFactory, redis_client: redis.Redis
+) -> None:
+    with TestClient(create_app(make_settings(max_models=1, model_max_bytes=1 << 20))) as client:
+        # 1 MiB: at d = 2, k = 3 the engine takes 4d + 8 + 4k + 32 = 60 bytes a sample.
+        too_big = client.put("/models/big", json=SPEC_A | {"max_samples": 100_000})
+        problem = assert_problem(too_big, 507, "model-too-large")
+        assert problem["setting"] == "max_samples"
+        assert problem["limit_setting"] == "NMBATCH_MODEL_MAX_BYTES"
+        fitting = problem["max_samples_fitting"]
+        assert 10_000 < fitting < (1 << 20) // 60
+        # Not even its k samples and centroids fit (16 k d = 2.56 MB of centroids).
+        wide = client.put("/models/wide", json={"k": 4, "dim": 40_000})
+        assert assert_problem(wide, 507, "model-too-large")["setting"] == "k"
+        wider = client.put("/models/wide", json={"k": 4, "dim": 100_000})
+        assert assert_problem(wider, 422, "dimension-too-large")["setting"] == "NMBATCH_MAX_DIM"
+        assert not redis_client.exists(REGISTRY_KEY)
+
+        created = client.put("/models/small", json=SPEC_A | {"max_samples": fitting})
+        assert created.status_code == 201 and created.json()["max_samples"] == fitting
+        unset = client.put("/models/other", json=SPEC_A)
+        problem = assert_problem(unset, 409, "too-many-models")
+        assert problem["setting"] == "NMBATCH_MAX_MODELS" and problem["max_models"] == 1
+        assert list(redis_client.hkeys(REGISTRY_KEY)) == [b"small"]
+        assert model_keys(redis_client, "other") == []
+        # The capacity is enforced on its samples like the default model's.
+        X = blobs(fitting + 1, 2, 3, seed=4)
+        full = assert_problem(post_npy(client, X, "/models/small/samples"), 507, "store-full")
+        assert full["setting"] == "max_samples of model 'small'"
+        assert full["max_samples"] == fitting and "max_samples of model 'small'" in full["detail"]
+
+    with TestClient(create_app(make_settings(model_max_bytes=1 << 20))) as client:
+        # Without max_samples, a model gets what its memory holds.
+        doc = client.put("/models/derived", json=SPEC_B).json()
+        assert 0 < doc["max_samples"] < (1 << 20) // (4 * 3 + 8 + 4 * 2 + 32)
+
+
+def test_a_restart_and_a_second_app_bring_the_models_back_with_their_data(
+    make_settings: SettingsFactory, redis_client: redis.Redis
+) -> None:
+    settings = make_settings()
+    X = blobs(250, 3, 2, seed=5)
+    with TestClient(create_app(settings)) as client:
+        assert client.put("/models/kept", json=SPEC_B).status_code == 201
+        post_npy(client, X, "/models/kept/samples")
+        before = converged(client, "/models/kept", 250)
+        # A second process on the same Redis serves the model too (as a standby).
+        with TestClient(create_app(settings)) as second:
+            assert [m["name"] for m in second.get("/models").json()["models"]][1:] == ["kept"]
+            seen = wait_until(
+                lambda: second.get("/models/kept/centroids").json().get("n_samples") == 250,
+                30,
+                "the second app serving the model's snapshot",
+            )
+            assert seen
+            assert second.get("/models/kept").json()["status"]["role"] == "standby"
+            # A model created after the second app started: started there when named.
+            assert client.put("/models/late", json=SPEC_A).status_code == 201
+            post_npy(client, blobs(50, 2, 3, seed=6), "/models/late/samples")
+            converged(client, "/models/late", 50)
+            assert converged(second, "/models/late", 50)["k"] == 3
+            # Deleted by the first app: the second stops it too, and no key is left.
+            assert client.delete("/models/late?confirm=late").status_code == 200
+            managers = second.app.state.models  # type: ignore[attr-defined]
+            wait_until(lambda: "late" not in managers.running, 15, "the second app's sync")
+            assert_problem(second.get("/models/late/stats"), 404, "unknown-model")
+            assert model_keys(redis_client, "late") == []
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/models/kept").json()["settings"]["dim"] == 3
+        after = converged(client, "/models/kept", 250)
+        assert after["version"] >= before["version"]
+        np.testing.assert_allclose(after["centroids"], before["centroids"], rtol=1e-5)
+
+
+def test_a_name_whose_data_in_redis_contradicts_the_settings_is_a_409(
+    make_settings: SettingsFactory, redis_client: redis.Redis
+) -> None:
+    # Data left by a service once run with NMBATCH_MODEL=old and k = 5.
+    redis_client.hset(ModelKeys("old").meta, mapping={"k": 5, "dim": 2})
+    # A registry entry (another process's PUT) that this Redis's data contradicts.
+    redis_client.hset(ModelKeys("clash").meta, mapping={"k": 5, "dim": 2})
+    redis_client.hset(REGISTRY_KEY, "clash", json.dumps(SPEC_A | {"k": 3}))
+    with TestClient(create_app(make_settings())) as client:
+        problem = assert_problem(client.put("/models/old", json=SPEC_A), 409, "model-conflict")
+        assert "k=5" in problem["detail"]
+        assert not redis_client.hexists(REGISTRY_KEY, "old")  # no entry left behind
+
+        listed = {m["name"]: m for m in client.get("/models").json()["models"]}
+        assert listed["clash"]["status"]["phase"].startswith("not started")
+        assert_problem(client.get("/models/clash"), 409, "model-conflict")
+        assert_problem(client.get("/models/clash/centroids"), 409, "model-conflict")
