@@ -16,7 +16,7 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install -e '.[dev,ray]'
 	touch $@ $(RUN_STAMP)
 
 ## Run the service (embedded Redis unless NMBATCH_REDIS_URL is set).

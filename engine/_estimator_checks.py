@@ -26,6 +26,7 @@ __all__ = [
     "INIT_METHODS",
     "ParamsMixin",
     "check_X",
+    "check_backend",
     "check_callback",
     "check_init",
     "check_params",
@@ -160,6 +161,7 @@ def check_params(params: dict[str, Any]) -> None:
     if not isinstance(params.get("relocate_empty", True), bool):
         raise ValueError(f"relocate_empty must be a bool, got {params['relocate_empty']!r}")
     check_bound_mode(params.get("bounds", "auto"))
+    check_backend(params)
     algorithm = params["algorithm"]
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
@@ -176,6 +178,20 @@ def check_params(params: dict[str, Any]) -> None:
             f"retention {params['retention']!r} needs an algorithm that forgets exactly; "
             "mbatch keeps running averages of every assignment (use mbatch.remove)"
         )
+
+
+def check_backend(params: dict[str, Any]) -> None:
+    """Raise ``ValueError`` for a bad ``backend``, ``n_shards`` or ``ray_address``."""
+    backend = params.get("backend", "local")
+    if backend not in ("local", "ray"):
+        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+    if not _is_int_at_least_1(params.get("n_shards", 1)):
+        raise ValueError(f"n_shards must be an int >= 1, got {params['n_shards']!r}")
+    address = params.get("ray_address")
+    if address is not None and not isinstance(address, str):
+        raise ValueError(f"ray_address must be None or a str, got {address!r}")
+    if backend == "ray" and (params["algorithm"] != "nmbatch" or params["retention"] != "all"):
+        raise ValueError("backend='ray' runs algorithm='nmbatch' with retention='all' only")
 
 
 def check_callback(callback: object) -> None:

@@ -85,6 +85,15 @@ bounds : {"auto", "full", "group", "hamerly"}, default="auto"
     one per group of about ten centroids, or one; ``auto``: full while k <= max(d, 256)
     or the batch's bounds fit in 1 GiB, then group. The centroids are the same; memory
     and speed differ.
+backend : {"local", "ray"}, default="local"
+    Where ``fit`` runs: here, or on ``n_shards`` Ray actors (``nmbatch[ray]``;
+    ``nmbatch.engine.distributed``): the same model for the same ``random_state``.
+    ``"ray"``: ``algorithm="nmbatch"``, ``retention="all"``; ``partial_fit`` runs locally.
+n_shards : int, default=2
+    Shard actors ``P`` of ``backend="ray"``.
+ray_address : str or None, default=None
+    Ray cluster address (``"auto"``, ``"host:6379"``); None: the Ray already initialised
+    in this process, else a local Ray started for the fit and stopped after.
 
 Attributes
 ----------
@@ -163,6 +172,7 @@ from nmbatch.engine._estimator_checks import (
     seed_sequence,
     spawn_seeds,
 )
+from nmbatch.engine._estimator_use import ModelUseMixin
 from nmbatch.engine.algorithms import IterationStats, make_algorithm
 from nmbatch.engine.assign import nearest
 from nmbatch.engine.retention import RetentionPolicy, feed, make_retention
@@ -174,11 +184,8 @@ __all__ = ["Callback", "NestedMiniBatchKMeans"]
 #: ``callback(stats, state)``: called after every iteration; ``True`` stops ``fit``.
 Callback = Callable[[IterationStats, ModelState], bool | None]
 
-# Elements of one (rows, k, d) block of differences in ``transform``.
-_TRANSFORM_BLOCK = 1 << 20
 
-
-class NestedMiniBatchKMeans(ParamsMixin):
+class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
     """K-means clustering by Nested Mini-Batch K-Means (``nmbatch``).
 
     See the module docstring for the idea, every parameter, the fitted attributes and an
@@ -201,6 +208,9 @@ class NestedMiniBatchKMeans(ParamsMixin):
         max_age_seconds: float | None = None,
         relocate_empty: bool = True,
         bounds: str = "auto",
+        backend: str = "local",
+        n_shards: int = 2,
+        ray_address: str | None = None,
     ) -> None:
         self.n_clusters = n_clusters
         self.rho = rho
@@ -215,6 +225,9 @@ class NestedMiniBatchKMeans(ParamsMixin):
         self.max_age_seconds = max_age_seconds
         self.relocate_empty = relocate_empty
         self.bounds = bounds
+        self.backend = backend
+        self.n_shards = n_shards
+        self.ray_address = ray_address
 
     def __sklearn_tags__(self) -> Any:
         """scikit-learn's tags: an unsupervised clusterer and transformer of dense input.
@@ -299,8 +312,11 @@ class NestedMiniBatchKMeans(ParamsMixin):
 
     def _make_retention(self, seed: int) -> RetentionPolicy:
         return make_retention(
-            self.retention, n_clusters=int(self.n_clusters), max_samples=self.max_samples,
-            max_age_seconds=self.max_age_seconds, seed=seed,
+            self.retention,
+            n_clusters=int(self.n_clusters),
+            max_samples=self.max_samples,
+            max_age_seconds=self.max_age_seconds,
+            seed=seed,
         )
 
     def fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
@@ -321,6 +337,10 @@ class NestedMiniBatchKMeans(ParamsMixin):
         store_seed, algo_seed, policy_seed = spawn_seeds(seed_sequence(self.random_state), 3)
         policy = self._make_retention(policy_seed)
         admission = policy.admit(n)  # a capacity below n refuses the fit
+        if self.backend == "ray":  # nmbatch.engine.distributed, imported only here
+            from nmbatch.engine.distributed.fit import fit_estimator
+
+            return fit_estimator(self, X32, init, store_seed, algo_seed, policy)
 
         store = NestedBatchStore(d, seed=store_seed, capacity=n)
         store.append(X32)
@@ -348,8 +368,15 @@ class NestedMiniBatchKMeans(ParamsMixin):
     def _fit_key(self) -> tuple[Any, ...]:
         """Parameters a running model was built with; ``partial_fit`` may not change them."""
         return (
-            self.n_clusters, self.algorithm, self.rho, self.batch_size, self.retention,
-            self.max_samples, self.max_age_seconds, self.relocate_empty, self.bounds,
+            self.n_clusters,
+            self.algorithm,
+            self.rho,
+            self.batch_size,
+            self.retention,
+            self.max_samples,
+            self.max_age_seconds,
+            self.relocate_empty,
+            self.bounds,
         )
 
     def _resume_after_unpickling(self) -> None:
@@ -420,48 +447,3 @@ class NestedMiniBatchKMeans(ParamsMixin):
             if self.callback is not None:
                 self.callback(stats, algo.state(stats))
         return self
-
-    # -- using the model --------------------------------------------------------------
-    def predict(self, X: object) -> np.ndarray:
-        """Index of the nearest centroid of each row of ``X``: ``(n,)`` int64 (ties: lowest)."""
-        self._check_fitted()
-        labels, _ = nearest(self._check_X(X, reset=False), self.cluster_centers_)
-        return labels
-
-    def fit_predict(self, X: object, y: object = None) -> np.ndarray:
-        """``fit(X)`` then return ``labels_`` (``(n,)`` int64)."""
-        return self.fit(X).labels_
-
-    def transform(self, X: object) -> np.ndarray:
-        """Euclidean distance of each row of ``X`` to each centroid: ``(n, k)`` float64.
-
-        Computed as ``sqrt(sum((x - c)**2))`` in float64 on the float32 samples, so the
-        result for a row does not depend on the other rows.
-        """
-        self._check_fitted()
-        X64 = self._check_X(X, reset=False).astype(np.float64)
-        C64 = self.cluster_centers_.astype(np.float64)
-        k, d = C64.shape
-        out = np.empty((X64.shape[0], k), dtype=np.float64)
-        rows = max(1, _TRANSFORM_BLOCK // (k * d))
-        for start in range(0, X64.shape[0], rows):
-            diff = X64[start : start + rows, None, :] - C64[None, :, :]
-            np.sqrt(np.einsum("ikd,ikd->ik", diff, diff), out=out[start : start + rows])
-        return out
-
-    def fit_transform(self, X: object, y: object = None) -> np.ndarray:
-        """``fit(X)`` then return ``transform(X)``: ``(n, k)`` float64."""
-        return self.fit(X).transform(X)
-
-    def score(self, X: object, y: object = None) -> float:
-        """Minus the inertia of ``X``: ``-sum(min_j ||x - c_j||^2)`` (higher is better)."""
-        self._check_fitted()
-        _, sqdist = nearest(self._check_X(X, reset=False), self.cluster_centers_)
-        return -float(np.sum(sqdist))
-
-    def get_feature_names_out(self, input_features: object = None) -> np.ndarray:
-        """Names of the ``transform`` outputs: ``nestedminibatchkmeans0`` ... ``{k-1}``."""
-        self._check_fitted()
-        prefix = type(self).__name__.lower()
-        k = self.cluster_centers_.shape[0]
-        return np.asarray([f"{prefix}{j}" for j in range(k)], dtype=object)

@@ -153,6 +153,7 @@ def test_get_params_set_params_and_repr():
     est = NestedMiniBatchKMeans(n_clusters=3, random_state=7)
     assert est.get_params() == {
         "algorithm": "nmbatch",
+        "backend": "local",
         "batch_size": 5000,
         "bounds": "auto",
         "callback": None,
@@ -161,7 +162,9 @@ def test_get_params_set_params_and_repr():
         "max_iter": 300,
         "max_samples": None,
         "n_clusters": 3,
+        "n_shards": 2,
         "random_state": 7,
+        "ray_address": None,
         "relocate_empty": True,
         "retention": "all",
         "rho": 100.0,

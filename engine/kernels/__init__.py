@@ -5,6 +5,8 @@
   candidate list, BLAS distance estimates, the listing of open rows);
 - ``bounded``: the bounded revisit of rows already in the batch (bound sweep, exact
   distance to the assigned centroid, reassignment of the rows left open);
+- ``grouped``: the same revisit with one lower bound per group of centroids (Yinyang's
+  group and local filters; Hamerly's single bound is one group), and its dense pass;
 - ``dense``: assignment from a BLAS product of all distances (new rows, dense revisits,
   the baselines);
 - ``update``: the centroid update and ``sse`` from the per-cluster sums;
@@ -22,7 +24,8 @@ Symbols (as in the paper, Newling & Fleuret 2016, Alg. ``nmbatch``):
 - ``Q``      per-cluster sum of ``||x(i)||^2``, ``(k,)`` float64
 - ``labels`` assignment ``a(i)``, int32 (``-1``: not assigned yet)
 - ``dist2``  ``d(i)^2``, the squared distance added to ``sse`` when ``i`` was assigned, float64
-- ``lower``  lower bounds ``l(i, j) <= ||x(i) - c(j)||``, ``(n, k)`` float32
+- ``lower``  lower bounds ``l(i, j) <= ||x(i) - c(j)||``, ``(n, k)`` float32 (grouped:
+  ``l(i, g) <= min_{j in g, j != a(i)} ||x(i) - c(j)||``, ``(n, G)`` float32)
 - ``upper``  upper bounds ``u(i) >= ||x(i) - c(a(i))||``, ``(n,)`` float64
 - ``p``      distance each centroid moved at the last update, ``(k,)`` float64
 

@@ -1,0 +1,12 @@
+"""nmbatch on a Ray cluster: shard actors and a coordinator (issue 14, phase 1).
+
+- :mod:`.shard`: one part of the store (rows in priority order, per-row state, the
+  ledger ``S_s``, ``v_s``, ``Q_s``) and its part of nmbatch's step; imports no Ray.
+- :mod:`.coordinator`: ``C``, ``S``, ``v``, ``sse``, the prefix threshold ``tau``, one
+  round over the shard actors, the doubling rule, fault recovery; imports Ray.
+- :mod:`.fit`: ``NestedMiniBatchKMeans(backend="ray").fit`` (priorities, round-robin
+  partitions, the Ray session).
+
+Ray is an optional dependency (``pip install nmbatch[ray]``): importing this package
+imports no Ray; the coordinator and the fit import it when they run.
+"""

@@ -1,0 +1,347 @@
+"""The coordinator of distributed nmbatch: ``C``, ``S``, ``v``, ``Q``/``sse``, ``tau``, rounds.
+
+One round (:meth:`Coordinator.step`), the single-machine ``NestedMiniBatch.step`` spread
+over ``P`` shard actors (:mod:`.shard`):
+
+1. **Batch size**: ``b`` by the same rule (``b_0`` at the first round, ``min(2b, N)``
+   after a passed doubling test, else ``b``); ``tau`` is raised until exactly ``b``
+   priorities of the whole store are below it (:meth:`_select_tau`: a 64-way search on
+   the shards' counts, a few tiny round trips per doubling; no row moves).
+2. ``(C, p)`` goes to the object store once (``ray.put``); every shard runs nmbatch's
+   revisit and new-row assignment on its part of the prefix and returns
+   ``(dS, dv, dQ)`` and its counts.
+3. The deltas are added in a fixed shard order (float64); the centroid update, the
+   relocation of empty clusters and the doubling test are the single-machine ones
+   (the same kernel ``centroid_update``, the same ``_doubling_test``; relocation by the
+   same farthest-point rule, each shard proposing its farthest row, one round trip per
+   empty cluster).
+
+Traffic per round: ``P`` copies of ``C`` and ``p`` in (``4kd + 8k`` bytes each) and ``P``
+deltas out (``8kd + 16k`` bytes each): O(P k d), whatever ``b`` (``round_bytes``).
+
+Faults: a call that raises Ray's ``RayActorError`` (the actor was killed, its process
+died, or its node left the cluster) marks the shard lost. The coordinator subtracts the
+shard's ledger (its copy of the sums of every delta the shard returned) from ``S``,
+``v`` and ``Q``, starts a new actor on the same partition (the rows are in the object
+store: ``ray.put`` by the driver, owned by it), which holds no votes: its prefix rows
+join at the next round as new rows, and the iterations go on.
+
+Ray mechanisms used: actors (one per shard, ``scheduling_strategy="SPREAD"`` so shards
+land on different nodes, ``num_cpus=0`` so a replacement fits on any surviving node),
+named actors (``nmbatch-shard-<run>-<s>``: a test or an operator can find them), the
+object store (rows put once, ``(C, p)`` once per round), and actor-death errors for
+failure detection. Not used: ``max_restarts`` (a restarted actor would come back
+empty and the coordinator must subtract its ledger anyway; one explicit replacement path
+covers ``ray.kill``, which never restarts by default, and a lost node alike) and
+placement groups (nothing to reserve: shards take no CPU slot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import RayActorError
+
+from nmbatch.engine.algorithms.base import KMeansAlgorithm
+from nmbatch.engine.algorithms.growth import B0_PER_CLUSTER, first_batch_size
+from nmbatch.engine.init import kmeans_plusplus
+from nmbatch.engine.kernels import centroid_update
+from nmbatch.engine.state import IterationStats, ModelState
+
+from .shard import ShardState
+
+__all__ = ["PRIORITY_LIMIT", "Coordinator", "Partition"]
+
+_SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
+_SEARCH_WAYS = 64  # thresholds per round trip of the tau search
+PRIORITY_LIMIT = 1 << 62
+"""Priorities are distinct int64 in ``[0, PRIORITY_LIMIT)``."""
+
+#: One shard's data: ``(rows ObjectRef of (n_s, d) float32, ids (n_s,) int64,
+#: priority (n_s,) int64)``.
+Partition = tuple[Any, np.ndarray, np.ndarray]
+
+ShardActor = ray.remote(ShardState)
+
+
+class Coordinator:
+    """Distributed nmbatch over ``P`` shard actors (the driver process holds this).
+
+    Parameters
+    ----------
+    partitions : sequence of :data:`Partition`
+        One per shard, in the fixed shard order.
+    n_clusters : int
+        ``k``.
+    dim : int
+        ``d``.
+    init : "first", "k-means++" or (k, d) float32
+        As ``NestedMiniBatch``: from the rows of the first batch, in priority order.
+    rho, batch_size, relocate_empty, bound_mode :
+        As the single-machine ``NestedMiniBatch``.
+    random_state : int or None
+        Seeds k-means++.
+    """
+
+    name = "nmbatch"
+
+    def __init__(
+        self,
+        partitions: Sequence[Partition],
+        n_clusters: int,
+        dim: int,
+        *,
+        init: str | np.ndarray = "k-means++",
+        rho: float = 100.0,
+        batch_size: int = 5000,
+        relocate_empty: bool = True,
+        bound_mode: str = "auto",
+        random_state: int | None = None,
+    ) -> None:
+        self.partitions = list(partitions)
+        self.n_clusters, self.dim = int(n_clusters), int(dim)
+        self.n_samples = int(sum(len(ids) for _, ids, _ in self.partitions))
+        self.rho, self.initial_batch_size = float(rho), int(batch_size)
+        self.relocate_empty, self.bound_mode = bool(relocate_empty), bound_mode
+        self._init, self._rng = init, np.random.default_rng(random_state)
+        k, d, P = self.n_clusters, self.dim, len(self.partitions)
+        self.centroids = np.zeros((k, d), dtype=np.float32)
+        self.S = np.zeros((k, d), dtype=np.float64)
+        self.v = np.zeros(k, dtype=np.int64)
+        self.Q = np.zeros(k, dtype=np.float64)
+        self.sse = np.zeros(k, dtype=np.float64)
+        self.p = np.zeros(k, dtype=np.float64)
+        # The coordinator's copy of every shard's ledger (S_s, v_s, Q_s).
+        self.ledgers = [
+            [np.zeros((k, d)), np.zeros(k, dtype=np.int64), np.zeros(k)] for _ in range(P)
+        ]
+        self.iteration = self.batch_size = self.tau = 0
+        self.initialized = self.converged = self._grow = self._covered_all = False
+        self.n_relocated = 0
+        self.relocated_ids: list[int] = []  # stream ids relocated by the last round
+        self.round_bytes: list[tuple[int, int]] = []  # (sent, received) per round
+        self.n_lost = 0  # shards replaced since the start
+        self.run_id = uuid.uuid4().hex[:12]
+        self.generation = [0] * P
+        self.shards = [self._start_shard(s) for s in range(P)]
+
+    # -- shards ----------------------------------------------------------------------------
+    def _start_shard(self, s: int) -> Any:
+        rows, ids, priority = self.partitions[s]
+        name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
+        options = {"name": name, "num_cpus": 0, "scheduling_strategy": "SPREAD"}
+        return ShardActor.options(**options).remote(
+            rows, ids, priority, self.n_clusters, self.bound_mode
+        )
+
+    def shard_name(self, s: int) -> str:
+        """The Ray actor name of shard ``s`` now."""
+        return f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
+
+    def _lose(self, s: int) -> None:
+        """Shard ``s`` is gone: subtract its ledger exactly, start a new actor, unvoted."""
+        S_s, v_s, Q_s = self.ledgers[s]
+        self.S -= S_s
+        self.v -= v_s
+        self.Q -= Q_s
+        self.ledgers[s] = [np.zeros_like(S_s), np.zeros_like(v_s), np.zeros_like(Q_s)]
+        # An actor only unreachable (ActorUnavailableError) may still live: end it, so
+        # each partition has one actor.
+        with contextlib.suppress(Exception):
+            ray.kill(self.shards[s])
+        self.n_lost += 1
+        self.generation[s] += 1
+        self.shards[s] = self._start_shard(s)
+        self.converged = False
+
+    def _gather(self, refs: Sequence[Any]) -> list[Any]:
+        """``ray.get`` of one call per shard, in shard order; ``None`` (and the shard
+        replaced) where the actor died."""
+        out: list[Any] = []
+        for s, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref))
+            except RayActorError:
+                out.append(None)
+                self._lose(s)
+        return out
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every shard, results in shard order (None: shard lost)."""
+        return self._gather([getattr(a, method).remote(*args) for a in self.shards])
+
+    # -- the prefix threshold -------------------------------------------------------------
+    def _select_tau(self, b: int) -> int:
+        """The ``tau`` with exactly ``b`` priorities of the store below it (priorities are
+        distinct, so the count grows by at most one per integer and the search ends)."""
+        lo, hi = self.tau, PRIORITY_LIMIT  # count(lo) <= b <= count(hi) = N
+        while True:
+            W = _SEARCH_WAYS
+            ts = np.unique(np.array([lo + (hi - lo) * t // W for t in range(W + 1)], np.int64))
+            counts = self._counts(ts)
+            exact = np.flatnonzero(counts == b)
+            if exact.shape[0]:
+                return int(ts[exact[0]])
+            above = int(np.searchsorted(counts, b))  # first threshold with count > b
+            lo, hi = int(ts[above - 1]), int(ts[above])
+
+    def _counts(self, thresholds: np.ndarray) -> np.ndarray:
+        while True:  # a shard lost meanwhile is replaced and counted again
+            parts = self.call_all("count_below", thresholds)
+            if all(c is not None for c in parts):
+                return np.sum(parts, axis=0)
+
+    def _first_rows(self, tau: int) -> np.ndarray:
+        """The rows with priority below ``tau`` in priority order: ``(b, d)`` float32."""
+        while True:
+            parts = self.call_all("prefix_rows", tau)
+            if all(part is not None for part in parts):
+                break
+        rows = np.concatenate([r for r, _ in parts])
+        return rows[np.argsort(np.concatenate([pr for _, pr in parts]), kind="stable")]
+
+    def _target_batch(self, n: int) -> int:
+        """``NestedMiniBatch._target_batch`` without retention (phase 1)."""
+        if not self.initialized:
+            return first_batch_size(self.initial_batch_size, self.n_clusters, n, B0_PER_CLUSTER)
+        if self._covered_all:
+            return n
+        return min(2 * self.batch_size, n) if self._grow else self.batch_size
+
+    def _initialise(self, X: np.ndarray) -> None:
+        k = self.n_clusters
+        if isinstance(self._init, np.ndarray):
+            C = self._init
+        elif self._init == "first":
+            C = X[:k]
+        else:
+            C = kmeans_plusplus(X, k, self._rng)
+        self.centroids = np.array(C, dtype=np.float32, order="C")
+        self.initialized = True
+
+    # -- one round ----------------------------------------------------------------------
+    def step(self) -> IterationStats:
+        """One iteration of nmbatch over all shards; returns what it did."""
+        t0 = time.perf_counter()
+        n_now = self.n_samples
+        b = min(max(self._target_batch(n_now), self.n_clusters), n_now)
+        if b != self.batch_size or not self.iteration:
+            self.tau = self._select_tau(b)
+        if not self.initialized:
+            self._initialise(self._first_rows(self.tau))
+        message = (self.centroids, self.p)
+        ref = ray.put(message)
+        results = self.call_all("step", ref, self.tau)
+        sent = len(self.shards) * _pickled_size((message, self.tau))
+        received = 0
+        n_changed = n_new = n_dist = 0
+        for s, res in enumerate(results):  # fixed shard order, float64
+            if res is None:
+                continue
+            dS, dv, dQ, changed, new, dist, _ = res
+            received += _pickled_size(res)
+            self.S += dS
+            self.v += dv
+            self.Q += dQ
+            ledger = self.ledgers[s]
+            ledger[0] += dS
+            ledger[1] += dv
+            ledger[2] += dQ
+            n_changed, n_new, n_dist = n_changed + changed, n_new + new, n_dist + dist
+        self.round_bytes.append((sent, received))
+        self.batch_size = b
+        C_prev = self.centroids
+        self.centroids, self.p = centroid_update(self.S, self.v, self.Q, C_prev, sse_out=self.sse)
+        self.n_relocated = self._relocate(C_prev) if self.relocate_empty else 0
+        n_changed += self.n_relocated
+        self.iteration += 1
+        lost = any(r is None for r in results)
+        self.converged = (
+            b == n_now and n_new == 0 and not lost and n_changed == 0 and not self.p.any()
+        )
+        self._grow = KMeansAlgorithm._doubling_test(self, self.rho)  # the same rule
+        self._covered_all = b == n_now
+        n_possible = b * self.n_clusters
+        return IterationStats(
+            iteration=self.iteration, batch_size=b,
+            next_batch_size=min(2 * b, n_now) if self._grow else b, n_samples=n_now,
+            n_changed=n_changed, n_new=n_new, doubled=self._grow, converged=self.converged,
+            n_distances=n_dist, n_skipped=n_possible - n_dist,
+            seconds=time.perf_counter() - t0, n_relocated=self.n_relocated,
+        )  # fmt: skip
+
+    def _relocate(self, C_prev: np.ndarray) -> int:
+        """Empty clusters take the farthest samples of the prefix, as
+        :func:`~nmbatch.engine.algorithms.relocation.relocate_empty` with farthest-point
+        order (ties: lowest priority); each shard proposes its farthest row."""
+        self.relocated_ids = []
+        empty = np.flatnonzero(self.v == 0)
+        if not empty.shape[0] or not self.batch_size:
+            return 0
+        C_ref = ray.put(self.centroids)
+        best = self.call_all("relocation_begin", C_ref, self.v)
+        moved, changed = 0, set()
+        while moved < empty.shape[0]:
+            offers = [(-o[0], o[1], s, o[2]) for s, o in enumerate(best) if o is not None]
+            if not offers:
+                break
+            _, _, s, row = min(offers)
+            j = int(empty[moved])
+            taken = self._gather([self.shards[s].relocation_take.remote(row, j, C_prev)])[0]
+            if taken is None:  # the shard was lost: its offer is gone
+                best[s] = None
+                continue
+            a, x, xx, sample_id = taken
+            self.relocated_ids.append(sample_id)
+            for sums in (self.ledgers[s], [self.S, self.v, self.Q]):
+                sums[0][a] -= x
+                sums[1][a] -= 1
+                sums[2][a] -= xx
+                sums[0][j] += x
+                sums[1][j] += 1
+                sums[2][j] += xx
+            changed |= {a, j}
+            moved += 1
+            best = self.call_all("relocation_next", x, self.v)
+        for c in sorted(changed):
+            if self.v[c] > 0:
+                self.centroids[c] = (self.S[c] / self.v[c]).astype(np.float32)
+            step = self.centroids[c].astype(np.float64) - C_prev[c].astype(np.float64)
+            self.p[c] = float(np.sqrt(step @ step)) * _SAFETY
+            old = C_prev[c].astype(np.float64)
+            self.sse[c] = max(self.Q[c] - 2.0 * (old @ self.S[c]) + self.v[c] * (old @ old), 0.0)
+        return moved
+
+    # -- reporting --------------------------------------------------------------------------
+    def energy_estimate(self) -> float:
+        """Mean ``d(i)^2`` over the voted prefix samples (``sse.sum() / v.sum()``)."""
+        b = int(self.v.sum())
+        return float(max(self.sse.sum(), 0.0) / b) if b else float("nan")
+
+    def state(self, stats: IterationStats | None = None) -> ModelState:
+        """The model as it stands, as one record."""
+        energy = self.energy_estimate() if self.iteration > 0 else None
+        return ModelState(
+            centroids=self.centroids.copy(), counts=self.v.copy(),
+            batch_size=int(self.batch_size), n_samples=self.n_samples,
+            iteration=int(self.iteration), converged=bool(self.converged),
+            initialized=bool(self.initialized), energy=energy, stats=stats,
+            n_ingested=self.n_samples,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """End every shard actor."""
+        for actor in self.shards:
+            ray.kill(actor)
+
+
+def _pickled_size(obj: object) -> int:
+    """Bytes of ``obj`` pickled as Ray sends it (protocol 5, buffers in band)."""
+    return len(pickle.dumps(obj, protocol=5))
