@@ -96,7 +96,7 @@ class Settings(BaseSettings):
         ge=1 << 20,
         description="Memory one named model may fill (its samples in the engine and the "
         "embedded Redis, plus its centroids); a PUT whose max_samples would not fit is "
-        "refused (507 model-too-large), and a model without max_samples gets the capacity "
+        "refused (422 model-too-large), and a model without max_samples gets the capacity "
         "this fits. Unset: half the memory (as NMBATCH_MAX_SAMPLES) over NMBATCH_MAX_MODELS "
         "+ 1.",
     )
@@ -190,6 +190,21 @@ class Settings(BaseSettings):
         ),
     )
 
+    # -- Ray cluster (issue 14) ------------------------------------------------------------
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster the worker's engine runs on (the head's host:port, as `ray "
+        "start --address` takes it): a coordinator in the worker and "
+        "NMBATCH_RAY_SHARDS shard actors on the nodes, fed from the Redis log (needs "
+        "nmbatch[ray]; retention all only). Unset: the single-machine engine.",
+    )
+    ray_shards: int = Field(
+        2,
+        ge=1,
+        le=4096,
+        description="Shard actors of the model on the Ray cluster (with NMBATCH_RAY_ADDRESS).",
+    )
+
     @model_validator(mode="after")
     def _retention_holds_k_samples(self) -> Settings:
         if self.max_samples is not None and self.max_samples < self.k:
@@ -209,6 +224,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"NMBATCH_MAX_AGE_SECONDS is only used by NMBATCH_RETENTION = age, not "
                 f"{self.retention}"
+            )
+        if self.ray_address is not None and self.retention != "all":
+            raise ValueError(
+                f"NMBATCH_RAY_ADDRESS runs the model on a Ray cluster, where only "
+                f"NMBATCH_RETENTION = all is built, not {self.retention}"
             )
         return self
 

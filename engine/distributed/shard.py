@@ -20,6 +20,15 @@ every ledger, so a lost shard's votes can be subtracted exactly. ``sse`` is not 
 as on one machine it is computed from the sums, ``sse(j) = Q(j) - 2 c(j).S(j) +
 v(j) ||c(j)||^2`` (``Q`` is the ledger's ``sse`` term).
 
+Streaming (:meth:`ShardState.append`, used by :mod:`.stream`): appended rows come with
+priorities at or above the coordinator's ``tau`` at the time (so above every voted row's),
+and wait in a queue; before any read (counts, prefix, step, rows) the queue is merged:
+the voted rows ``[0, b_s)`` stay where they are (their per-row state is indexed by
+position), the unvoted rows and the queued ones are sorted by priority after them. A
+priority that repeats one already held is raised by ``stride`` (the number of shards,
+keeping it in the shard's residue class) until it is unique. :meth:`ShardState.respread`
+maps the priorities down when the coordinator asks (see :mod:`.stream`).
+
 This module does not import Ray: the coordinator wraps :class:`ShardState` in an actor.
 """
 
@@ -116,15 +125,70 @@ class ShardState:
         data = np.ascontiguousarray(np.asarray(rows, dtype=np.float32)[order])
         self.ids = np.asarray(ids, dtype=np.int64)[order]
         self.priority = np.asarray(priority, dtype=np.int64)[order]
-        self.n_clusters = int(n_clusters)
+        self.n_clusters, self.bound_mode = int(n_clusters), bound_mode
+        # Appended chunks not merged yet: (rows (m, d) float32, ids, priority, stride).
+        self._queue: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
+        self._start(data)
+
+    def _start(self, data: np.ndarray) -> None:
+        """Fresh per-row state over ``data`` (rows in priority order): no row voted, the
+        ledger zero."""
         self._algo = _ShardNested(
-            _RowsInPriorityOrder(data), self.n_clusters, init="first", bound_mode=bound_mode
+            _RowsInPriorityOrder(data), self.n_clusters, init="first", bound_mode=self.bound_mode
         )
         k, d = self.n_clusters, data.shape[1]
         self.S_s = np.zeros((k, d), dtype=np.float64)
         self.v_s = np.zeros(k, dtype=np.int64)
         self.Q_s = np.zeros(k, dtype=np.float64)
         self._dist2 = np.empty(0, dtype=np.float64)  # relocation: maximin distances
+
+    # -- streaming appends ----------------------------------------------------------------
+    def append(self, rows: np.ndarray, ids: np.ndarray, priority: np.ndarray, stride: int) -> int:
+        """Queue rows ``(m, d)`` float32 with stream ``ids`` ``(m,)`` int64 and
+        ``priority`` ``(m,)`` int64 (each ``>= tau`` when drawn: above every voted row);
+        ``stride``: the step that keeps a raised priority in its residue class. Returns
+        ``n_s`` including the queue."""
+        rows = np.asarray(rows, dtype=np.float32).reshape(-1, self.data.shape[1])
+        chunk = (rows, np.asarray(ids, np.int64), np.asarray(priority, np.int64), int(stride))
+        self._queue.append(chunk)
+        return int(self.ids.shape[0] + sum(c[1].shape[0] for c in self._queue))
+
+    def _merge(self) -> None:
+        """Merge the queue: voted rows ``[0, b_s)`` unmoved, the rest sorted by priority."""
+        if not self._queue:
+            return
+        queue, self._queue = self._queue, []
+        b = self.batch_size
+        stride = queue[-1][3]
+        # Queued priorities are >= tau > every voted row's: repeats only within the tail.
+        tail_pri = _distinct(np.concatenate([self.priority[b:], *(c[2] for c in queue)]), stride)
+        order = np.argsort(tail_pri, kind="stable")
+        tail_rows = np.concatenate([self.data[b:], *(c[0] for c in queue)])[order]
+        tail_ids = np.concatenate([self.ids[b:], *(c[1] for c in queue)])[order]
+        data = np.ascontiguousarray(np.concatenate([self.data[:b], tail_rows]))
+        self.priority = np.concatenate([self.priority[:b], tail_pri[order]])
+        self.ids = np.concatenate([self.ids[:b], tail_ids])
+        store = _RowsInPriorityOrder(data)
+        store.batch_size = self._algo.store.batch_size
+        self._algo.store = store
+
+    def respread(self, tau: int, tau_new: int, levels: int, stride: int) -> None:
+        """Map every priority by :func:`respread` (order kept, weakly, residue kept): the
+        prefix ``{pi < tau}`` becomes ``{pi < tau_new}``, with the room above it restored."""
+        self._merge()
+        self.priority = respread(self.priority, tau, tau_new, levels, stride)
+
+    def reset(self) -> None:
+        """Drop every vote (per-row state and ledger), keep the rows: a restore follows."""
+        self._merge()
+        self._start(self.data)
+
+    def rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of this shard among stream ids ``ids`` ``(m,)`` int64: ``(found ids
+        (f,) int64, rows (f, d) float32)``."""
+        self._merge()
+        at = np.flatnonzero(np.isin(self.ids, np.asarray(ids, np.int64)))
+        return self.ids[at].copy(), self.data[at].copy()
 
     # -- the prefix ---------------------------------------------------------------------
     @property
@@ -139,10 +203,12 @@ class ShardState:
 
     def count_below(self, thresholds: np.ndarray) -> np.ndarray:
         """``#{i : pi(i) < t}`` for each ``t`` of ``thresholds`` ``(m,)`` int64: ``(m,)`` int64."""
+        self._merge()
         return np.searchsorted(self.priority, np.asarray(thresholds, np.int64)).astype(np.int64)
 
     def prefix_rows(self, tau: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows with ``pi(i) < tau`` and their priorities: ``((m, d) float32, (m,) int64)``."""
+        self._merge()
         m = int(np.searchsorted(self.priority, tau))
         return self.data[:m].copy(), self.priority[:m].copy()
 
@@ -156,6 +222,7 @@ class ShardState:
         adds the deltas to the ledger.
         """
         C, p = centroids_and_moves
+        self._merge()
         b = int(np.searchsorted(self.priority, tau))
         C = np.array(C, dtype=np.float32, order="C")
         p = np.array(p, dtype=np.float64)
@@ -172,6 +239,7 @@ class ShardState:
     def assignments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(ids (n_s,) int64, priority (n_s,) int64, labels (n_s,) int32)`` of every row
         (``-1``: not in the prefix or not voted yet), in priority order."""
+        self._merge()
         labels = np.full(self.ids.shape[0], -1, dtype=np.int32)
         b = self.batch_size
         labels[:b] = self._algo._labels[:b]
@@ -190,6 +258,7 @@ class ShardState:
     def relocation_begin(self, C: np.ndarray, v: np.ndarray) -> tuple[float, int, int] | None:
         """Start the farthest-point search: ``d(i)^2`` of every voted row to its updated
         centroid ``C`` (``(k, d)`` float32); returns :meth:`relocation_best`."""
+        self._merge()
         b = self.batch_size
         labels = self._algo._labels
         self._dist2 = _own_sqdist(self.data, b, labels, np.asarray(C)) if b else self._dist2[:0]
@@ -247,3 +316,39 @@ class ShardState:
         if self._dist2.shape[0]:
             _closer_to(self._dist2, self.data, self._dist2.shape[0], x)
         return self.relocation_best(v)
+
+
+def _distinct(priority: np.ndarray, stride: int) -> np.ndarray:
+    """``priority`` ``(n,)`` int64 with repeats raised by ``stride`` until none is left:
+    of equal values, the one of lowest index keeps it (a shard's rows come before its
+    queue, and are distinct: they never move). A repeat has a chance of about ``n^2 / 2^63``."""
+    priority = priority.copy()
+    while True:
+        order = np.argsort(priority, kind="stable")
+        ranked = priority[order]
+        repeat = np.flatnonzero(ranked[1:] == ranked[:-1]) + 1
+        if not repeat.shape[0]:
+            return priority
+        priority[order[repeat]] += stride
+
+
+def respread(priority: np.ndarray, tau: int, tau_new: int, levels: int, stride: int) -> np.ndarray:
+    """``priority`` ``(n,)`` int64 mapped so that the prefix ``{p < tau}`` lands in
+    ``[0, levels * stride)`` and the rest keeps its gaps above ``tau_new``.
+
+    ``p < tau``: ``q = p // stride`` scaled to ``floor(q * levels / (tau // stride + 1))``
+    (monotone: float64 rounding is), then ``q' * stride + p % stride``; ``p >= tau``:
+    lowered by ``tau - tau_new`` rounded down to a multiple of ``stride``. Order is kept
+    (prefix rows may tie: they hold their votes, their order no longer matters), every
+    value keeps its residue modulo ``stride``, and ``#{p' < tau_new} = #{p < tau}`` when
+    ``tau_new >= 2 * levels * stride`` (room for the raises of ties by ``stride``).
+    """
+    priority = np.asarray(priority, dtype=np.int64)
+    stride = int(stride)
+    low = priority < tau
+    q = priority[low] // stride
+    scale = levels / float(tau // stride + 1)
+    q_new = np.minimum(np.floor(q.astype(np.float64) * scale).astype(np.int64), levels - 1)
+    out = priority - (int(tau) - int(tau_new)) // stride * stride
+    out[low] = q_new * stride + priority[low] % stride
+    return out

@@ -195,7 +195,7 @@ class ModelManager:
         """The ``max_samples`` model ``name`` runs with, checked against its memory budget.
 
         The spec's, if its samples and centroids fit :attr:`budget`; unset, as many as
-        fit. Raises the ``507`` ``model-too-large`` problem otherwise.
+        fit. Raises the ``422`` ``model-too-large`` problem otherwise.
         """
         budget, origin = self.budget
         fits = fitting_samples(spec, budget, with_redis=self.with_redis)
@@ -208,7 +208,7 @@ class ModelManager:
             else f"k = {spec.k} samples"
         )  # fmt: skip
         raise ProblemError(
-            507,
+            422,
             "model-too-large",
             f"model '{name}' does not fit its memory: {asked} of dimension {spec.dim} "
             f"(k = {spec.k}) need {need:,} bytes, the limit is {budget:,} ({origin}), "
@@ -296,7 +296,7 @@ class ModelManager:
 
         Returns ``(created, document)``. Problems: ``409`` ``model-conflict`` (another
         spec, or Redis holds the name's data with another ``k``/``dim``), ``409``
-        ``too-many-models``, ``507`` ``model-too-large``, ``422`` ``dimension-too-large``.
+        ``too-many-models``, ``422`` ``model-too-large``, ``422`` ``dimension-too-large``.
         """
         if name == self.settings.model:
             current = spec_of(self.settings)
@@ -309,6 +309,13 @@ class ModelManager:
                 f"dim = {spec.dim} is above NMBATCH_MAX_DIM = {self.settings.max_dim}",
                 title="Dimension too large", setting="NMBATCH_MAX_DIM",
                 max_dim=self.settings.max_dim,
+            )  # fmt: skip
+        if self.settings.ray_address is not None and spec.retention != "all":
+            raise ProblemError(
+                422, "retention-unsupported",
+                f"retention '{spec.retention}' does not run on a Ray cluster yet "
+                "(NMBATCH_RAY_ADDRESS is set): use retention 'all'",
+                title="Retention not supported on Ray", setting="NMBATCH_RAY_ADDRESS",
             )  # fmt: skip
         self._capacity(name, spec)  # 507 before anything is written
         async with self._lock:

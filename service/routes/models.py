@@ -78,6 +78,8 @@ PUT_REFUSED = (
     "`too-many-models`: NMBATCH_MAX_MODELS named models exist."
 )
 TOO_LARGE = (
+    "Invalid settings, `dimension-too-large` (above NMBATCH_MAX_DIM), "
+    "`retention-unsupported` (not `all` with NMBATCH_RAY_ADDRESS), or "
     "`urn:nmbatch:problem:model-too-large`: its samples and centroids would not fit the "
     "memory one model may take (NMBATCH_MODEL_MAX_BYTES); members `setting`, "
     "`required_bytes`, `limit_bytes`, `max_samples_fitting`."
@@ -95,7 +97,7 @@ TOO_LARGE = (
     responses={
         201: {"model": ModelInfo, "description": "Created"},
         **problem_responses(
-            400, 401, 409, 422, 503, 507, described={409: PUT_REFUSED, 507: TOO_LARGE}
+            400, 401, 409, 422, 503, 507, described={409: PUT_REFUSED, 422: TOO_LARGE}
         ),
     },
 )

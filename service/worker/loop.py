@@ -307,7 +307,13 @@ class Worker(EngineRecovery):
                               threads=s.worker_threads, nice=self.engine_nice)  # fmt: skip
         self._close_engine()
         self.phase = Phase.STARTING_ENGINE
-        self.engine = engine = EngineProcess(config) if s.worker_process else LocalEngine(config)
+        if s.ray_address is None:
+            engine: EngineHost = EngineProcess(config) if s.worker_process else LocalEngine(config)
+        else:  # on a Ray cluster (nmbatch[ray]): imported only then
+            from nmbatch.engine.distributed.host import RayEngine
+
+            engine = RayEngine(config, s.ray_address, s.ray_shards)
+        self.engine = engine
         self.retention = LogRetention(s, self.retention_size(self.dim), self.retained_log)
         self.phase = Phase.REPLAYING
         self._publish_stats()

@@ -211,14 +211,14 @@ def test_limits_on_models_and_memory_are_4xx_and_store_nothing(
     with TestClient(create_app(make_settings(max_models=1, model_max_bytes=1 << 20))) as client:
         # 1 MiB: at d = 2, k = 3 the engine takes 4d + 8 + 4k + 32 = 60 bytes a sample.
         too_big = client.put("/models/big", json=SPEC_A | {"max_samples": 100_000})
-        problem = assert_problem(too_big, 507, "model-too-large")
+        problem = assert_problem(too_big, 422, "model-too-large")
         assert problem["setting"] == "max_samples"
         assert problem["limit_setting"] == "NMBATCH_MODEL_MAX_BYTES"
         fitting = problem["max_samples_fitting"]
         assert 10_000 < fitting < (1 << 20) // 60
         # Not even its k samples and centroids fit (16 k d = 2.56 MB of centroids).
         wide = client.put("/models/wide", json={"k": 4, "dim": 40_000})
-        assert assert_problem(wide, 507, "model-too-large")["setting"] == "k"
+        assert assert_problem(wide, 422, "model-too-large")["setting"] == "k"
         wider = client.put("/models/wide", json={"k": 4, "dim": 100_000})
         assert assert_problem(wider, 422, "dimension-too-large")["setting"] == "NMBATCH_MAX_DIM"
         assert not redis_client.exists(REGISTRY_KEY)

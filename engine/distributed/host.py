@@ -1,0 +1,142 @@
+"""The service's engine on a Ray cluster: the worker's ``EngineHost`` over a coordinator.
+
+:class:`RayEngine` gives the service worker the interface it drives every engine with
+(``store``, ``state``, ``ready``, ``feed``, ``rows_of``, ``step``, ``restore``, ``close``;
+``nmbatch.service.engine_host.EngineHost``), over a :class:`~.stream.StreamCoordinator`:
+
+- the worker thread is the Ray *driver*: it holds the coordinator (``C``, ``S``, ``v``,
+  ``Q``, ``tau``: O(k d) memory and arithmetic), while the rows, their per-row state and
+  the distance computations live in the shard actors on the cluster's nodes;
+- each ``feed`` (one log entry the worker read from Redis, as the retention policy
+  ``all`` admits it) is one :meth:`~.stream.StreamCoordinator.append`: the entry's rows
+  go to the next shard in turn;
+- ``step`` is one distributed round, ``restore`` rebuilds the votes from the centroids
+  of the last snapshot after a replay; the :class:`ModelState` they return is published
+  by the worker as a local engine's (same ``/centroids``, ``/assign``, ``/stats``).
+
+Only retention ``all`` is built on the cluster: the service refuses another retention
+with ``NMBATCH_RAY_ADDRESS`` at start-up, and a ``feed`` that retires raises.
+
+Ray is joined when the engine is built (``ray.init(address)``, unless the process is
+connected already) and left when it is closed, so a worker that rebuilds its engine
+after a failure connects again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from nmbatch.engine.state import ModelState
+
+__all__ = ["RayEngine"]
+
+_NO_IDS = np.empty(0, dtype=np.int64)
+
+
+class _CoordinatorStore:
+    """The store as the worker sees it: ``dim``, ``n_samples``, ``append`` (one chunk)."""
+
+    def __init__(self, engine: RayEngine, dim: int) -> None:
+        self._engine = engine
+        self.dim = dim
+
+    @property
+    def n_samples(self) -> int:
+        return int(self._engine.coordinator.n_samples)
+
+    def append(self, X: np.ndarray) -> int:
+        """Append ``X`` ``(m, d)`` float32 under the next stream ids; returns ``N``."""
+        n = self.n_samples
+        return self._engine.coordinator.append(X, np.arange(n, n + np.shape(X)[0]))
+
+
+class RayEngine:
+    """The worker's engine on the Ray cluster at ``address``, over ``n_shards`` shards.
+
+    Parameters
+    ----------
+    config :
+        Has ``dim``, ``k``, ``init``, ``rho``, ``batch_size`` and ``seed`` (the service's
+        ``EngineConfig``).
+    address : str
+        A Ray address, as ``ray.init`` takes it (the head's ``"host:port"``, ``"auto"``).
+    n_shards : int
+        ``P >= 1``: shard actors, spread over the nodes.
+    """
+
+    def __init__(self, config: Any, address: str, n_shards: int) -> None:
+        import ray
+
+        from .stream import StreamCoordinator
+
+        self._joined = not ray.is_initialized()
+        if self._joined:
+            ray.init(address=address, log_to_driver=False)
+        try:
+            self.coordinator = StreamCoordinator(
+                n_shards, config.k, config.dim, seed=config.seed, init=config.init,
+                rho=config.rho, batch_size=config.batch_size,
+            )  # fmt: skip
+        except BaseException:
+            self._leave()
+            raise
+        self.store = _CoordinatorStore(self, int(config.dim))
+        self.state: ModelState = self.coordinator.state()
+
+    def ready(self) -> bool:
+        """True once ``step()`` can run (``k`` samples appended, or initialised)."""
+        return self.state.initialized or self.store.n_samples >= self.coordinator.n_clusters
+
+    def feed(
+        self,
+        X: np.ndarray,
+        ids: np.ndarray,
+        *,
+        n_after: int,
+        retire_ids: np.ndarray = _NO_IDS,
+        retire_before: int = 0,
+        any_order: bool = False,
+    ) -> None:
+        """Append the rows of ``X`` ``(m, d)`` float32 under stream ``ids`` ``(m,)`` int64
+        to the next shard; retirements are not built on the cluster (ValueError)."""
+        if np.shape(retire_ids)[0] or retire_before > 0:
+            raise ValueError("retirements are not built on the Ray backend (retention 'all' "
+                             "only)")  # fmt: skip
+        self.coordinator.append(X, ids)
+        if self.store.n_samples != n_after:
+            raise RuntimeError(f"the store holds {self.store.n_samples} rows, not {n_after}")
+        self.state = dataclasses.replace(self.state, converged=False)
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """The stored rows with stream ids ``ids`` ``(m,)`` int64, ``(m, d)`` float32."""
+        return self.coordinator.rows_of(ids)
+
+    def step(self) -> ModelState:
+        """One distributed round; the new state, with its ``stats``."""
+        self.state = self.coordinator.state(self.coordinator.step())
+        return self.state
+
+    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> ModelState:
+        """Start again from ``centroids`` ``(k, d)`` float32 over the first ``batch_size``
+        priorities, counting iterations from ``iteration`` (``stats`` None)."""
+        self.coordinator.restore(centroids, batch_size, iteration)
+        self.state = self.coordinator.state()
+        return self.state
+
+    def close(self) -> None:
+        """End the shard actors and leave the cluster if this engine joined it."""
+        with contextlib.suppress(Exception):
+            self.coordinator.close()
+        self._leave()
+
+    def _leave(self) -> None:
+        if self._joined:
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            self._joined = False

@@ -1,0 +1,213 @@
+"""Streaming distributed nmbatch: rows appended between rounds, restore from centroids.
+
+:class:`StreamCoordinator` is the phase-1 :class:`~.coordinator.Coordinator` started on
+empty shards and fed by :meth:`StreamCoordinator.append`, one call per log entry: the
+entry's rows go to one shard, the next entry to the next shard (round robin by entry,
+independent of the values, so each shard's part of the prefix is a uniform sample of
+its part of the store and the parts are balanced up to the entries' sizes).
+
+Priorities of appended rows: **uniform at random in** ``[tau, PRIORITY_LIMIT)``, ``tau``
+the prefix threshold in force. Of the two choices the issue leaves (above all existing
+priorities, or random), this one keeps the single-machine store's semantics: there a new
+row is shuffled into a uniformly random place of the *tail* (the rows not in the prefix;
+``NestedBatchStore.append``), never into the prefix. Here too:
+
+- the prefix ``{pi < tau}`` does not change when rows arrive (the new priorities are
+  ``>= tau``), so the votes and the ledgers stay exact, and the prefix is still the set of
+  the lowest-priority samples;
+- the rows waiting above ``tau`` are in a uniformly random priority order whatever the
+  order of arrival, so every later doubling (raising ``tau``) takes a uniform random
+  subset of the waiting rows, old and new alike. Priorities above all existing ones
+  would instead make a doubling take the oldest waiting rows first: under drift the
+  prefix would lag behind the stream.
+
+Priorities are distinct over the whole store: shard ``s`` of ``P`` draws only values
+``= s (mod P)`` (no two shards share one), and a shard raises a value repeating one it
+holds by ``P`` (:func:`~.shard._distinct`; a repeat has a chance of about ``n^2 / 2^63``).
+
+The room for new priorities, ``[tau, PRIORITY_LIMIT)``, shrinks as ``tau`` rises; once
+``tau`` has used half of it in a round whose prefix holds every row (a converged stream,
+where every round takes in all new rows), :meth:`StreamCoordinator.respread` maps all
+priorities down in order, the prefix to the bottom, and the room is whole again.
+
+Faults: each shard's appended chunks ``(rows ObjectRef, ids, priority)`` are kept by the
+coordinator in order (rows in Ray's object store, owned by this driver; ids and
+priorities, 16 bytes a row, in the driver's memory), so a lost shard is replaced as in
+phase 1 (its ledger subtracted, a new actor given the same chunks in the same order,
+unvoted). A lost driver (the service restarts) rebuilds everything from the Redis log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import ray
+
+from nmbatch.engine.kernels import centroid_update
+from nmbatch.engine.state import IterationStats
+
+from .coordinator import PRIORITY_LIMIT, Coordinator, ShardActor
+from .shard import respread
+
+__all__ = ["StreamCoordinator"]
+
+_HEADROOM = 1 << 40  # room above the drawn priorities for the raises of repeats
+_LEVELS = 1 << 40  # respread: the prefix's priorities in [0, _LEVELS * P)
+_RESPREAD_AT = PRIORITY_LIMIT // 2  # respread once tau has used half the room
+
+
+class StreamCoordinator(Coordinator):
+    """A :class:`~.coordinator.Coordinator` over ``n_shards`` shards that start empty.
+
+    Parameters
+    ----------
+    n_shards : int
+        ``P >= 1``.
+    n_clusters, dim :
+        ``k`` and ``d``.
+    seed : int or None
+        Seeds the priorities and k-means++ (two independent streams).
+    **kwargs :
+        ``init``, ``rho``, ``batch_size``, ``relocate_empty``, ``bound_mode``, as the
+        :class:`~.coordinator.Coordinator`.
+    """
+
+    def __init__(
+        self, n_shards: int, n_clusters: int, dim: int, *, seed: int | None = None, **kwargs: Any
+    ) -> None:
+        if int(n_shards) < 1:
+            raise ValueError(f"n_shards must be >= 1, got {n_shards}")
+        priority_seq, init_seq = np.random.SeedSequence(seed).spawn(2)
+        self._priority_rng = np.random.default_rng(priority_seq)
+        init_seed = int(init_seq.generate_state(1, np.uint64)[0] >> np.uint64(1))
+        P, d = int(n_shards), int(dim)
+        # Chunks appended to each shard, in order: (rows ObjectRef, ids, priority).
+        self.chunks: list[list[tuple[Any, np.ndarray, np.ndarray]]] = [[] for _ in range(P)]
+        self._next_shard = 0
+        empty = (
+            ray.put(np.empty((0, d), np.float32)),
+            np.empty(0, np.int64),
+            np.empty(0, np.int64),
+        )
+        super().__init__([empty] * P, n_clusters, d, random_state=init_seed, **kwargs)
+
+    def _start_shard(self, s: int) -> Any:
+        """A new (or replacement) actor for shard ``s``, given its chunks in order."""
+        rows, ids, priority = self.partitions[s]
+        name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
+        options = {"name": name, "num_cpus": 0, "scheduling_strategy": "SPREAD"}
+        actor = ShardActor.options(**options).remote(
+            rows, ids, priority, self.n_clusters, self.bound_mode
+        )
+        for chunk in self.chunks[s] if hasattr(self, "chunks") else ():
+            actor.append.remote(*chunk, len(self.partitions))  # calls run in this order
+        return actor
+
+    # -- appends --------------------------------------------------------------------------
+    def priorities(self, m: int, s: int) -> np.ndarray:
+        """``m`` priorities for shard ``s``: uniform in ``[tau, PRIORITY_LIMIT)`` among the
+        values ``= s (mod P)``, ``(m,)`` int64 (see the module)."""
+        P = len(self.partitions)
+        high = max(PRIORITY_LIMIT - _HEADROOM, self.tau + 1)  # tau above it: a respread due
+        u = self._priority_rng.integers(self.tau, high, size=m)
+        pri = u - u % P + s
+        pri[pri < self.tau] += P
+        return pri.astype(np.int64)
+
+    def append(self, X: np.ndarray, ids: np.ndarray) -> int:
+        """Append the rows of one log entry, ``X`` ``(m, d)`` float32 with stream ``ids``
+        ``(m,)`` int64, to the next shard in turn (not waiting for it); returns ``N``."""
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        m = X.shape[0]
+        if X.ndim != 2 or X.shape[1] != self.dim or np.shape(ids) != (m,):
+            raise ValueError(f"rows of shape {X.shape} with {np.shape(ids)} ids for dim {self.dim}")
+        if not m:
+            return self.n_samples
+        s = self._next_shard
+        self._next_shard = (s + 1) % len(self.partitions)
+        chunk = (ray.put(X), np.asarray(ids, np.int64).copy(), self.priorities(m, s))
+        self.chunks[s].append(chunk)
+        # Not waited for: a dead actor's failure shows at the next round, which replaces
+        # it with every chunk, this one included.
+        self.shards[s].append.remote(*chunk, len(self.partitions))
+        self.n_samples += m
+        self.converged = False
+        return self.n_samples
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """The stored rows with stream ids ``ids`` ``(m,)`` int64, in that order, ``(m, d)``
+        float32 (KeyError if one is not stored)."""
+        ids = np.asarray(ids, np.int64)
+        while True:
+            parts = self.call_all("rows_of", ids)
+            if all(part is not None for part in parts):
+                break
+        found = np.concatenate([p[0] for p in parts])
+        rows = np.concatenate([p[1] for p in parts]).reshape(-1, self.dim)
+        order = np.argsort(found, kind="stable")
+        at = np.searchsorted(found[order], ids)
+        if ids.shape[0] and (np.any(at >= found.shape[0]) or np.any(found[order][at] != ids)):
+            raise KeyError("some ids are not stored")
+        return rows[order][at]
+
+    # -- rounds -------------------------------------------------------------------------
+    def step(self) -> IterationStats:
+        """One round (:meth:`Coordinator.step`), then :meth:`respread` if due."""
+        stats = super().step()
+        if self._covered_all and self.tau > _RESPREAD_AT:
+            self.respread()
+        return stats
+
+    def respread(self) -> None:
+        """Give new rows their room back: map every priority down (:func:`~.shard.respread`).
+
+        The room ``[tau, PRIORITY_LIMIT)`` new priorities are drawn from shrinks as ``tau``
+        rises (fast in a stream the prefix covers whole, where each round raises ``tau``
+        past every new row). Done when the prefix holds every row (no row waits: nothing
+        above ``tau`` whose spread must match the new draws): the prefix is mapped into
+        ``[0, _LEVELS P)`` in order, ``tau`` becomes ``2 _LEVELS P``. The coordinator's
+        chunk records are mapped first, so a shard replaced meanwhile starts mapped.
+        """
+        P = len(self.partitions)
+        tau_new = 2 * _LEVELS * P
+        if self.tau <= tau_new:
+            return
+        for chunks in self.chunks:
+            for c, (rows, ids, pri) in enumerate(chunks):
+                chunks[c] = (rows, ids, respread(pri, self.tau, tau_new, _LEVELS, P))
+        self.call_all("respread", self.tau, tau_new, _LEVELS, P)
+        self.tau = tau_new
+
+    # -- restore -------------------------------------------------------------------------
+    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> None:
+        """Start again from ``centroids`` ``(k, d)`` float32 over the ``b = min(max(
+        batch_size, k), N)`` lowest priorities, counting iterations from ``iteration``;
+        as ``NestedMiniBatch.restore``: one exact assignment pass rebuilds the votes and
+        ``sse``, the centroids are left as given (``p = 0``)."""
+        k, d = self.n_clusters, self.dim
+        C = np.array(centroids, dtype=np.float32, order="C").reshape(k, d)
+        self.call_all("reset")  # a shard lost here is replaced unvoted: the same
+        self.S[:], self.v[:], self.Q[:], self.sse[:], self.p[:] = 0.0, 0, 0.0, 0.0, 0.0
+        for ledger in self.ledgers:
+            for part in ledger:
+                part[...] = 0
+        b = min(max(int(batch_size), k), self.n_samples)
+        self.tau = 0
+        self.tau = self._select_tau(b)
+        self.centroids, self.initialized = C, True
+        results = self.call_all("step", ray.put((C, self.p)), self.tau)
+        for s, res in enumerate(results):
+            if res is None:  # lost: its rows join at the next round as new rows
+                continue
+            for total, mine, delta in zip(
+                (self.S, self.v, self.Q), self.ledgers[s], res[:3], strict=True
+            ):
+                total += delta
+                mine += delta
+        centroid_update(self.S, self.v, self.Q, C, sse_out=self.sse)  # sse; update dropped
+        self.batch_size, self.iteration = b, int(iteration)
+        self.converged = self._grow = False
+        self._covered_all = b == self.n_samples
+        if self._covered_all and self.tau > _RESPREAD_AT:
+            self.respread()

@@ -1,0 +1,138 @@
+"""The service with its worker's engine on a Ray cluster (``NMBATCH_RAY_ADDRESS``).
+
+One local Ray cluster for the module (``ray.cluster_utils.Cluster``: a head node and a
+worker node on 127.0.0.1, no dashboard, a small object store), the session's real
+redis-server, and the real app (``TestClient(create_app(settings))``): its worker joins
+the cluster by address (``ray.init`` in the worker thread of this process), runs the
+coordinator and puts its shard actors on the nodes. Tested: ingest -> /centroids (the
+blob means) -> /assign; a restart rebuilds from the Redis log; a shard actor killed
+mid-run is replaced and nothing logged is lost; a retention other than ``all`` is
+refused at start-up and in ``PUT /models/{name}``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from service_helpers import post_npy, wait_converged
+
+from nmbatch.service.main import create_app
+from tests.testkit import SettingsFactory, TestClient, blobs_around, wait_until
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+MEANS = np.array([[0.0, 0.0, 0.0, 0.0], [20.0, 0.0, 5.0, 0.0], [0.0, 20.0, 0.0, -5.0]])
+STORE = 80 * 2**20
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """The address of a two-node local Ray cluster, shut down after the module."""
+    if ray.is_initialized():  # another module's connection: the engine must join ours
+        ray.shutdown()
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "object_store_memory": STORE, "include_dashboard": False},
+    )
+    c.add_node(num_cpus=1, object_store_memory=STORE)
+    c.wait_for_nodes()
+    try:
+        yield c.address
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+
+
+def shard_names() -> list[str]:
+    """Names of the live shard actors (this process is the engine's Ray driver)."""
+    return sorted(a for a in ray.util.list_named_actors() if a.startswith("nmbatch-shard-"))
+
+
+def check_blobs(client: TestClient, X: np.ndarray, blob: np.ndarray) -> dict:
+    """The model converged on every sample, each centroid its blob's mean; /assign right."""
+    doc = wait_converged(client, len(X), timeout=40.0)
+    centroids = np.array(doc["centroids"])
+    owner = [int(np.argmin(((MEANS - c) ** 2).sum(axis=1))) for c in centroids]
+    assert sorted(owner) == [0, 1, 2]
+    for c, b in zip(centroids, owner, strict=True):
+        np.testing.assert_allclose(c, X[blob == b].astype(np.float64).mean(axis=0), atol=1e-4)
+        np.testing.assert_allclose(c, MEANS[b], atol=0.2)
+    assert sorted(doc["counts"]) == [np.sum(blob == b) for b in range(3)]
+    for b in range(3):
+        answer = post_npy(client, X[blob == b], "/assign").json()
+        assert set(answer["clusters"]) == {owner.index(b)}
+    return doc
+
+
+def test_blobs_found_on_the_cluster_and_rebuilt_after_a_restart(
+    make_settings: SettingsFactory, ray_address: str
+) -> None:
+    rng = np.random.default_rng(7)
+    X, blob = blobs_around(rng, MEANS, per_blob=400)
+    settings = make_settings(batch_size=64, ray_address=ray_address, ray_shards=2)
+    with TestClient(create_app(settings)) as client:
+        for part in np.array_split(np.arange(len(X)), 6):
+            assert post_npy(client, X[part]).status_code == 202
+        doc = check_blobs(client, X, blob)
+        stats = client.get("/stats").json()
+        assert stats["n_samples"] == len(X)
+        # The worker's engine is the coordinator; its shards are actors on the cluster.
+        assert len(shard_names()) == 2
+    # A restart: the new worker replays the Redis log into new shards, restores.
+    with TestClient(create_app(settings)) as client:
+        wait_until(
+            lambda: client.get("/stats").json()["phase"] == "converged", 40.0, "the rebuilt worker"
+        )
+        again = check_blobs(client, X, blob)
+        assert again["version"] > doc["version"]
+        np.testing.assert_allclose(again["centroids"], doc["centroids"], atol=1e-4)
+
+
+def test_a_killed_shard_is_replaced_and_nothing_is_lost(
+    make_settings: SettingsFactory, ray_address: str
+) -> None:
+    rng = np.random.default_rng(3)
+    X, blob = blobs_around(rng, MEANS, per_blob=300)
+    settings = make_settings(batch_size=48, ray_address=ray_address, ray_shards=3)
+    with TestClient(create_app(settings)) as client:
+        half = len(X) // 2
+        for part in np.array_split(np.arange(half), 3):
+            assert post_npy(client, X[part]).status_code == 202
+        wait_converged(client, half, timeout=40.0)
+        names = shard_names()
+        assert len(names) == 3
+        ray.kill(ray.get_actor(sorted(names)[0]))
+        for part in np.array_split(np.arange(half, len(X)), 3):
+            assert post_npy(client, X[part]).status_code == 202
+        check_blobs(client, X, blob)
+        now = shard_names()
+        assert len(now) == 3 and sorted(names)[0] not in now  # replaced, a new generation
+        # Every logged sample is in exactly one shard, and voted (the prefix is all of them).
+        parts = ray.get([ray.get_actor(name).assignments.remote() for name in now])
+        ids = np.concatenate([p[0] for p in parts])
+        np.testing.assert_array_equal(np.sort(ids), np.arange(len(X)))
+        assert all((p[2] >= 0).all() for p in parts)
+
+
+def test_a_retention_other_than_all_is_refused_with_a_cluster(
+    make_settings: SettingsFactory,
+) -> None:
+    with pytest.raises(ValidationError, match="only NMBATCH_RETENTION = all"):
+        make_settings(ray_address="127.0.0.1:6379", retention="window", max_samples=100)
+
+
+def test_a_named_model_with_another_retention_is_refused_with_a_cluster(
+    ray_address: str, make_settings: SettingsFactory
+) -> None:
+    spec = {"k": 2, "dim": 3, "retention": "window", "max_samples": 1000}
+    with TestClient(create_app(make_settings(ray_address=ray_address))) as client:
+        problem = client.put("/models/windowed", json=spec)
+        assert problem.status_code == 422
+        body = problem.json()
+        assert body["type"].endswith("retention-unsupported")
+        assert body["setting"] == "NMBATCH_RAY_ADDRESS"
+        assert client.get("/models/windowed").status_code == 404
