@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["kmeans_plusplus"]
+__all__ = ["initial_centroids", "kmeans_plusplus"]
 
 
 def kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -37,3 +37,18 @@ def kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
         chosen[c] = picks[best]
         closest = candidate[:, best]
     return np.array(X[chosen], dtype=np.float32)
+
+
+def initial_centroids(
+    init: str | np.ndarray, X: np.ndarray, k: int, rng: np.random.Generator
+) -> np.ndarray:
+    """The starting centroids ``(k, d)`` float32 (C-contiguous, a new array) from the
+    first batch ``X`` ``(b, d)`` float32: ``init`` itself if an array, the first ``k``
+    rows (``"first"``), or k-means++ seeding on ``X`` with ``rng`` (``"k-means++"``)."""
+    if isinstance(init, np.ndarray):
+        C = init
+    elif init == "first":
+        C = X[:k]
+    else:
+        C = kmeans_plusplus(X, k, rng)
+    return np.array(C, dtype=np.float32, order="C")

@@ -182,15 +182,20 @@ def check_after_fault(coord: Coordinator, X: np.ndarray) -> None:
     assert_sums_are_means(coord.S, coord.v, X[ids], labels)
 
 
-def test_a_shard_actor_killed_mid_run(cluster):
-    X = blobs(4000, k=8, d=6, seed=11)
-    kw = {"k": 8, "n_shards": 3, "batch_size": 50, "seed": 2}
+def calm_and_hit(X: np.ndarray, kw: dict) -> tuple[float, Coordinator]:
+    """The final energy of an undisturbed run, and a fresh coordinator to disturb."""
     calm = coordinator(X, **kw)
     calm.X = X
     e_calm = run_to_end(calm)
     calm.close()
     hit = coordinator(X, **kw)
     hit.X = X
+    return e_calm, hit
+
+
+def test_a_shard_actor_killed_mid_run(cluster):
+    X = blobs(4000, k=8, d=6, seed=11)
+    e_calm, hit = calm_and_hit(X, {"k": 8, "n_shards": 3, "batch_size": 50, "seed": 2})
     e_hit = run_to_end(hit, fault=lambda: ray.kill(ray.get_actor(hit.shard_name(1))))
     assert hit.n_lost == 1 and hit.generation == [0, 1, 0]
     check_after_fault(hit, X)
@@ -201,13 +206,7 @@ def test_a_shard_actor_killed_mid_run(cluster):
 def test_a_worker_node_removed_mid_run(cluster):
     c, worker = cluster
     X = blobs(4000, k=8, d=6, seed=13)
-    kw = {"k": 8, "n_shards": 4, "batch_size": 50, "seed": 4}
-    calm = coordinator(X, **kw)
-    calm.X = X
-    e_calm = run_to_end(calm)
-    calm.close()
-    hit = coordinator(X, **kw)
-    hit.X = X
+    e_calm, hit = calm_and_hit(X, {"k": 8, "n_shards": 4, "batch_size": 50, "seed": 4})
     nodes = ray.get([a.node_id.remote() for a in hit.shards])
     on_worker = sum(node == worker.node_id for node in nodes)
     assert 1 <= on_worker < len(nodes)  # SPREAD: shards on both nodes

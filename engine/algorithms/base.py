@@ -19,7 +19,7 @@ import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
-from nmbatch.engine.init import kmeans_plusplus
+from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.kernels.grouped import assign_dense_grouped
@@ -193,14 +193,7 @@ class KMeansAlgorithm:
     # -- shared machinery -------------------------------------------------------------
     def _initialise(self, X: np.ndarray) -> None:
         """Set the starting centroids from the first rows ``X`` of the store (not votes)."""
-        k = self.n_clusters
-        if isinstance(self._init, np.ndarray):
-            C = self._init
-        elif self._init == "first":
-            C = X[:k]
-        else:
-            C = kmeans_plusplus(X, k, self._rng)
-        self.centroids = np.array(C, dtype=np.float32, order="C")
+        self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng)
         self.initialized = True
 
     def _require_samples(self) -> None:

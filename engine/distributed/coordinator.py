@@ -51,7 +51,7 @@ from ray.exceptions import RayActorError
 
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
 from nmbatch.engine.algorithms.growth import B0_PER_CLUSTER, first_batch_size
-from nmbatch.engine.init import kmeans_plusplus
+from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.state import IterationStats, ModelState
 
@@ -216,14 +216,7 @@ class Coordinator:
         return min(2 * self.batch_size, n) if self._grow else self.batch_size
 
     def _initialise(self, X: np.ndarray) -> None:
-        k = self.n_clusters
-        if isinstance(self._init, np.ndarray):
-            C = self._init
-        elif self._init == "first":
-            C = X[:k]
-        else:
-            C = kmeans_plusplus(X, k, self._rng)
-        self.centroids = np.array(C, dtype=np.float32, order="C")
+        self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng)
         self.initialized = True
 
     # -- one round ----------------------------------------------------------------------
