@@ -11,8 +11,9 @@ with each bound mode at each ``k`` on the same data, from the same initial centr
   and its id in the store (``4 d + 8``);
 - ``steps``, ``seconds`` (all steps), ``revisit_seconds`` (the steps after the first,
   where the bounds act), ``distances`` computed, ``energy`` (``sse / b``) and ``b``;
-- ``same_centroids``: whether every mode that ran as many steps as ``full`` (the first
-  mode) ended on the same centroids bit for bit (every mode is exact, so it must).
+- ``same_centroids``: whether a mode that ran as many steps as ``full`` (the first
+  mode) ended on the same centroids bit for bit (every mode is exact, so it must);
+  ``None`` (shown ``-``) when it ran fewer steps within the budget.
 
 Each run stops after ``--steps`` steps, at convergence, or once ``--budget`` seconds
 have passed. A run whose bounds would take more than ``--max-bound-bytes`` (at ``n``
@@ -108,8 +109,9 @@ def measure(X: np.ndarray, args: argparse.Namespace) -> list[dict[str, Any]]:
             runs.append(_run(X, k, mode, args))
         ref = runs[0]["_centroids"] if runs else None
         for row in runs:
+            # Compared only after as many steps as the first mode's (None: not compared).
             same = row["steps"] == runs[0]["steps"]
-            row["same_centroids"] = bool(same and (row["_centroids"] == ref).all())
+            row["same_centroids"] = bool((row["_centroids"] == ref).all()) if same else None
         for row in runs:
             del row["_centroids"]
             out.append(row)
@@ -134,7 +136,7 @@ def render(rows: Sequence[dict[str, Any]], about: str) -> str:
             f"| {r['k']} | {mode} | {r['bounds']} | {r['bytes_per_sample']} | "
             f"{r['with_rows']} | {r['steps']} | {r['seconds']:.2f} | "
             f"{r['revisit_seconds']:.2f} | {r['distances']:.3g} | {r['energy']:.6g} | "
-            f"{r['b']} | {r['same_centroids']} |"
+            f"{r['b']} | {'-' if r['same_centroids'] is None else r['same_centroids']} |"
         )
     return "\n".join(lines)
 
