@@ -21,6 +21,7 @@ from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms import ALGORITHMS
 from nmbatch.engine.algorithms.bounds import check_bound_mode
 from nmbatch.engine.retention import check_retention
+from nmbatch.engine.threads import check_threads
 
 __all__ = [
     "INIT_METHODS",
@@ -161,6 +162,7 @@ def check_params(params: dict[str, Any]) -> None:
     if not isinstance(params.get("relocate_empty", True), bool):
         raise ValueError(f"relocate_empty must be a bool, got {params['relocate_empty']!r}")
     check_bound_mode(params.get("bounds", "auto"))
+    check_threads(params.get("n_threads"))
     check_backend(params)
     algorithm = params["algorithm"]
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:

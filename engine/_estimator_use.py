@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from nmbatch.engine.assign import nearest
+from nmbatch.engine.threads import with_threads
 
 __all__ = ["ModelUseMixin"]
 
@@ -23,6 +24,7 @@ class ModelUseMixin:
     cluster_centers_: np.ndarray
     labels_: np.ndarray
 
+    @with_threads
     def predict(self, X: object) -> np.ndarray:
         """Index of the nearest centroid of each row of ``X``: ``(n,)`` int64 (ties: lowest)."""
         self._check_fitted()
@@ -33,6 +35,7 @@ class ModelUseMixin:
         """``fit(X)`` then return ``labels_`` (``(n,)`` int64)."""
         return self.fit(X).labels_
 
+    @with_threads
     def transform(self, X: object) -> np.ndarray:
         """Euclidean distance of each row of ``X`` to each centroid: ``(n, k)`` float64.
 
@@ -54,6 +57,7 @@ class ModelUseMixin:
         """``fit(X)`` then return ``transform(X)``: ``(n, k)`` float64."""
         return self.fit(X).transform(X)
 
+    @with_threads
     def score(self, X: object, y: object = None) -> float:
         """Minus the inertia of ``X``: ``-sum(min_j ||x - c_j||^2)`` (higher is better)."""
         self._check_fitted()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from nmbatch.engine.kernels import (
@@ -27,13 +28,19 @@ def sqnorms(A: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", A64, A64)
 
 
-def nearest(X: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nearest(
+    X: np.ndarray, centroids: np.ndarray, *, n_threads: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Nearest centroid of each row of ``X``, exactly (ties go to the lowest index).
 
     Parameters
     ----------
     X : (n, d) float32 array (other real dtypes are cast)
     centroids : (k, d) float32 array
+    n_threads : int or None
+        numba threads of the search for this call (the BLAS product keeps the process's
+        setting); None: the calling thread's ``numba.get_num_threads()``. The answer does
+        not depend on it.
 
     Returns
     -------
@@ -44,6 +51,13 @@ def nearest(X: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarra
     C = np.ascontiguousarray(centroids, dtype=np.float32)
     if X.ndim != 2 or C.ndim != 2 or X.shape[1] != C.shape[1]:
         raise ValueError(f"shape mismatch: X {X.shape}, centroids {C.shape}")
+    if n_threads is not None:
+        before = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS)))
+        try:
+            return nearest(X, C)
+        finally:
+            numba.set_num_threads(before)
     n = X.shape[0]
     labels = np.empty(n, dtype=np.int64)
     sqdist = np.empty(n, dtype=np.float64)

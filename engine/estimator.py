@@ -94,6 +94,11 @@ n_shards : int, default=2
 ray_address : str or None, default=None
     Ray cluster address (``"auto"``, ``"host:6379"``); None: the Ray already initialised
     in this process, else a local Ray started for the fit and stopped after.
+n_threads : int or None, default=None
+    Threads of the kernels during ``fit``, ``partial_fit``, ``predict``, ``transform``
+    and ``score`` (BLAS: one while iterating, as scikit-learn's k-means; ``n_threads``
+    in ``predict``...; ``nmbatch.engine.threads``); None: every core the process may use
+    (as scikit-learn counts them). The model does not depend on it, bit for bit.
 
 Attributes
 ----------
@@ -178,6 +183,7 @@ from nmbatch.engine.assign import nearest
 from nmbatch.engine.retention import RetentionPolicy, feed, make_retention
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.store import NestedBatchStore
+from nmbatch.engine.threads import with_kernel_threads
 
 __all__ = ["Callback", "NestedMiniBatchKMeans"]
 
@@ -211,6 +217,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
         backend: str = "local",
         n_shards: int = 2,
         ray_address: str | None = None,
+        n_threads: int | None = None,
     ) -> None:
         self.n_clusters = n_clusters
         self.rho = rho
@@ -228,6 +235,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
         self.backend = backend
         self.n_shards = n_shards
         self.ray_address = ray_address
+        self.n_threads = n_threads
 
     def __sklearn_tags__(self) -> Any:
         """scikit-learn's tags: an unsupervised clusterer and transformer of dense input.
@@ -319,6 +327,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
             seed=seed,
         )
 
+    @with_kernel_threads
     def fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
         """Cluster ``X`` (shape ``(n, d)``, any real dtype); ``y`` is ignored.
 
@@ -400,6 +409,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
             algo.iteration = int(self.n_iter_)
         self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
 
+    @with_kernel_threads
     def partial_fit(
         self, X: object, y: object = None, *, now: float | None = None
     ) -> NestedMiniBatchKMeans:

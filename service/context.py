@@ -83,9 +83,11 @@ async def parse_body(
 def assign(model: PublishedModel, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Nearest centroid of each row of ``X`` (``(n, d)`` float32) under ``model``.
 
-    Returns labels ``(n,)`` int64 and Euclidean distances ``(n,)`` float64.
+    Returns labels ``(n,)`` int64 and Euclidean distances ``(n,)`` float64. One thread
+    per request: the HTTP side answers many at once from its thread pool, and leaves the
+    other cores to the engine.
     """
-    labels, sqdist = nearest(X, model.state.centroids)
+    labels, sqdist = nearest(X, model.state.centroids, n_threads=1)
     return labels, np.sqrt(sqdist)
 
 

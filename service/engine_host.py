@@ -227,11 +227,9 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
         with contextlib.suppress(OSError):
             os.nice(config.nice)
     # Imported here: the parent does not need threadpoolctl's state or numba's threads.
-    import numba
-    from threadpoolctl import threadpool_limits
+    from nmbatch.engine.threads import kernel_threads
 
-    with threadpool_limits(limits=config.threads):
-        numba.set_num_threads(min(config.threads, numba.config.NUMBA_NUM_THREADS))
+    with kernel_threads(config.threads):  # the kernels on config.threads, BLAS on one
         store, algo = _build(config)
         conn.send(algo.state())  # the initial state: the child is ready
         d = config.dim

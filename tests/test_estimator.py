@@ -163,6 +163,7 @@ def test_get_params_set_params_and_repr():
         "max_samples": None,
         "n_clusters": 3,
         "n_shards": 2,
+        "n_threads": None,
         "random_state": 7,
         "ray_address": None,
         "relocate_empty": True,

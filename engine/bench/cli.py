@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from nmbatch.engine.bench import datasets, mnist
+from nmbatch.engine.bench import datasets, mnist, threads
 from nmbatch.engine.bench.protocol import Budget, Curve, Problem, Runner, record, shuffled_problem
 
 __all__ = ["build_parser", "limit_threads", "main"]
@@ -125,7 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rho", type=float, default=100.0)
     r.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5; quick 2)")
     r.add_argument("--first-seed", type=int, default=0)
-    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--threads", type=threads.parse_threads, action=threads.ThreadsAction,
+                   default=1, help="threads of every pool (default 1); a list (1,2,4) runs "
+                   "the benchmark once per count, each in its own process, into "
+                   "OUT/threads-N, and writes OUT/scaling.json, scaling.md and scaling.png")
+    p.set_defaults(thread_counts=[1])
     r.add_argument("--budget", type=float, default=None,
                    help="seconds of its own time per algorithm and seed (default 20; quick 0.5)")
     r.add_argument("--max-iter", type=int, default=None,
@@ -276,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return large_k_main([a for a in (sys.argv[1:] if argv is None else argv)
                              if a != "--large-k"])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     quick = args.quick
     args.seeds = args.seeds or (2 if quick else 5)
     args.budget = args.budget if args.budget is not None else (0.5 if quick else 20.0)
@@ -289,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(_all_names()))
     if unknown:
         raise SystemExit(f"unknown algorithm(s) {unknown}; choose from {_all_names()}")
-    if args.threads < 1:
-        raise SystemExit("--threads must be >= 1")
+    if len(args.thread_counts) > 1:  # one child process per count, then the scaling table
+        options = [o for a in parser._actions for o in a.option_strings]
+        return threads.run_scaling(args, sys.argv[1:] if argv is None else argv, options)
     command = "python -m nmbatch.engine.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
 
     kept = False if args.no_keep_memory else keep_freed_memory()

@@ -6,7 +6,8 @@
 explicit initial centroids ``C0`` (so every algorithm starts from the same place) and
 times each ``algo.step()``. Building the algorithm is inside the first timed step; loading
 the store is not (it is the data's input format, as ``X`` in memory is for the peers) and
-its time is reported apart, as ``notes["store_load_seconds"]``.
+its time is reported apart, as ``notes["store_load_seconds"]``. The steps run with the
+kernels on the bench's thread count and BLAS on one (``engine.threads.kernel_threads``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import numba
 import numpy as np
 
 from nmbatch.engine.bench.protocol import Budget, Problem, Runner, Snapshot, stepwise
+from nmbatch.engine.threads import kernel_threads
 
 __all__ = ["OURS", "jit_warmup", "run_ours"]
 
@@ -48,7 +51,9 @@ def run_ours(name: str, rho: float | None = None) -> Runner:
             last = algo.step()
             return last.converged
 
-        notes = yield from stepwise(step, lambda: algo.centroids, budget)
+        # Kernels on the bench's thread count, BLAS on one (nmbatch.engine.threads).
+        with kernel_threads(numba.get_num_threads()):
+            notes = yield from stepwise(step, lambda: algo.centroids, budget)
         notes["store_load_seconds"] = load
         if last is not None:
             notes["final_batch_size"] = int(last.batch_size)

@@ -31,33 +31,38 @@ from nmbatch.engine.kernels.common import (
     sqdist_safe,
     sqnorm,
 )
+from nmbatch.engine.kernels.parallel import apply_moves, block_rows, parallel_rows
 
 __all__ = ["assign_dense"]
 
 
 @numba.njit(cache=True, nogil=True)
-def _assign_dense(
-    X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper, S, v,
-    sse, Q,
+def _dense_range(
+    X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower,
+    upper, S, v, sse, Q, prev, old_d2,
 ):
-    """The kernel of :func:`assign_dense`.
+    """:func:`assign_dense` over ``rows[lo:hi]``; returns ``n_changed``.
 
     xx      : (m,) float64   ``||X[rows[q]]||^2``: IN, or OUT when ``fill_xx``
     lower   : (N, k) float32, or (0, k): no lower bounds
     upper   : (N,) float64, or (0,): no upper bounds
+    prev, old_d2 : (m,) int32, (m,) float64, or empty. When given, the vote a row casts is
+              left to :func:`~nmbatch.engine.kernels.parallel.apply_moves`: ``prev[q]``
+              the cluster it leaves (``-1``: none, a first vote), ``old_d2[q]`` its old
+              ``d(i)^2``; otherwise ``S``, ``v``, ``Q``, ``sse`` change here.
     """
-    m = rows.shape[0]
     k = C.shape[0]
     d = X.shape[1]
     g_lo, g_hi = bound_factors(g)
     keep_bounds = lower.shape[0] > 0
     keep_upper = upper.shape[0] > 0
+    defer = prev.shape[0] > 0
     cand = np.empty(k, dtype=np.int64)
     cand_s = np.empty(k, dtype=np.float64)
     low = np.empty(k, dtype=np.float64)
     norm_c = np.sqrt(cc)
     n_changed = 0
-    for q in range(m):
+    for q in range(lo, hi):
         i = rows[q]
         x = X[i]
         if fill_xx:
@@ -83,7 +88,10 @@ def _assign_dense(
         old = labels[i]
         if old >= 0 and old != best:
             n_changed += 1
-        if remove and old >= 0:
+        if defer:
+            prev[q] = old if remove else -1
+            old_d2[q] = dist2[i]
+        elif remove and old >= 0:
             sse[old] -= dist2[i]
             sse[best] += s_new
             if old != best:
@@ -94,6 +102,43 @@ def _assign_dense(
         labels[i] = best
         dist2[i] = s_new
     return n_changed
+
+
+@numba.njit(cache=True, nogil=True)
+def _assign_dense(
+    X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper, S, v,
+    sse, Q,
+):
+    """The kernel of :func:`assign_dense` on one thread (arguments of :func:`_dense_range`)."""
+    no_prev = np.empty(0, dtype=np.int32)
+    no_d2 = np.empty(0, dtype=np.float64)
+    return _dense_range(
+        X, rows, 0, rows.shape[0], xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels,
+        dist2, lower, upper, S, v, sse, Q, no_prev, no_d2,
+    )
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _dense_blocks(
+    X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper,
+    prev, old_d2, block,
+):
+    """Labels, distances and bounds of :func:`assign_dense`, one task per block of
+    ``block`` rows; the votes are left in ``prev``/``old_d2``. Returns ``n_changed``."""
+    m = rows.shape[0]
+    n_blocks = (m + block - 1) // block
+    changed = np.zeros(n_blocks, dtype=np.int64)
+    no_S = np.empty((0, 0), dtype=np.float64)
+    no_v = np.empty(0, dtype=np.int64)
+    no_f = np.empty(0, dtype=np.float64)
+    for bi in numba.prange(n_blocks):
+        lo = bi * block
+        hi = min(m, lo + block)
+        changed[bi] = _dense_range(
+            X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2,
+            lower, upper, no_S, no_v, no_f, no_f, prev, old_d2,
+        )
+    return changed.sum()
 
 
 def assign_dense(
@@ -145,10 +190,16 @@ def assign_dense(
         lower_bounds = np.empty((0, C.shape[0]), dtype=np.float32)
     if upper_bounds is None:
         upper_bounds = EMPTY_F64
-    n_changed = _assign_dense(
-        X, rows, xx, fill, dots, C, cc, gemm_error(d), sqdist32_error(d), remove,
-        labels, dist2, lower_bounds, upper_bounds, S, v, sse, Q,
-    )
+    args = (X, rows, xx, fill, dots, C, cc, gemm_error(d), sqdist32_error(d), remove,
+            labels, dist2, lower_bounds, upper_bounds)
+    if parallel_rows(rows.shape[0]):
+        prev = np.empty(rows.shape[0], dtype=np.int32)
+        old_d2 = np.empty(rows.shape[0], dtype=np.float64)
+        n_changed = _dense_blocks(*args, prev, old_d2, block_rows(rows.shape[0]))
+        apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx, sse=sse,
+                    old_dist2=old_d2, new_dist2=dist2[rows])
+    else:
+        n_changed = _assign_dense(*args, S, v, sse, Q)
     if fill and sqnorms is not None:
         sqnorms[rows] = xx
     return int(n_changed)

@@ -11,28 +11,19 @@ import numba
 import numpy as np
 
 from nmbatch.engine.kernels.common import gemm_estimates, sqdist64, sqdist_safe
+from nmbatch.engine.kernels.parallel import block_rows, parallel_rows
 
 __all__ = ["nearest_dense", "nearest_direct"]
 
 
 @numba.njit(cache=True, nogil=True)
-def nearest_dense(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out):
-    """Exact nearest centroid of every row (ties: lowest index) and its squared distance.
-
-    X          : (m, d) float32   IN
-    xx         : (m,) float64     IN   ``||X[q]||^2``
-    dots       : (m, k) float32   IN   ``X @ C.T``
-    C          : (k, d) float32   IN
-    cc         : (k,) float64     IN
-    g_gemm     : float            IN   ``gemm_error(d)``
-    labels_out : (m,) int64       OUT
-    sqdist_out : (m,) float64     OUT  ``||X[q] - C[label]||^2`` accumulated in float64
-    """
+def _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, lo, hi):
+    """:func:`nearest_dense` over the rows ``[lo, hi)``."""
     k = C.shape[0]
     d = X.shape[1]
     low = np.empty(k, dtype=np.float64)
     norm_c = np.sqrt(cc)
-    for q in range(X.shape[0]):
+    for q in range(lo, hi):
         top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low)
         x = X[q]
         best = -1
@@ -45,6 +36,50 @@ def nearest_dense(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out):
                     best_e = e
         labels_out[q] = best
         sqdist_out[q] = best_e
+
+
+@numba.njit(cache=True, nogil=True)
+def _nearest_serial(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out):
+    """:func:`nearest_dense` on one thread."""
+    _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, 0, X.shape[0])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _nearest_blocks(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, block):
+    """:func:`nearest_dense`, one task per block of ``block`` rows."""
+    m = X.shape[0]
+    for bi in numba.prange((m + block - 1) // block):
+        lo = bi * block
+        _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, lo,
+                       min(m, lo + block))
+
+
+def nearest_dense(
+    X: np.ndarray,
+    xx: np.ndarray,
+    dots: np.ndarray,
+    C: np.ndarray,
+    cc: np.ndarray,
+    g_gemm: float,
+    labels_out: np.ndarray,
+    sqdist_out: np.ndarray,
+) -> None:
+    """Exact nearest centroid of every row (ties: lowest index) and its squared distance.
+
+    X          : (m, d) float32   IN
+    xx         : (m,) float64     IN   ``||X[q]||^2``
+    dots       : (m, k) float32   IN   ``X @ C.T``
+    C          : (k, d) float32   IN
+    cc         : (k,) float64     IN
+    g_gemm     : float            IN   ``gemm_error(d)``
+    labels_out : (m,) int64       OUT
+    sqdist_out : (m,) float64     OUT  ``||X[q] - C[label]||^2`` accumulated in float64
+    """
+    if parallel_rows(X.shape[0]):
+        block = block_rows(X.shape[0])
+        _nearest_blocks(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, block)
+    else:
+        _nearest_serial(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -7,39 +7,60 @@ import math
 import numba
 import numpy as np
 
-from nmbatch.engine.kernels.common import EMPTY_F64
+from nmbatch.engine.kernels.parallel import parallel_rows
 
 __all__ = ["centroid_update"]
+
+PARALLEL_UPDATE_VALUES = 1 << 15  # smaller S (k x d values) is updated on one thread
+
+
+@numba.njit(cache=True, nogil=True)
+def _update_cluster(j, S, v, Q, C_old, sse_from_sums, sse, C_new, p):
+    """Centroid ``j`` of :func:`centroid_update` (and its ``sse`` if ``sse_from_sums``)."""
+    d = C_old.shape[1]
+    cj = C_old[j]
+    if sse_from_sums:
+        cs = 0.0
+        cc = 0.0
+        for t in range(d):
+            c64 = np.float64(cj[t])
+            cs += c64 * S[j, t]
+            cc += c64 * c64
+        sse[j] = max(Q[j] - 2.0 * cs + v[j] * cc, 0.0)
+    moved = 0.0
+    if v[j] > 0:
+        inv = np.float64(v[j])
+        for t in range(d):
+            new = np.float32(S[j, t] / inv)
+            C_new[j, t] = new
+            diff = np.float64(new) - np.float64(cj[t])
+            moved += diff * diff
+    else:
+        for t in range(d):
+            C_new[j, t] = cj[t]
+    p[j] = math.sqrt(moved) * (1.0 + 1e-9)
 
 
 @numba.njit(cache=True, nogil=True)
 def _centroid_update(S, v, Q, C_old, sse_from_sums, sse):
-    """The kernel of :func:`centroid_update`; ``sse`` is written only if ``sse_from_sums``."""
+    """The kernel of :func:`centroid_update` on one thread; ``sse`` is written only if
+    ``sse_from_sums``."""
     k, d = C_old.shape
     C_new = np.empty((k, d), dtype=np.float32)
     p = np.empty(k, dtype=np.float64)
     for j in range(k):
-        cj = C_old[j]
-        if sse_from_sums:
-            cs = 0.0
-            cc = 0.0
-            for t in range(d):
-                c64 = np.float64(cj[t])
-                cs += c64 * S[j, t]
-                cc += c64 * c64
-            sse[j] = max(Q[j] - 2.0 * cs + v[j] * cc, 0.0)
-        moved = 0.0
-        if v[j] > 0:
-            inv = np.float64(v[j])
-            for t in range(d):
-                new = np.float32(S[j, t] / inv)
-                C_new[j, t] = new
-                diff = np.float64(new) - np.float64(cj[t])
-                moved += diff * diff
-        else:
-            for t in range(d):
-                C_new[j, t] = cj[t]
-        p[j] = math.sqrt(moved) * (1.0 + 1e-9)
+        _update_cluster(j, S, v, Q, C_old, sse_from_sums, sse, C_new, p)
+    return C_new, p
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _centroid_update_clusters(S, v, Q, C_old, sse_from_sums, sse):
+    """:func:`centroid_update`, clusters shared between threads (each one's sums are its own)."""
+    k, d = C_old.shape
+    C_new = np.empty((k, d), dtype=np.float32)
+    p = np.empty(k, dtype=np.float64)
+    for j in numba.prange(k):
+        _update_cluster(j, S, v, Q, C_old, sse_from_sums, sse, C_new, p)
     return C_new, p
 
 
@@ -64,6 +85,9 @@ def centroid_update(
 
     Returns ``(C_new (k, d) float32, p (k,) float64)``.
     """
+    kernel = _centroid_update
+    if S.size >= PARALLEL_UPDATE_VALUES and parallel_rows(2):
+        kernel = _centroid_update_clusters
     if sse_out is None:
-        return _centroid_update(S, v, Q, C_old, False, EMPTY_F64)
-    return _centroid_update(S, v, Q, C_old, True, sse_out)
+        return kernel(S, v, Q, C_old, False, np.empty(0, dtype=np.float64))
+    return kernel(S, v, Q, C_old, True, sse_out)

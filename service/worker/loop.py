@@ -17,10 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
-import numba
-from threadpoolctl import threadpool_limits
-
 from nmbatch.engine.state import ModelState
+from nmbatch.engine.threads import kernel_threads
 from nmbatch.service.config import Settings
 from nmbatch.service.engine_host import (
     EngineConfig,
@@ -174,8 +172,7 @@ class Worker(EngineRecovery):
     def _run(self) -> None:
         threads = self.settings.worker_threads
         try:
-            with threadpool_limits(limits=threads):
-                numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+            with kernel_threads(threads):  # the engine's kernels on `threads`, BLAS on one
                 while not self._stopping.is_set():
                     if self.role == Role.WORKER:
                         try:
