@@ -33,12 +33,12 @@ from nmbatch.engine.bench import bounds_memory
 from nmbatch.engine.kernels import assign_dense, sqdist32_error
 from nmbatch.engine.kernels.common import DOWN32, UP, UP32
 from nmbatch.engine.kernels.grouped import (
-    assign_dense_grouped,
     group_drift,
     group_sweep,
     reassign_grouped_rows,
     settle_assigned_grouped,
 )
+from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
 from nmbatch.engine.retention import WindowRetention, feed
 from tests.engine_helpers import (
     assert_sums_are_means,

@@ -22,7 +22,7 @@ from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
 from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
-from nmbatch.engine.kernels.grouped import assign_dense_grouped
+from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
@@ -224,7 +224,7 @@ class KMeansAlgorithm:
         cache of ``||data[i]||^2`` by row, written for ``rows`` when ``fresh`` (the kernel
         computes them as it reads each row), read from otherwise. ``groups`` (k,) int32,
         optional: ``lower`` holds one bound per group of centroids (``groups[j]``: the
-        group of ``j``; :func:`~nmbatch.engine.kernels.grouped.assign_dense_grouped`).
+        group of ``j``; :func:`~nmbatch.engine.kernels.grouped_dense.assign_dense_grouped`).
         A chunk that fills most of its span of ``data`` is multiplied in place rather
         than gathered.
 

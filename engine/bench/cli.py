@@ -35,6 +35,13 @@ __all__ = ["build_parser", "limit_threads", "main"]
 
 _LIMITERS: list[Any] = []  # keeps the threadpoolctl limiter alive for the process
 
+# A pause before each timed run, every algorithm alike. After its last parallel loop an
+# OpenMP runtime keeps its threads spinning for a while; with more than one thread the
+# next algorithm's threads would share the cores with them (measured on patches at 2
+# threads: nmbatch's first step took 28-50 ms right after scikit-learn's Elkan, 2.5 ms
+# on its own).
+SETTLE_SECONDS = 0.2
+
 
 def limit_threads(threads: int) -> None:
     """One thread count for every BLAS and OpenMP pool (threadpoolctl), numba and faiss.
@@ -350,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         order = names[si % len(names):] + names[: si % len(names)]
         curves[seed] = {}
         for name in order:
+            time.sleep(SETTLE_SECONDS)
             c = record(name, _runner(name)(problem, budget), ds.test, seed,
                        eval_grid=args.eval_grid)
             curves[seed][name] = c
@@ -358,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         rho_curves[seed] = {}
         for label in rho_names:
             variant, rho = label.split(" rho=")
+            time.sleep(SETTLE_SECONDS)
             c = record(label, _runner(variant, float(rho))(problem, budget), ds.test, seed,
                        eval_grid=args.eval_grid)
             rho_curves[seed][label] = c

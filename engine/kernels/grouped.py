@@ -20,6 +20,11 @@ an open group, member ``j`` is skipped when ``lower[i, g] + pmax(g) - p(j) > u(i
 :func:`assign_dense_grouped` is ``assign_dense`` writing group bounds: new rows and
 revisits that the bounds leave mostly open.
 
+Threads as in :mod:`.parallel`: each pass is a range kernel here, run once over all rows
+on one thread, or block by block by the parallel drivers of :mod:`.grouped_parallel`
+(votes recorded, then cast in row order by ``apply_moves``): the same results, bit for
+bit, at any thread count.
+
 Arrays: ``group_of`` ``(k,)`` int32 in ``[0, G)``; ``members`` ``(k,)`` int32, the
 centroids ordered by group; ``starts`` ``(G + 1,)`` int64, group ``g`` is
 ``members[starts[g]:starts[g + 1]]``; ``sizes`` ``(G,)`` int64; ``lower`` ``(n, G)``
@@ -33,20 +38,16 @@ import math
 import numba
 import numpy as np
 
+from nmbatch.engine.kernels.bounded import _rounded_moves
 from nmbatch.engine.kernels.common import (
-    DOWN,
     DOWN32,
     EMPTY_F64,
-    FLT_MAX,
     PREFETCH_AHEAD,
     UP,
     UP32,
-    add_vote,
     bound_factors,
     down32,
     exact_argmin,
-    gemm_error,
-    gemm_estimates,
     list_row,
     move_vote,
     prefetch_row,
@@ -55,10 +56,15 @@ from nmbatch.engine.kernels.common import (
     sqdist_safe,
     sqnorm,
 )
+from nmbatch.engine.kernels.parallel import (
+    MIN_SWEEP_ROWS,
+    apply_moves,
+    block_rows,
+    parallel_rows,
+)
 
 __all__ = [
     "LOCAL_DOWN",
-    "assign_dense_grouped",
     "group_drift",
     "group_open_pairs",
     "group_sweep",
@@ -104,7 +110,52 @@ def group_open_pairs(lg, ga, u32, sizes):
 
 
 @numba.njit(cache=True, nogil=True)
-def group_sweep(p, pmax, group_of, sizes, labels, upper, lower):
+def _sweep_range(p, p32, group_of, sizes, labels, upper, lower, lo, hi, todo, start):
+    """:func:`group_sweep` over the rows ``[lo, hi)``, listing them from ``todo[start]``.
+
+    p32 : (G,) float32   ``pmax`` rounded up (``bounded._rounded_moves``)
+
+    Returns ``(listed, n_open)``: rows listed (in ``todo[start : start + listed]``) and
+    their open pairs.
+    """
+    G = lower.shape[1]
+    down = np.float32(DOWN32)
+    n_todo = start
+    n_pairs = 0
+    for i in range(lo, hi):
+        lg = lower[i]
+        a = labels[i]
+        ub = (upper[i] + p[a]) * UP
+        ub32 = np.float32(ub * UP32)
+        for g in range(G):  # branch-free, vectorised
+            lg[g] = (lg[g] - p32[g]) * down
+        upper[i] = ub
+        pairs = group_open_pairs(lg, group_of[a], ub32, sizes)
+        n_todo = list_row(todo, n_todo, i, pairs > 0)
+        n_pairs += pairs
+    return n_todo - start, n_pairs
+
+
+@numba.njit(cache=True, nogil=True)
+def _group_sweep(p, pmax, group_of, sizes, labels, upper, lower):
+    """:func:`group_sweep` on one thread."""
+    n = labels.shape[0]
+    todo = np.empty(n, dtype=np.int64)
+    n_todo, n_pairs = _sweep_range(
+        p, _rounded_moves(pmax), group_of, sizes, labels, upper, lower, 0, n, todo, 0
+    )
+    return todo[:n_todo], n_pairs
+
+
+def group_sweep(
+    p: np.ndarray,
+    pmax: np.ndarray,
+    group_of: np.ndarray,
+    sizes: np.ndarray,
+    labels: np.ndarray,
+    upper: np.ndarray,
+    lower: np.ndarray,
+) -> tuple[np.ndarray, int]:
     """Pass 1 of a grouped revisit: update every bound, list the rows left open.
 
     ``lower[i, g] -= pmax(g)`` (rounded safely, as :func:`.bounded.bound_sweep`) and
@@ -123,46 +174,25 @@ def group_sweep(p, pmax, group_of, sizes, labels, upper, lower):
     their (row, centroid) pairs the bounds leave open, ``a(i)`` included.
     """
     n = labels.shape[0]
-    G = lower.shape[1]
-    p32 = np.empty(G, dtype=np.float32)
-    for g in range(G):
-        p32[g] = np.float32(pmax[g] * UP32)
-    down = np.float32(DOWN32)
-    todo = np.empty(n, dtype=np.int64)
-    n_todo = 0
-    n_pairs = 0
-    for i in range(n):
-        lg = lower[i]
-        a = labels[i]
-        ub = (upper[i] + p[a]) * UP
-        ub32 = np.float32(ub * UP32)
-        for g in range(G):  # branch-free, vectorised
-            lg[g] = (lg[g] - p32[g]) * down
-        upper[i] = ub
-        pairs = group_open_pairs(lg, group_of[a], ub32, sizes)
-        n_todo = list_row(todo, n_todo, i, pairs > 0)
-        n_pairs += pairs
-    return todo[:n_todo], n_pairs
+    if parallel_rows(n, MIN_SWEEP_ROWS):
+        from nmbatch.engine.kernels.grouped_parallel import sweep_blocks
+
+        block = block_rows(n, MIN_SWEEP_ROWS // 4)
+        return sweep_blocks(p, pmax, group_of, sizes, labels, upper, lower, block)
+    return _group_sweep(p, pmax, group_of, sizes, labels, upper, lower)
 
 
 @numba.njit(cache=True, nogil=True)
-def settle_assigned_grouped(X, rows, C, g, group_of, sizes, labels, upper, lower, s_assigned):
-    """Pass 2a of a grouped revisit: the exact distance to ``a(i)`` of the listed rows.
-
-    ``s_assigned[i] = ||x(i) - c(a(i))||^2`` (float32-grade) and ``u(i)`` becomes tight;
-    a row whose tight ``u(i)`` is below every group bound keeps its label and leaves the
-    list. Arguments as :func:`group_sweep`, plus X : (n, d) float32, rows : (m,) int64,
-    C : (k, d) float32, g = ``sqdist32_error(d)``, s_assigned : (n,) float64 OUT.
-
-    Returns ``(todo, n_open)`` of the rows still open (a subsequence of ``rows``).
-    """
+def _settle_range(
+    X, rows, lo, hi, C, g, group_of, sizes, labels, upper, lower, s_assigned, todo, start
+):
+    """:func:`settle_assigned_grouped` over ``rows[lo:hi]``, listing from ``todo[start]``;
+    returns ``(listed, n_open)``."""
     _, g_hi = bound_factors(g)
-    m = rows.shape[0]
-    todo = np.empty(m, dtype=np.int64)
-    n_todo = 0
+    n_todo = start
     n_pairs = 0
-    for t in range(m):
-        if t + PREFETCH_AHEAD < m:
+    for t in range(lo, hi):
+        if t + PREFETCH_AHEAD < hi:
             prefetch_row(X, rows[t + PREFETCH_AHEAD])
         i = rows[t]
         a = labels[i]
@@ -173,36 +203,65 @@ def settle_assigned_grouped(X, rows, C, g, group_of, sizes, labels, upper, lower
         pairs = group_open_pairs(lower[i], group_of[a], np.float32(u * UP32), sizes)
         n_todo = list_row(todo, n_todo, i, pairs > 0)
         n_pairs += pairs
-    return todo[:n_todo], n_pairs
+    return n_todo - start, n_pairs
 
 
 @numba.njit(cache=True, nogil=True)
-def reassign_grouped(
-    X, rows, C, g, group_of, members, starts, p, pmax, labels, upper, lower, S, v, Q,
-    s_assigned, known,
-):
-    """Pass 2 of a grouped revisit on the listed rows (bounds already swept).
+def _settle_assigned_grouped(X, rows, C, g, group_of, sizes, labels, upper, lower, s_assigned):
+    """:func:`settle_assigned_grouped` on one thread."""
+    m = rows.shape[0]
+    todo = np.empty(m, dtype=np.int64)
+    n_todo, n_pairs = _settle_range(
+        X, rows, 0, m, C, g, group_of, sizes, labels, upper, lower, s_assigned, todo, 0
+    )
+    return todo[:n_todo], n_pairs
 
-    For each row: the exact distance to ``a(i)`` (read from ``s_assigned`` when
-    ``known``), then every group whose bound does not exceed ``u(i)`` (``u`` shrinking
-    as nearer centroids are found) is opened: each member ``j != a(i)`` is measured
-    unless the local filter ``lower[i, g] + pmax(g) - p(j) > u(i)`` excludes it. The
-    nearest is decided exactly (ties to the lowest index, :func:`.common.exact_argmin`).
-    An opened group's bound becomes the smallest bound of its members other than the new
-    label (measured: their float32 distance rounded down; skipped: the local filter
-    value); if the label changed, the old label's group takes in the distance to it.
-    ``S``, ``v``, ``Q`` change only for rows whose label changed.
 
-    group_of : (k,) int32, members : (k,) int32, starts : (G + 1,) int64   IN
-    p : (k,) float64, pmax : (G,) float64   IN   (as given to :func:`group_sweep`)
-    s_assigned : (n,) float64 IN (``known``), known : bool; the rest as
-    :func:`.bounded.reassign_rows`.
+def settle_assigned_grouped(
+    X: np.ndarray,
+    rows: np.ndarray,
+    C: np.ndarray,
+    g: float,
+    group_of: np.ndarray,
+    sizes: np.ndarray,
+    labels: np.ndarray,
+    upper: np.ndarray,
+    lower: np.ndarray,
+    s_assigned: np.ndarray,
+) -> tuple[np.ndarray, int]:
+    """Pass 2a of a grouped revisit: the exact distance to ``a(i)`` of the listed rows.
 
-    Returns ``(n_changed, n_distances)``.
+    ``s_assigned[i] = ||x(i) - c(a(i))||^2`` (float32-grade) and ``u(i)`` becomes tight;
+    a row whose tight ``u(i)`` is below every group bound keeps its label and leaves the
+    list. Arguments as :func:`group_sweep`, plus X : (n, d) float32, rows : (m,) int64,
+    C : (k, d) float32, g = ``sqdist32_error(d)``, s_assigned : (n,) float64 OUT.
+
+    Returns ``(todo, n_open)`` of the rows still open (a subsequence of ``rows``).
+    """
+    args = (X, rows, C, g, group_of, sizes, labels, upper, lower, s_assigned)
+    if parallel_rows(rows.shape[0]):
+        from nmbatch.engine.kernels.grouped_parallel import settle_blocks
+
+        return settle_blocks(*args, block_rows(rows.shape[0]))
+    return _settle_assigned_grouped(*args)
+
+
+@numba.njit(cache=True, nogil=True)
+def _reassign_range(
+    X, rows, lo, hi, C, g, group_of, members, starts, p, pmax, labels, upper, lower, S, v,
+    Q, s_assigned, known, prev, xx,
+):  # fmt: skip
+    """:func:`reassign_grouped` over ``rows[lo:hi]``; returns ``(n_changed, n_distances)``.
+
+    ``prev``, ``xx`` (m,) int32, (m,) float64, or empty: when given, a row's old label
+    goes to ``prev[t]`` (and, if it changed, ``||x||^2`` to ``xx[t]``) and its vote is
+    left to :func:`~nmbatch.engine.kernels.parallel.apply_moves`; otherwise the vote
+    moves here (``S``, ``v``, ``Q``).
     """
     k = C.shape[0]
     G = lower.shape[1]
     g_lo, g_hi = bound_factors(g)
+    defer = prev.shape[0] > 0
     cand = np.empty(k, dtype=np.int64)
     cand_s = np.empty(k, dtype=np.float64)
     open_g = np.empty(G, dtype=np.int64)
@@ -212,9 +271,8 @@ def reassign_grouped(
     min2 = np.empty(G, dtype=np.float64)
     n_changed = 0
     n_dist = 0
-    m = rows.shape[0]
-    for t in range(m):
-        if t + PREFETCH_AHEAD < m:
+    for t in range(lo, hi):
+        if t + PREFETCH_AHEAD < hi:
             prefetch_row(X, rows[t + PREFETCH_AHEAD])
         i = rows[t]
         lg = lower[i]
@@ -278,114 +336,51 @@ def reassign_grouped(
             upper[i] = u * UP
         for q in range(n_opened):
             lg[opened[q]] = down32(min2[q] if arg1[q] == best else min1[q])
+        if defer:
+            prev[t] = a
         if best != a:
             ga = group_of[a]
             lg[ga] = min(lg[ga], down32(math.sqrt(s_a * g_lo)))
             n_changed += 1
             labels[i] = best
-            move_vote(x, sqnorm(x), a, best, S, v, Q)
+            if defer:
+                xx[t] = sqnorm(x)
+            else:
+                move_vote(x, sqnorm(x), a, best, S, v, Q)
     return n_changed, n_dist
 
 
 @numba.njit(cache=True, nogil=True)
-def _assign_dense_grouped(
-    X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper,
-    group_of, S, v, sse, Q,
-):
-    """The kernel of :func:`assign_dense_grouped` (``xx``: IN, or OUT when ``fill_xx``)."""
-    m = rows.shape[0]
-    k = C.shape[0]
-    d = X.shape[1]
-    G = lower.shape[1]
-    g_lo, g_hi = bound_factors(g)
-    cand = np.empty(k, dtype=np.int64)
-    cand_s = np.empty(k, dtype=np.float64)
-    low = np.empty(k, dtype=np.float64)
-    lo32 = np.empty(k, dtype=np.float32)
-    norm_c = np.sqrt(cc)
-    flt_max = np.float32(FLT_MAX)
-    n_changed = 0
-    for q in range(m):
-        i = rows[q]
-        x = X[i]
-        if fill_xx:
-            xx[q] = sqnorm(x)
-        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low)
-        nc = 0
-        best = -1
-        best_s = np.inf
-        for j in range(k):
-            if low[j] <= top:
-                s_j = sqdist_safe(x, C[j])
-                nc, best, best_s = push_candidate(j, s_j, cand, cand_s, nc, best, best_s)
-        best, s_new = exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
-        for j in range(k):  # branch-free down32 (vectorised)
-            lo32[j] = np.float32(min(math.sqrt(max(low[j], 0.0)) * DOWN, FLT_MAX))
-        for q2 in range(nc):
-            lo32[cand[q2]] = down32(math.sqrt(cand_s[q2] * g_lo))
-        lg = lower[i]
-        for gi in range(G):
-            lg[gi] = flt_max
-        for j in range(k):
-            if j != best:
-                gj = group_of[j]
-                lg[gj] = min(lg[gj], lo32[j])
-        upper[i] = math.sqrt(s_new * g_hi) * UP
-        old = labels[i]
-        if old >= 0 and old != best:
-            n_changed += 1
-        if remove and old >= 0:
-            sse[old] -= dist2[i]
-            sse[best] += s_new
-            if old != best:
-                move_vote(x, xx[q], old, best, S, v, Q)
-        else:
-            sse[best] += s_new
-            add_vote(x, xx[q], best, S, v, Q)
-        labels[i] = best
-        dist2[i] = s_new
-    return n_changed
+def reassign_grouped(
+    X, rows, C, g, group_of, members, starts, p, pmax, labels, upper, lower, S, v, Q,
+    s_assigned, known,
+):  # fmt: skip
+    """Pass 2 of a grouped revisit on the listed rows (bounds already swept), one thread.
 
+    For each row: the exact distance to ``a(i)`` (read from ``s_assigned`` when
+    ``known``), then every group whose bound does not exceed ``u(i)`` (``u`` shrinking
+    as nearer centroids are found) is opened: each member ``j != a(i)`` is measured
+    unless the local filter ``lower[i, g] + pmax(g) - p(j) > u(i)`` excludes it. The
+    nearest is decided exactly (ties to the lowest index, :func:`.common.exact_argmin`).
+    An opened group's bound becomes the smallest bound of its members other than the new
+    label (measured: their float32 distance rounded down; skipped: the local filter
+    value); if the label changed, the old label's group takes in the distance to it.
+    ``S``, ``v``, ``Q`` change only for rows whose label changed.
 
-def assign_dense_grouped(
-    X: np.ndarray,
-    rows: np.ndarray,
-    C: np.ndarray,
-    *,
-    dots: np.ndarray,
-    cc: np.ndarray,
-    labels: np.ndarray,
-    dist2: np.ndarray,
-    S: np.ndarray,
-    v: np.ndarray,
-    sse: np.ndarray,
-    Q: np.ndarray,
-    lower_bounds: np.ndarray,
-    upper_bounds: np.ndarray,
-    group_of: np.ndarray,
-    remove: bool = False,
-    sqnorms: np.ndarray | None = None,
-    sqnorms_known: bool = False,
-) -> int:
-    """:func:`.dense.assign_dense` that writes group bounds: for each row, ``lower[i, g]``
-    is the smallest float32 lower bound (from the BLAS estimate, or from the direct
-    distance of a candidate) of the members of ``g`` other than the new label.
+    group_of : (k,) int32, members : (k,) int32, starts : (G + 1,) int64   IN
+    p : (k,) float64, pmax : (G,) float64   IN   (as given to :func:`group_sweep`)
+    s_assigned : (n,) float64 IN (``known``), known : bool; the rest as
+    :func:`.bounded.reassign_rows`.
 
-    lower_bounds : (N, G) float32   OUT
-    upper_bounds : (N,) float64     OUT
-    group_of     : (k,) int32       IN
-    The other arguments and the return value as :func:`.dense.assign_dense`.
+    Returns ``(n_changed, n_distances)``. :func:`reassign_grouped_rows` runs it, or its
+    parallel driver on enough rows.
     """
-    d = X.shape[1]
-    fill = sqnorms is None or not sqnorms_known
-    xx = np.empty(rows.shape[0], dtype=np.float64) if fill else sqnorms[rows]
-    n_changed = _assign_dense_grouped(
-        X, rows, xx, fill, dots, C, cc, gemm_error(d), sqdist32_error(d), remove,
-        labels, dist2, lower_bounds, upper_bounds, group_of, S, v, sse, Q,
-    )
-    if fill and sqnorms is not None:
-        sqnorms[rows] = xx
-    return int(n_changed)
+    no_prev = np.empty(0, dtype=np.int32)
+    no_xx = np.empty(0, dtype=np.float64)
+    return _reassign_range(
+        X, rows, 0, rows.shape[0], C, g, group_of, members, starts, p, pmax, labels, upper,
+        lower, S, v, Q, s_assigned, known, no_prev, no_xx,
+    )  # fmt: skip
 
 
 def reassign_grouped_rows(
@@ -406,10 +401,17 @@ def reassign_grouped_rows(
     Q: np.ndarray,
     assigned_sqdist: np.ndarray | None = None,
 ) -> tuple[int, int]:
-    """Keyword wrapper of :func:`reassign_grouped`; returns ``(n_changed, n_distances)``."""
+    """Keyword wrapper of :func:`reassign_grouped` (on one thread, or block by block with
+    the votes cast afterwards in row order); returns ``(n_changed, n_distances)``."""
     known = assigned_sqdist is not None
-    n_changed, n_dist = reassign_grouped(
-        X, rows, C, sqdist32_error(X.shape[1]), group_of, members, starts, p, pmax, labels,
-        upper_bounds, lower_bounds, S, v, Q, assigned_sqdist if known else EMPTY_F64, known,
-    )
-    return int(n_changed), int(n_dist)
+    s_a = assigned_sqdist if known else EMPTY_F64
+    args = (X, rows, C, sqdist32_error(X.shape[1]), group_of, members, starts, p, pmax,
+            labels, upper_bounds, lower_bounds)  # fmt: skip
+    if not parallel_rows(rows.shape[0]):
+        n_changed, n_dist = reassign_grouped(*args, S, v, Q, s_a, known)
+        return int(n_changed), int(n_dist)
+    from nmbatch.engine.kernels.grouped_parallel import reassign_blocks
+
+    prev, xx, n_dist = reassign_blocks(*args, s_a, known, block_rows(rows.shape[0]))
+    n_changed = apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx)
+    return n_changed, int(n_dist)

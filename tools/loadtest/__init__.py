@@ -1,13 +1,13 @@
 """Load benchmark of the HTTP service: ingestion rate, ``/assign`` latency, soak, memory.
 
 Runs the real server (``python -m nmbatch``: one uvicorn process, its embedded
-``redis-server``, the worker iterating all along on ``NMBATCH_WORKER_THREADS=1``, access
-log off) and drives it over loopback from separate client processes. The clients are
-small asyncio programs speaking HTTP/1.1 over raw keep-alive sockets, with every request
-encoded before the clock starts, so they take little of the shared cores. Each phase
-(ingestion of npy, octet-stream or JSON at full speed; ``/assign`` while ingesting; a
-soak) runs on a fresh server after a warm-up; :mod:`tools.loadtest.phases` describes
-them.
+``redis-server``, the worker iterating all along on ``NMBATCH_WORKER_THREADS``
+(``--worker-threads``, default 1), access log off) and drives it over loopback from separate client
+processes. The clients are small asyncio programs speaking HTTP/1.1 over raw keep-alive
+sockets, with every request encoded before the clock starts, so they take little of the
+shared cores. Each phase (ingestion of npy, octet-stream or JSON at full speed;
+``/assign`` while ingesting; a soak) runs on a fresh server after a warm-up;
+:mod:`tools.loadtest.phases` describes them.
 
 Results go to ``--out``: ``loadtest.json`` (everything, with per-second timelines and
 resource samples) and ``loadtest.md`` (machine, versions, command, tables, targets).

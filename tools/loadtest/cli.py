@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="process",
         help="where the server runs the worker's engine (NMBATCH_WORKER_PROCESS)",
     )
+    add("--worker-threads", type=int, default=1,
+        help="threads of the engine's kernels (NMBATCH_WORKER_THREADS)")  # fmt: skip
     return parser
 
 

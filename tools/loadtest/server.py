@@ -1,9 +1,10 @@
 """The server under test and the sampler of what it costs while a phase runs.
 
 :class:`Server` starts ``python -m nmbatch`` (one uvicorn process, its embedded
-``redis-server``, the worker iterating all along on ``NMBATCH_WORKER_THREADS=1``, access
-log off) in a temporary data folder on free ports; :class:`Sampler` records its RSS, CPU
-time and Redis counters (:meth:`Server.sample`) every few seconds in a thread.
+``redis-server``, the worker iterating all along on ``NMBATCH_WORKER_THREADS``
+(``--worker-threads``, default 1), access log off) in a temporary data folder on free
+ports; :class:`Sampler` records its RSS, CPU time and Redis counters
+(:meth:`Server.sample`) every few seconds in a thread.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Server:
             "NMBATCH_K": str(args.k),
             "NMBATCH_DIM": str(args.dim),
             "NMBATCH_SEED": "0",
-            "NMBATCH_WORKER_THREADS": "1",
+            "NMBATCH_WORKER_THREADS": str(getattr(args, "worker_threads", 1)),
             "NMBATCH_LOG_LEVEL": "warning",
             "NMBATCH_ACCESS_LOG": "false",
             "NMBATCH_WORKER_PROCESS": "true" if args.worker_process else "false",

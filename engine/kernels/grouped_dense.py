@@ -1,0 +1,172 @@
+"""The dense pass with group bounds: assignment from a BLAS product of all distances,
+each row keeping one lower bound per group of centroids (``.grouped``'s layout).
+
+The same pass as :mod:`.dense` (new samples, dense revisits); a row's bound for group
+``g`` is the smallest estimate over the members of ``g`` other than its label.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from nmbatch.engine.kernels.common import (
+    DOWN,
+    FLT_MAX,
+    UP,
+    add_vote,
+    bound_factors,
+    down32,
+    exact_argmin,
+    gemm_error,
+    gemm_estimates,
+    move_vote,
+    push_candidate,
+    sqdist32_error,
+    sqdist_safe,
+    sqnorm,
+)
+from nmbatch.engine.kernels.parallel import (
+    apply_moves,
+    block_rows,
+    parallel_rows,
+)
+
+__all__ = ["assign_dense_grouped"]
+
+
+@numba.njit(cache=True, nogil=True)
+def _dense_range(
+    X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower,
+    upper, group_of, S, v, sse, Q, prev, old_d2,
+):  # fmt: skip
+    """:func:`assign_dense_grouped` over ``rows[lo:hi]``; returns ``n_changed``.
+
+    ``xx``: IN, or OUT when ``fill_xx``. ``prev``, ``old_d2`` (m,) int32, (m,) float64,
+    or empty: when given, the vote a row casts is left to
+    :func:`~nmbatch.engine.kernels.parallel.apply_moves` (``prev[q]`` the cluster it
+    leaves, ``-1``: none; ``old_d2[q]`` its old ``d(i)^2``); otherwise ``S``, ``v``,
+    ``Q``, ``sse`` change here.
+    """
+    k = C.shape[0]
+    d = X.shape[1]
+    G = lower.shape[1]
+    g_lo, g_hi = bound_factors(g)
+    defer = prev.shape[0] > 0
+    cand = np.empty(k, dtype=np.int64)
+    cand_s = np.empty(k, dtype=np.float64)
+    low = np.empty(k, dtype=np.float64)
+    lo32 = np.empty(k, dtype=np.float32)
+    norm_c = np.sqrt(cc)
+    flt_max = np.float32(FLT_MAX)
+    n_changed = 0
+    for q in range(lo, hi):
+        i = rows[q]
+        x = X[i]
+        if fill_xx:
+            xx[q] = sqnorm(x)
+        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low)
+        nc = 0
+        best = -1
+        best_s = np.inf
+        for j in range(k):
+            if low[j] <= top:
+                s_j = sqdist_safe(x, C[j])
+                nc, best, best_s = push_candidate(j, s_j, cand, cand_s, nc, best, best_s)
+        best, s_new = exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
+        for j in range(k):  # branch-free down32 (vectorised)
+            lo32[j] = np.float32(min(math.sqrt(max(low[j], 0.0)) * DOWN, FLT_MAX))
+        for q2 in range(nc):
+            lo32[cand[q2]] = down32(math.sqrt(cand_s[q2] * g_lo))
+        lg = lower[i]
+        for gi in range(G):
+            lg[gi] = flt_max
+        for j in range(k):
+            if j != best:
+                gj = group_of[j]
+                lg[gj] = min(lg[gj], lo32[j])
+        upper[i] = math.sqrt(s_new * g_hi) * UP
+        old = labels[i]
+        if old >= 0 and old != best:
+            n_changed += 1
+        if defer:
+            prev[q] = old if remove else -1
+            old_d2[q] = dist2[i]
+        elif remove and old >= 0:
+            sse[old] -= dist2[i]
+            sse[best] += s_new
+            if old != best:
+                move_vote(x, xx[q], old, best, S, v, Q)
+        else:
+            sse[best] += s_new
+            add_vote(x, xx[q], best, S, v, Q)
+        labels[i] = best
+        dist2[i] = s_new
+    return n_changed
+
+
+@numba.njit(cache=True, nogil=True)
+def _assign_dense_grouped(
+    X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper,
+    group_of, S, v, sse, Q,
+):  # fmt: skip
+    """The kernel of :func:`assign_dense_grouped` on one thread (``xx``: IN, or OUT when
+    ``fill_xx``)."""
+    no_prev = np.empty(0, dtype=np.int32)
+    no_d2 = np.empty(0, dtype=np.float64)
+    return _dense_range(
+        X, rows, 0, rows.shape[0], xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels,
+        dist2, lower, upper, group_of, S, v, sse, Q, no_prev, no_d2,
+    )  # fmt: skip
+
+
+def assign_dense_grouped(
+    X: np.ndarray,
+    rows: np.ndarray,
+    C: np.ndarray,
+    *,
+    dots: np.ndarray,
+    cc: np.ndarray,
+    labels: np.ndarray,
+    dist2: np.ndarray,
+    S: np.ndarray,
+    v: np.ndarray,
+    sse: np.ndarray,
+    Q: np.ndarray,
+    lower_bounds: np.ndarray,
+    upper_bounds: np.ndarray,
+    group_of: np.ndarray,
+    remove: bool = False,
+    sqnorms: np.ndarray | None = None,
+    sqnorms_known: bool = False,
+) -> int:
+    """:func:`.dense.assign_dense` that writes group bounds: for each row, ``lower[i, g]``
+    is the smallest float32 lower bound (from the BLAS estimate, or from the direct
+    distance of a candidate) of the members of ``g`` other than the new label.
+
+    lower_bounds : (N, G) float32   OUT
+    upper_bounds : (N,) float64     OUT
+    group_of     : (k,) int32       IN
+    The other arguments and the return value as :func:`.dense.assign_dense`.
+    """
+    d = X.shape[1]
+    m = rows.shape[0]
+    fill = sqnorms is None or not sqnorms_known
+    xx = np.empty(m, dtype=np.float64) if fill else sqnorms[rows]
+    args = (X, rows, xx, fill, dots, C, cc, gemm_error(d), sqdist32_error(d), remove,
+            labels, dist2, lower_bounds, upper_bounds, group_of)  # fmt: skip
+    if parallel_rows(m):
+        from nmbatch.engine.kernels.grouped_parallel import dense_blocks
+
+        prev = np.empty(m, dtype=np.int32)
+        old_d2 = np.empty(m, dtype=np.float64)
+        n_changed = dense_blocks(*args, prev, old_d2, block_rows(m))
+        apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx, sse=sse,
+                    old_dist2=old_d2, new_dist2=dist2[rows])  # fmt: skip
+    else:
+        n_changed = _assign_dense_grouped(*args, S, v, sse, Q)
+    if fill and sqnorms is not None:
+        sqnorms[rows] = xx
+    return int(n_changed)
