@@ -5,18 +5,24 @@ time it is called with a new type signature. The signature depends on dtypes and
 layouts only, never on ``k`` or ``d``, so one small problem reaches every kernel the
 engine calls on real data: each path of nmbatch's bounded revisit, a restore from
 centroids, retirements (votes taken back, the store compacted), and the exact lookups
-(``nearest``, ``nearest_one``, ``energy``).
+(``nearest``, ``nearest_one``, ``energy``). It runs on one thread, then on two (every
+parallel path taken, whatever the size: ``kernels.parallel.every_parallel_path``) when
+numba may use two, so the single-thread and the parallel kernels are both ready.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
+import numba
 import numpy as np
 
 from nmbatch.engine.algorithms import make_algorithm
 from nmbatch.engine.assign import energy, nearest, nearest_one
+from nmbatch.engine.kernels.parallel import every_parallel_path
 from nmbatch.engine.store import NestedBatchStore
+from nmbatch.engine.threads import thread_limits
 
 __all__ = ["warm_up"]
 
@@ -31,6 +37,15 @@ def warm_up(*, k: int = 4, dim: int = 8, n: int = 2000, seed: int = 0) -> float:
     again. Returns the wall time, in seconds.
     """
     t0 = time.perf_counter()
+    for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+        paths = every_parallel_path() if threads > 1 else contextlib.nullcontext()
+        with thread_limits(threads), paths:
+            _run(k=k, dim=dim, n=n, seed=seed)
+    return time.perf_counter() - t0
+
+
+def _run(*, k: int, dim: int, n: int, seed: int) -> None:
+    """One pass of :func:`warm_up` at the current thread count."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, dim)).astype(np.float32)
     for fraction in (None, -1.0, np.inf):  # automatic, always BLAS, always scalar
@@ -55,4 +70,3 @@ def warm_up(*, k: int = 4, dim: int = 8, n: int = 2000, seed: int = 0) -> float:
     nearest(X, C)
     nearest_one(X[0], C)
     energy(X, C)
-    return time.perf_counter() - t0

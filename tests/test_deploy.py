@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numba
 import pytest
 
 from nmbatch.service.embedded_redis import free_port
@@ -253,8 +254,12 @@ def test_warm_up_step_compiles_the_kernels_into_the_cache(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     compiled = {p.name.split("-")[0] for p in cache.rglob("*.nbi")}
-    kernels = ("bounded.bound_sweep", "bounded.settle_assigned", "bounded._reassign_rows",
-               "dense._assign_dense", "lookup.nearest_dense")  # fmt: skip
+    kernels = ("bounded._bound_sweep", "bounded._settle_assigned", "bounded._reassign_rows",
+               "dense._assign_dense", "lookup._nearest_serial", "update._centroid_update")
+    if numba.config.NUMBA_NUM_THREADS > 1:  # and the parallel ones
+        kernels += ("bounded._bound_sweep_blocks", "bounded._settle_blocks",
+                    "bounded._reassign_blocks", "dense._dense_blocks", "lookup._nearest_blocks",
+                    "parallel._sum_moves_by_columns", "update._centroid_update_clusters")
     assert set(kernels) <= compiled
 
 

@@ -21,6 +21,9 @@ tens of them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numba
 import numpy as np
 
@@ -31,7 +34,9 @@ __all__ = [
     "MIN_PARALLEL_ROWS",
     "MIN_SWEEP_ROWS",
     "apply_moves",
+    "big_enough",
     "block_rows",
+    "every_parallel_path",
     "n_threads",
     "parallel_rows",
 ]
@@ -50,8 +55,32 @@ def n_threads() -> int:
 
 
 def parallel_rows(m: int, minimum: int = MIN_PARALLEL_ROWS) -> bool:
-    """Whether ``m`` rows are worth a parallel kernel: more than one thread, ``minimum`` rows."""
-    return m >= minimum and numba.get_num_threads() > 1
+    """Whether ``m`` rows are worth a parallel kernel: more than one thread, ``minimum``
+    rows (any number inside :func:`every_parallel_path`)."""
+    return numba.get_num_threads() > 1 and big_enough(m, minimum)
+
+
+def big_enough(size: int, minimum: int) -> bool:
+    """``size >= minimum``, or True inside :func:`every_parallel_path`."""
+    return _every_path or size >= minimum
+
+
+_every_path = False
+
+
+@contextmanager
+def every_parallel_path() -> Iterator[None]:
+    """Take every parallel path whatever the size of the work (with more than one thread).
+
+    For the warm-up (``engine.warmup``): a small problem then compiles, or loads from
+    numba's cache, the parallel kernels as well as the single-thread ones.
+    """
+    global _every_path
+    before, _every_path = _every_path, True
+    try:
+        yield
+    finally:
+        _every_path = before
 
 
 
@@ -181,7 +210,8 @@ def apply_moves(
     )  # fmt: skip
     d = S.shape[1]
     threads = n_threads()
-    if moved.shape[0] * d >= MIN_PARALLEL_VALUES and d >= 2 * COLUMN_ALIGN and parallel_rows(2):
+    wide = d >= 2 * COLUMN_ALIGN and moved.shape[0] * d >= MIN_PARALLEL_VALUES
+    if parallel_rows(2) and (wide or _every_path):
         span = -(-d // threads)
         span = -(-span // COLUMN_ALIGN) * COLUMN_ALIGN
         _sum_moves_by_columns(X, rows, prev, new, moved, S, span)

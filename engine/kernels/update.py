@@ -86,7 +86,7 @@ def centroid_update(
     Returns ``(C_new (k, d) float32, p (k,) float64)``.
     """
     kernel = _centroid_update
-    if S.size >= PARALLEL_UPDATE_VALUES and parallel_rows(2):
+    if parallel_rows(S.size, PARALLEL_UPDATE_VALUES):
         kernel = _centroid_update_clusters
     if sse_out is None:
         return kernel(S, v, Q, C_old, False, np.empty(0, dtype=np.float64))
