@@ -96,9 +96,9 @@ ray_address : str or None, default=None
     in this process, else a local Ray started for the fit and stopped after.
 n_threads : int or None, default=None
     Threads of the kernels during ``fit``, ``partial_fit``, ``predict``, ``transform``
-    and ``score`` (BLAS: one while iterating, as scikit-learn's k-means; ``n_threads``
-    in ``predict``...; ``nmbatch.engine.threads``); None: every core the process may use
-    (as scikit-learn counts them). The model does not depend on it, bit for bit.
+    and ``score``; BLAS gets one while iterating (as in scikit-learn's k-means) and
+    ``n_threads`` otherwise (``nmbatch.engine.threads``). None: every core the process
+    may use (as scikit-learn counts them). The model does not depend on it, bit for bit.
 
 Attributes
 ----------
