@@ -4,7 +4,7 @@ Run from two environments (one with the old commit installed, one with the new),
 alternation, to see whether a change to a kernel slowed the single-thread path, and that
 the models are the same bit for bit::
 
-    python -m tools.fit_timing --dataset mnist --data ../shared/data/mnist.npz \\
+    python -m tools.fit_timing --dataset mnist \\
         --threads 1 --repeats 5 --label new --out docs/bench/threads/old-vs-new
 
 Each fit is the benchmark's nmbatch run (:mod:`nmbatch.engine.bench.ours`: the
