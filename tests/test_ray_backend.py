@@ -209,7 +209,7 @@ def test_a_worker_node_removed_mid_run(cluster):
     e_calm, hit = calm_and_hit(X, {"k": 8, "n_shards": 4, "batch_size": 50, "seed": 4})
     nodes = ray.get([a.node_id.remote() for a in hit.shards])
     on_worker = sum(node == worker.node_id for node in nodes)
-    assert 1 <= on_worker < len(nodes)  # SPREAD: shards on both nodes
+    assert 1 <= on_worker < len(nodes)  # round robin over the nodes: on both
     e_hit = run_to_end(hit, fault=lambda: c.remove_node(worker))
     assert hit.n_lost == on_worker
     check_after_fault(hit, X)

@@ -26,8 +26,11 @@ shard's ledger (its copy of the sums of every delta the shard returned) from ``S
 store: ``ray.put`` by the driver, owned by it), which holds no votes: its prefix rows
 join at the next round as new rows, and the iterations go on.
 
-Ray mechanisms used: actors (one per shard, ``scheduling_strategy="SPREAD"`` so shards
-land on different nodes, ``num_cpus=0`` so a replacement fits on any surviving node),
+Ray mechanisms used: actors (one per shard, ``num_cpus=0`` so a replacement fits on any
+surviving node; shard ``s`` is placed with a soft ``NodeAffinitySchedulingStrategy`` on
+the ``s``-th alive node in node-id order, round robin, so the shards are spread over the
+nodes for certain, which Ray's ``"SPREAD"`` hint alone does not promise for actors taking
+no CPU, and a replacement whose node has just gone lands on any surviving one),
 named actors (``nmbatch-shard-<run>-<s>``: a test or an operator can find them), the
 object store (rows put once, ``(C, p)`` once per round), and actor-death errors for
 failure detection. Not used: ``max_restarts`` (a restarted actor would come back
@@ -48,6 +51,7 @@ from typing import Any
 import numpy as np
 import ray
 from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
 from nmbatch.engine.algorithms.growth import B0_PER_CLUSTER, first_batch_size
@@ -57,7 +61,7 @@ from nmbatch.engine.state import IterationStats, ModelState
 
 from .shard import ShardState
 
-__all__ = ["PRIORITY_LIMIT", "Coordinator", "Partition"]
+__all__ = ["PRIORITY_LIMIT", "Coordinator", "Partition", "shard_options"]
 
 _SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
 _SEARCH_WAYS = 64  # thresholds per round trip of the tau search
@@ -69,6 +73,17 @@ PRIORITY_LIMIT = 1 << 62
 Partition = tuple[Any, np.ndarray, np.ndarray]
 
 ShardActor = ray.remote(ShardState)
+
+
+def shard_options(s: int, name: str) -> dict[str, Any]:
+    """Ray actor options for shard ``s`` named ``name``: no CPU slot, placed (softly) on
+    the ``s``-th alive node in node-id order, round robin."""
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    options: dict[str, Any] = {"name": name, "num_cpus": 0}
+    if nodes:
+        node = nodes[s % len(nodes)]
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+    return options
 
 
 class Coordinator:
@@ -136,8 +151,7 @@ class Coordinator:
     def _start_shard(self, s: int) -> Any:
         rows, ids, priority = self.partitions[s]
         name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
-        options = {"name": name, "num_cpus": 0, "scheduling_strategy": "SPREAD"}
-        return ShardActor.options(**options).remote(
+        return ShardActor.options(**shard_options(s, name)).remote(
             rows, ids, priority, self.n_clusters, self.bound_mode
         )
 

@@ -47,7 +47,7 @@ import ray
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.state import IterationStats
 
-from .coordinator import PRIORITY_LIMIT, Coordinator, ShardActor
+from .coordinator import PRIORITY_LIMIT, Coordinator, ShardActor, shard_options
 from .shard import respread
 
 __all__ = ["StreamCoordinator"]
@@ -96,8 +96,7 @@ class StreamCoordinator(Coordinator):
         """A new (or replacement) actor for shard ``s``, given its chunks in order."""
         rows, ids, priority = self.partitions[s]
         name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
-        options = {"name": name, "num_cpus": 0, "scheduling_strategy": "SPREAD"}
-        actor = ShardActor.options(**options).remote(
+        actor = ShardActor.options(**shard_options(s, name)).remote(
             rows, ids, priority, self.n_clusters, self.bound_mode
         )
         for chunk in self.chunks[s] if hasattr(self, "chunks") else ():
