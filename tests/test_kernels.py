@@ -34,7 +34,7 @@ from hypothesis.extra.numpy import arrays
 
 from nmbatch.engine import nearest
 from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
-from nmbatch.engine.init import kmeans_plusplus
+from nmbatch.engine.init import _sqdist_to, kmeans_plusplus
 from nmbatch.engine.kernels import (
     assign_dense,
     bound_sweep,
@@ -757,6 +757,46 @@ def test_kmeans_plusplus_float_data_distinct_and_reproducible():
     assert all((row == X).all(axis=1).any() for row in A)
     C = kmeans_plusplus(X, 8, np.random.default_rng(43))
     assert not np.array_equal(A, C)
+
+
+def _kmeans_plusplus_direct(X, k, rng):
+    """The plain numpy formula: greedy k-means++ with every distance from differences."""
+    n = X.shape[0]
+    X64 = X.astype(np.float64)
+    trials = 2 + int(np.log(k))
+    chosen = [int(rng.integers(n))]
+    closest = ((X64 - X64[chosen[0]]) ** 2).sum(axis=1)
+    for _ in range(1, k):
+        cumulative = np.cumsum(closest)
+        picks = np.searchsorted(cumulative, rng.random(trials) * cumulative[-1], side="right")
+        picks = np.minimum(picks, n - 1)
+        dist = np.stack([((X64 - X64[p]) ** 2).sum(axis=1) for p in picks], axis=1)
+        candidate = np.minimum(closest[:, None], dist)
+        best = int(np.argmin(candidate.sum(axis=0)))
+        chosen.append(int(picks[best]))
+        closest = candidate[:, best]
+    return X[chosen]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_kmeans_plusplus_chooses_what_the_direct_formula_chooses(seed):
+    X = blobs(3000, 30, 40, seed=seed)
+    want = _kmeans_plusplus_direct(X, 40, np.random.default_rng(seed))
+    np.testing.assert_array_equal(kmeans_plusplus(X, 40, np.random.default_rng(seed)), want)
+
+
+def test_kmeans_plusplus_distances_near_zero_come_from_differences():
+    rng = np.random.default_rng(4)
+    X = (100 + rng.random((200, 16))).astype(np.float32)  # large norms, small distances
+    X[10] = X[3]  # a duplicate
+    X[11] = X[3]
+    X[11, 5] = np.nextafter(X[3, 5], np.float32(np.inf))  # one ulp from it
+    X64 = X.astype(np.float64)
+    picks = np.array([3, 7, 3])
+    D = _sqdist_to(X64, np.einsum("ij,ij->i", X64, X64), picks)
+    direct = ((X64[:, None, :] - X64[picks][None]) ** 2).sum(axis=2)
+    np.testing.assert_allclose(D, direct, rtol=1e-9, atol=0)
+    assert D[3, 0] == D[10, 0] == 0.0 and D[11, 0] > 0.0
 
 
 def test_kmeans_plusplus_distinct_rows_that_differ_by_one_ulp():

@@ -18,19 +18,16 @@ from __future__ import annotations
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
-from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
+from nmbatch.engine.assign import sqnorms
 from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
+from nmbatch.engine.products import PRODUCT_ROWS, SPAN_PRODUCT_RATIO, chunks_at_once, products
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
 __all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm"]
-
-# Sorted rows whose span is at most this many times their number are multiplied in place
-# (extra rows of the product are cheaper than gathering a copy).
-SPAN_PRODUCT_RATIO = 1.5
 
 
 class KMeansAlgorithm:
@@ -217,7 +214,9 @@ class KMeansAlgorithm:
         fresh: bool = True,
         groups: np.ndarray | None = None,
     ) -> int:
-        """Assign ``rows`` (sorted, int64) of ``data`` with BLAS distances in chunks.
+        """Assign ``rows`` (sorted, int64) of ``data`` with BLAS distances in chunks
+        (:func:`~nmbatch.engine.products.products`: the chunks' products on all kernel
+        threads, then the parallel assignment kernel over them).
 
         Arguments as :func:`~nmbatch.engine.kernels.dense.assign_dense`; ``lower`` and
         ``upper``: the bounds to write (None: none). ``norms`` (N,) float64, optional: a
@@ -225,32 +224,21 @@ class KMeansAlgorithm:
         computes them as it reads each row), read from otherwise. ``groups`` (k,) int32,
         optional: ``lower`` holds one bound per group of centroids (``groups[j]``: the
         group of ``j``; :func:`~nmbatch.engine.kernels.grouped_dense.assign_dense_grouped`).
-        A chunk that fills most of its span of ``data`` is multiplied in place rather
-        than gathered.
 
         Returns the number of rows whose label changed.
         """
         C = self.centroids
         Ct = np.ascontiguousarray(C.T)
         cc = sqnorms(C)
+        step = PRODUCT_ROWS * chunks_at_once(C.shape[0])
+        out = np.empty((min(step, rows.shape[0]), C.shape[0]), dtype=np.float32)
         changed = 0
-        for start in range(0, rows.shape[0], CHUNK_ROWS):
-            r = rows[start : start + CHUNK_ROWS]
-            if r.shape[0] == 0:
-                continue
-            lo, span = r[0], r[-1] + 1 - r[0]
-            # A product that overflows float32 is treated as unknown by the kernel.
-            with np.errstate(over="ignore", invalid="ignore"):
-                if span == r.shape[0]:  # contiguous rows: no gather copy
-                    dots = data[lo : lo + span] @ Ct
-                elif span <= SPAN_PRODUCT_RATIO * r.shape[0]:
-                    dots = (data[lo : lo + span] @ Ct)[r - lo]
-                else:
-                    dots = data[r] @ Ct
+        for start in range(0, rows.shape[0], step):
+            r = rows[start : start + step]
             common = {
-                "dots": dots, "cc": cc, "labels": labels, "dist2": dist2, "S": self.S,
-                "v": self.v, "sse": self.sse, "Q": self.Q, "remove": remove,
-                "sqnorms": norms, "sqnorms_known": not fresh,
+                "dots": products(data, r, Ct, out), "cc": cc, "labels": labels,
+                "dist2": dist2, "S": self.S, "v": self.v, "sse": self.sse, "Q": self.Q,
+                "remove": remove, "sqnorms": norms, "sqnorms_known": not fresh,
                 "lower_bounds": lower, "upper_bounds": upper,
             }  # fmt: skip
             if groups is None:

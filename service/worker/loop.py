@@ -63,7 +63,9 @@ class Worker(EngineRecovery):
     dim : int or None
         The model's dimension if already known.
     engine_nice : int
-        Niceness of the engine's child process (0: unchanged).
+        Niceness of the engine's child process (0: unchanged); above 0, the child also
+        runs in Linux's ``SCHED_IDLE`` class (:func:`~nmbatch.service.engine_host.
+        lower_priority`).
     retention_size : callable or None
         The retention policy's size for a dimension (:func:`~nmbatch.service.worker.
         retention.retention_size`); None: ``NMBATCH_MAX_SAMPLES``.
@@ -301,7 +303,8 @@ class Worker(EngineRecovery):
                 self.wake.clear()
         s = self.settings
         config = EngineConfig(self.dim, s.k, s.init, s.rho, s.batch_size, s.seed,
-                              threads=s.worker_threads, nice=self.engine_nice)  # fmt: skip
+                              threads=s.worker_threads, nice=self.engine_nice,
+                              idle=self.engine_nice > 0)  # fmt: skip
         self._close_engine()
         self.phase = Phase.STARTING_ENGINE
         if s.ray_address is None:

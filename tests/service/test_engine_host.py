@@ -19,7 +19,9 @@ from nmbatch.service.main import create_app
 from tests.testkit import SettingsFactory, TestClient, blobs, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = EngineConfig(dim=6, k=4, init="k-means++", rho=100.0, batch_size=50, seed=3, nice=5)
+CONFIG = EngineConfig(
+    dim=6, k=4, init="k-means++", rho=100.0, batch_size=50, seed=3, nice=5, idle=True
+)
 
 
 def _state(engine: LocalEngine | EngineProcess) -> tuple:
@@ -84,10 +86,34 @@ def test_the_child_is_named_and_runs_at_the_lower_priority() -> None:
         assert Path(f"/proc/{pid}/comm").read_text().strip() == "nmbatch-engine"
         nice = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
         assert nice == os.getpriority(os.PRIO_PROCESS, 0) + CONFIG.nice
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the server's side unchanged
     finally:
         engine.close()
     assert not engine.process.is_alive()
     engine.close()  # twice: nothing happens
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+@pytest.mark.parametrize(("given", "seen"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_lower_priority_sets_the_class_and_openmp_waits_without_spinning(given, seen) -> None:
+    """In a real process: SCHED_IDLE, and OpenMP's wait policy passive unless set."""
+    code = textwrap.dedent(
+        """
+        import os
+        from nmbatch.service.engine_host import EngineConfig, lower_priority
+        lower_priority(EngineConfig(2, 2, "random", 1.0, 10, 0, idle=True))
+        print(os.sched_getscheduler(0) == os.SCHED_IDLE, os.environ["OMP_WAIT_POLICY"])
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", seen]
 
 
 def test_a_dead_child_is_an_error_at_the_next_call_not_a_hang() -> None:
