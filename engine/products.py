@@ -25,6 +25,7 @@ import numpy as np
 from nmbatch.engine.kernels.parallel import n_threads
 
 __all__ = [
+    "CHUNKS_PER_THREAD",
     "DOTS_BYTES",
     "MIN_POOL_WORK",
     "PRODUCT_ROWS",
@@ -45,9 +46,11 @@ MIN_POOL_WORK = 2**24
 # Sorted rows whose span is at most this many times their number are multiplied in place
 # (extra rows of the product are cheaper than gathering a copy).
 SPAN_PRODUCT_RATIO = 1.5
-# The products of the chunks a dense pass takes at once (one buffer, then one call of the
-# assignment kernel over all of them) take at most this many bytes, unless one chunk per
-# thread needs more: at k = 50, 163 chunks (167,000 rows); at k = 1,024, 8 chunks.
+# A dense pass takes CHUNKS_PER_THREAD chunks per kernel thread at once (one buffer, then
+# one call of the assignment kernel over all of them): a fixed buffer, as large as the
+# 4,096 rows one thread always took, whatever the number of rows; fewer chunks if their
+# products would pass DOTS_BYTES (large k), but at least one per thread.
+CHUNKS_PER_THREAD = 4
 DOTS_BYTES = 32 * 2**20
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -63,10 +66,11 @@ def _pool(n: int) -> ThreadPoolExecutor:
 
 
 def chunks_at_once(k: int) -> int:
-    """How many chunks of products a dense pass takes at once for ``k`` centroids: as
-    many as :data:`DOTS_BYTES` holds, at least one per thread of the calling thread's
-    count."""
-    return max(1, n_threads(), DOTS_BYTES // (PRODUCT_ROWS * k * 4))
+    """How many chunks of products a dense pass takes at once for ``k`` centroids:
+    :data:`CHUNKS_PER_THREAD` per thread of the calling thread's count, within
+    :data:`DOTS_BYTES`, at least one per thread."""
+    fit = DOTS_BYTES // (PRODUCT_ROWS * k * 4)
+    return max(1, n_threads(), min(CHUNKS_PER_THREAD * n_threads(), fit))
 
 
 def chunk_product(X: np.ndarray, r: np.ndarray, Ct: np.ndarray, out: np.ndarray) -> None:

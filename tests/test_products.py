@@ -8,6 +8,7 @@ import pytest
 
 from nmbatch.engine import products as products_module
 from nmbatch.engine.products import (
+    CHUNKS_PER_THREAD,
     DOTS_BYTES,
     PRODUCT_ROWS,
     chunk_product,
@@ -63,11 +64,13 @@ def test_chunk_product_of_one_row_and_of_overflowing_values():
     assert one[0, 0] == 4.0
 
 
-def test_chunks_at_once_fill_the_memory_cap_with_at_least_one_per_thread():
-    with thread_limits(1):
-        assert chunks_at_once(50) * PRODUCT_ROWS * 50 * 4 <= DOTS_BYTES
-        assert (chunks_at_once(50) + 1) * PRODUCT_ROWS * 50 * 4 > DOTS_BYTES
-        big_k = DOTS_BYTES // (PRODUCT_ROWS * 4) + 1  # one chunk alone passes the cap
-        assert chunks_at_once(big_k) == 1
-    with thread_limits(2):
-        assert chunks_at_once(big_k) == numba.get_num_threads()
+def test_chunks_at_once_is_a_fixed_buffer_per_thread_within_the_memory_cap():
+    big_k = DOTS_BYTES // (PRODUCT_ROWS * 4) + 1  # one chunk alone passes the cap
+    for threads in (1, 2):
+        with thread_limits(threads):
+            n = numba.get_num_threads()
+            assert chunks_at_once(50) == CHUNKS_PER_THREAD * n
+            assert chunks_at_once(big_k) == n
+            mid_k = DOTS_BYTES // (PRODUCT_ROWS * 4 * (CHUNKS_PER_THREAD * n - 1))
+            assert n <= chunks_at_once(mid_k) < CHUNKS_PER_THREAD * n
+            assert chunks_at_once(mid_k) * PRODUCT_ROWS * mid_k * 4 <= DOTS_BYTES
