@@ -206,10 +206,20 @@ def test_a_shard_actor_killed_mid_run(cluster):
 def test_a_worker_node_removed_mid_run(cluster):
     c, worker = cluster
     X = blobs(4000, k=8, d=6, seed=13)
-    e_calm, hit = calm_and_hit(X, {"k": 8, "n_shards": 4, "batch_size": 50, "seed": 4})
-    nodes = ray.get([a.node_id.remote() for a in hit.shards])
-    on_worker = sum(node == worker.node_id for node in nodes)
-    assert 1 <= on_worker < len(nodes)  # round robin over the nodes: on both
+    kw = {"k": 8, "n_shards": 4, "batch_size": 50, "seed": 4}
+    e_calm, hit = calm_and_hit(X, kw)
+    # Shards go round robin over the nodes with a soft node affinity: Ray may still put
+    # them on one node when the other is briefly unavailable (seen in CI, both ways). The
+    # test needs both nodes: another coordinator, a few times at most.
+    for _ in range(5):
+        nodes = ray.get([a.node_id.remote() for a in hit.shards])
+        on_worker = sum(node == worker.node_id for node in nodes)
+        if 1 <= on_worker < len(nodes):
+            break
+        hit.close()
+        hit = coordinator(X, **kw)
+        hit.X = X
+    assert 1 <= on_worker < len(nodes)  # on both nodes
     e_hit = run_to_end(hit, fault=lambda: c.remove_node(worker))
     assert hit.n_lost == on_worker
     check_after_fault(hit, X)

@@ -28,9 +28,10 @@ join at the next round as new rows, and the iterations go on.
 
 Ray mechanisms used: actors (one per shard, ``num_cpus=0`` so a replacement fits on any
 surviving node; shard ``s`` is placed with a soft ``NodeAffinitySchedulingStrategy`` on
-the ``s``-th alive node in node-id order, round robin, so the shards are spread over the
-nodes for certain, which Ray's ``"SPREAD"`` hint alone does not promise for actors taking
-no CPU, and a replacement whose node has just gone lands on any surviving one),
+the ``s``-th alive node in node-id order, round robin, so the shards are spread over
+the nodes, which Ray's ``"SPREAD"`` hint did not do for actors taking no CPU (soft: Ray
+may still place a shard elsewhere while its node is unavailable, and a replacement whose
+node has just gone lands on any surviving one),
 named actors (``nmbatch-shard-<run>-<s>``: a test or an operator can find them), the
 object store (rows put once, ``(C, p)`` once per round), and actor-death errors for
 failure detection. Not used: ``max_restarts`` (a restarted actor would come back
