@@ -69,8 +69,8 @@ def chunks_at_once(k: int) -> int:
     """How many chunks of products a dense pass takes at once for ``k`` centroids:
     :data:`CHUNKS_PER_THREAD` per thread of the calling thread's count, within
     :data:`DOTS_BYTES`, at least one per thread."""
-    fit = DOTS_BYTES // (PRODUCT_ROWS * k * 4)
-    return max(1, n_threads(), min(CHUNKS_PER_THREAD * n_threads(), fit))
+    n = n_threads()
+    return max(n, min(CHUNKS_PER_THREAD * n, DOTS_BYTES // (PRODUCT_ROWS * k * 4)))
 
 
 def chunk_product(X: np.ndarray, r: np.ndarray, Ct: np.ndarray, out: np.ndarray) -> None:
