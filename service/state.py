@@ -4,7 +4,8 @@ The worker builds a new :class:`PublishedModel` (and :class:`PublishedStats`) af
 iteration and swaps it into the :class:`ModelBoard` with one reference assignment. A
 reader takes the reference once and uses only that object, so it never sees centroids
 of one version with counts of another, and never waits for an iteration. The arrays are
-read-only.
+read-only. The board also keeps the recent energy estimates by version
+(:class:`EnergyPoint`, for the dashboard's chart), as an immutable tuple swapped the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ import numpy as np
 
 from nmbatch.engine.state import ModelState
 
-__all__ = ["DoublingEvent", "ModelBoard", "PublishedModel", "PublishedStats"]
+__all__ = [
+    "ENERGY_HISTORY",
+    "DoublingEvent",
+    "EnergyPoint",
+    "ModelBoard",
+    "PublishedModel",
+    "PublishedStats",
+]
+
+#: Energy points the board keeps (the most recent versions).
+ENERGY_HISTORY = 500
 
 
 def _frozen(array: np.ndarray, dtype: type) -> np.ndarray:
@@ -75,6 +86,15 @@ class DoublingEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class EnergyPoint:
+    """The energy estimate ``/stats`` showed with centroid ``version``, at Unix time ``at``."""
+
+    version: int
+    energy: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class PublishedStats:
     """The algorithm's course so far, as shown by ``GET /stats``.
 
@@ -117,6 +137,7 @@ class ModelBoard:
         self._lock = threading.Lock()  # serialises writers only; readers never take it
         self._model: PublishedModel | None = None
         self._stats = PublishedStats()
+        self._energy: tuple[EnergyPoint, ...] = ()
 
     @property
     def model(self) -> PublishedModel | None:
@@ -137,6 +158,26 @@ class ModelBoard:
             self._model = model
             return True
 
+    @property
+    def energy_history(self) -> tuple[EnergyPoint, ...]:
+        """The last :data:`ENERGY_HISTORY` energy estimates, one per version, oldest first."""
+        return self._energy
+
     def publish_stats(self, stats: PublishedStats) -> None:
-        """Make ``stats`` current."""
-        self._stats = stats
+        """Make ``stats`` current, and record its energy under the current version.
+
+        Each version keeps one point: the energy ``/stats`` shows with it (a later
+        estimate under the same version replaces the point; the same one leaves it as it
+        is). Statistics without energy (before the first iteration, a standby) add none.
+        """
+        with self._lock:
+            model = self._model
+            if stats.energy is not None and model is not None:
+                history = self._energy
+                last = history[-1] if history else None
+                if last is None or last.version != model.version or last.energy != stats.energy:
+                    if last is not None and last.version == model.version:
+                        history = history[:-1]
+                    point = EnergyPoint(model.version, float(stats.energy), time.time())
+                    self._energy = (*history[-(ENERGY_HISTORY - 1) :], point)
+            self._stats = stats

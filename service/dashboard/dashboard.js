@@ -1,13 +1,17 @@
 /* nmbatch dashboard: polls the JSON API every 2 s and draws six panels.
  *
- * Reads GET readyz, stats, dashboard/data and centroids (the last with If-None-Match, so
- * an unchanged version costs a 304). URLs are relative to the page (/dashboard), so the
+ * Reads only GET dashboard/data, which answers 200 in every state of the service and
+ * carries the readiness, the /stats and /centroids documents or the problems those routes
+ * answer (before the first centroids, while Redis is away), so the browser logs no failed
+ * request. It sends since=<version held>, so unchanged centroids are not sent again, and
+ * energy_since=<last version charted>. The URL is relative to the page (/dashboard), so the
  * page works behind a path prefix. With an API key for reads, a 401 opens a form; the key
  * is kept in sessionStorage and sent as "Authorization: Bearer", never in a URL.
- * Time series (ingestion rate, energy by version, centroid trails) are what this page has
- * seen since it opened; the batch size history comes whole from /stats' doublings.
+ * The energy by version comes from the server's history (the last 500 versions), the batch
+ * size history whole from /stats' doublings; the ingestion rate and the centroid trails
+ * are what this page has seen since it opened.
  * The 2-D map is a PCA of the centroids computed in the browser (pca.js), not on the server.
- * Exposed for tests: window.NmbDashboard = {pca2, tinyThreshold, state}.
+ * Exposed for tests: window.NmbDashboard = {pca2, tinyThreshold, state, poll, charts}.
  */
 (function () {
   "use strict";
@@ -15,13 +19,14 @@
   const POLL_MS = 2000;
   const KEY_STORE = "nmbatch.apiKey";
   const TRAIL_VERSIONS = 5; // previous centroid versions traced on the map
-  const HISTORY = 300; // points kept per time series
+  const HISTORY = 300; // points kept per time series seen by the page
+  const ENERGY_POINTS = 500; // energy points kept (the server keeps as many)
   const SVG_NS = "http://www.w3.org/2000/svg";
 
   const state = {
-    stats: null, centroids: null, etag: null, health: null,
-    centroidsProblem: null, statsProblem: null, ready: null,
-    lastOk: null, unreachable: null, needKey: false, keyRefused: false,
+    stats: null, centroids: null, health: null,
+    centroidsProblem: null, statsProblem: null, ready: null, polling: false,
+    lastOk: null, unreachable: null, failed: null, needKey: false,
     ingest: { t: [], rate: [], n: [] }, prevIngest: null,
     energy: new Map(), trail: [], axes: null, timer: null,
   };
@@ -58,56 +63,54 @@
     }
   }
 
-  async function api(path, extra = {}) {
-    const headers = { Accept: "application/json", ...extra };
+  async function api(path) {
+    const headers = { Accept: "application/json" };
     const key = sessionStorage.getItem(KEY_STORE);
     if (key) headers.Authorization = "Bearer " + key;
     const response = await fetch(path, { headers, cache: "no-store" });
-    if (response.status === 304) return { body: null, response };
     let body = null;
     try { body = await response.json(); } catch (e) { body = null; }
-    if (response.status === 401) throw new Refused(401, body);
-    if (!response.ok && path !== "readyz") throw new Refused(response.status, body);
-    return { body, response };
+    if (!response.ok) throw new Refused(response.status, body);
+    return body;
   }
 
   // -- polling ---------------------------------------------------------------------------
   async function poll() {
     clearTimeout(state.timer);
-    if (state.needKey) return;
-    const ifNoneMatch = state.etag ? { "If-None-Match": state.etag } : {};
-    const results = await Promise.allSettled([
-      api("readyz"), api("stats"), api("dashboard/data"), api("centroids", ifNoneMatch),
-    ]);
-    const [ready, stats, health, cents] = results;
-    if (results.some((r) => r.status === "rejected" && r.reason.status === 401)) {
-      askForKey();
-      return;
+    if (state.needKey || state.polling) return;
+    state.polling = true;
+    const query = new URLSearchParams();
+    if (state.centroids) query.set("since", String(state.centroids.version));
+    if (state.energy.size) query.set("energy_since", String(Math.max(...state.energy.keys())));
+    try {
+      take(await api("dashboard/data" + (query.toString() ? "?" + query : "")));
+    } catch (error) {
+      state.polling = false;
+      if (error instanceof Refused && error.status === 401) return askForKey();
+      if (error instanceof Refused) { state.failed = error.message; state.unreachable = null; }
+      else { state.unreachable = state.unreachable || Date.now(); state.unreachableWhy = error.message; }
     }
-    const reached = results.filter((r) => r.status === "fulfilled" || r.reason instanceof Refused);
-    if (reached.length === 0) {
-      state.unreachable = state.unreachable || Date.now();
-      state.unreachableWhy = results[0].reason && results[0].reason.message;
-    } else {
-      state.unreachable = null;
-      state.lastOk = Date.now();
-    }
-    state.ready = ready.status === "fulfilled" ? ready.value.body : null;
-    if (stats.status === "fulfilled") { state.stats = stats.value.body; state.statsProblem = null; }
-    else if (stats.reason instanceof Refused) state.statsProblem = stats.reason;
-    if (health.status === "fulfilled") state.health = health.value.body;
-    if (cents.status === "fulfilled") {
-      state.centroidsProblem = null;
-      if (cents.value.body) takeCentroids(cents.value.body, cents.value.response.headers.get("ETag"));
-    } else if (cents.reason instanceof Refused) {
-      state.centroidsProblem = cents.reason;
-    }
-    if (stats.status === "fulfilled") recordIngestion(state.stats);
+    state.polling = false;
     render();
     state.timer = setTimeout(poll, POLL_MS);
   }
 
-  function takeCentroids(doc, etag) {
+  function take(data) {
+    state.unreachable = null;
+    state.failed = null;
+    state.lastOk = Date.now();
+    state.health = data;
+    state.ready = data.ready;
+    state.statsProblem = data.stats_problem;
+    if (data.stats) { state.stats = data.stats; recordIngestion(data.stats); }
+    state.centroidsProblem = data.centroids_problem;
+    if (data.centroids) takeCentroids(data.centroids);
+    for (const point of data.energy_history) state.energy.set(point.version, point.energy);
+    const old = [...state.energy.keys()].sort((a, b) => a - b).slice(0, -ENERGY_POINTS);
+    for (const v of old) state.energy.delete(v);
+  }
+
+  function takeCentroids(doc) {
     const previous = state.centroids;
     if (previous && previous.version !== doc.version && previous.k === doc.k && previous.dim === doc.dim) {
       state.trail.push({ version: previous.version, rows: previous.centroids });
@@ -117,7 +120,6 @@
       state.axes = null;
     }
     state.centroids = doc;
-    state.etag = etag;
     const pca = pca2(doc.centroids, state.axes);
     state.axes = pca.axes;
     state.pca = pca;
@@ -125,8 +127,6 @@
 
   function recordIngestion(stats) {
     const now = Date.now() / 1000;
-    if (stats.version !== null && stats.energy !== null) state.energy.set(stats.version, stats.energy);
-    if (state.energy.size > HISTORY) state.energy.delete(state.energy.keys().next().value);
     const prev = state.prevIngest;
     state.prevIngest = { t: now, n: stats.n_ingested };
     if (!prev || now - prev.t < 0.2) return;
@@ -182,9 +182,9 @@
   }
 
   function redisAway() {
-    const p = state.statsProblem;
-    if (p && p.status === 503) return p.message;
     if (state.ready && state.ready.redis !== "ok") return state.ready.redis;
+    const p = state.statsProblem;
+    if (p && p.status === 503) return p.detail;
     if (state.health && !state.health.redis_up) return "the worker cannot reach Redis";
     return null;
   }
@@ -196,13 +196,16 @@
     if (state.unreachable) {
       setStatus("down", "service unreachable");
       notice("bad", "The service does not answer (" + (state.unreachableWhy || "no connection") + ")." + since);
+    } else if (state.failed) {
+      setStatus("down", "service error");
+      notice("bad", "The service answered with an error: " + state.failed + "." + since);
     } else if (away) {
       setStatus("down", "Redis unreachable");
       notice("bad", "Redis is unreachable: " + away + ". Ingestion and /stats wait for it; " +
         "the centroids shown are the last ones served." + since);
     } else if (!state.centroids) {
       setStatus("waiting", "no centroids yet");
-      notice(null, state.centroidsProblem ? "No centroids yet: " + state.centroidsProblem.message : "");
+      notice(null, state.centroidsProblem ? "No centroids yet: " + state.centroidsProblem.detail : "");
     } else {
       setStatus("ok", state.stats ? state.stats.phase : "ready");
       notice(null, "");
@@ -259,6 +262,7 @@
       fig("fig-p99", ms(lat.p99), lat.p99);
       fig("fig-assign-count", int(lat.count), lat.count);
       fig("fig-server-errors", int(h.server_errors), h.server_errors, h.server_errors ? "bad" : "good");
+      fig("fig-assign-errors", int(h.assign_errors), h.assign_errors, h.assign_errors ? "bad" : "good");
       fig("fig-client-errors", int(h.client_errors), h.client_errors);
       fig("fig-redis-unavailable", int(h.redis_unavailable), h.redis_unavailable, h.redis_unavailable ? "warn" : null);
       fig("fig-rss", bytes(h.server_rss_bytes), h.server_rss_bytes);
@@ -301,7 +305,7 @@
 
   function noCentroidsText() {
     const p = state.centroidsProblem;
-    return "No centroids yet" + (p ? ": " + p.message : ".");
+    return "No centroids yet" + (p ? ": " + p.detail : ".");
   }
 
   function renderClusters() {
@@ -443,6 +447,6 @@
     poll();
   }
 
-  window.NmbDashboard = { pca2, tinyThreshold, state, poll };
+  window.NmbDashboard = { pca2, tinyThreshold, state, poll, charts };
   start();
 })();

@@ -1,12 +1,22 @@
-"""``GET /dashboard``: the live dashboard page, its static files, and its health figures.
+"""``GET /dashboard``: the live dashboard page, its static files, and the data it polls.
 
-The page (``service/dashboard/``, shipped as package data) is static: HTML, one script,
-one style sheet and the vendored charting library uPlot (MIT, ``vendor/``). It needs no
-build step and computes what it draws in the browser from the JSON API it polls:
-``/readyz``, ``/stats``, ``/centroids`` (with ``If-None-Match``) and
-``GET /dashboard/data``, which this module adds for what only the metrics hold: the
-``/assign`` latency quantiles, the error counts, Redis availability as the worker sees it
-and the server's memory. The 2-D map's PCA of the centroids runs in the browser.
+The page (``service/dashboard/``, shipped as package data) is static: HTML, two scripts,
+one style sheet and the vendored charting library uPlot (MIT, ``vendor/``, provenance in
+its ``README.md``). It needs no build step and polls one address, ``GET /dashboard/data``,
+which answers ``200`` to an authorised caller with valid parameters, so the browser logs no
+failed request in any state of the service (before the first centroids, Redis away). The
+document holds:
+
+- what ``/readyz``, ``/stats`` and ``/centroids`` answer, built by the same functions
+  those routes run: the readiness, the ``/stats`` document or the problem ``/stats``
+  would answer (as its body), the ``/centroids`` document or its problem. With
+  ``since=<version>`` the centroids are left out while that version is still served;
+- the energy history (:attr:`ModelBoard.energy_history`: the last 500 versions' energy
+  as ``/stats`` showed it, kept in memory by this process), from ``energy_since``;
+- what only the metrics hold: the ``/assign`` latency quantiles, the error counts, Redis
+  availability as the worker sees it and the server's memory.
+
+The 2-D map's PCA of the centroids runs in the browser.
 
 The page and its files are open (they hold no data); ``/dashboard/data`` is a read like
 ``/metrics``: it needs the API key with ``NMBATCH_API_KEY_READS=true``. The page asks
@@ -15,20 +25,28 @@ for the key when an answer is ``401`` and sends it as ``Authorization: Bearer``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import inspect
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from functools import cache
 from importlib import resources
+from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request
+import orjson
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
+from nmbatch.service.context import Context, ServiceContext, off_loop
 from nmbatch.service.metrics import ServiceMetrics
-from nmbatch.service.problems import ProblemError, problem_responses
-from nmbatch.service.routes.centroids import etag_matches, iso_time
+from nmbatch.service.problems import Problem, ProblemError, problem_responses
+from nmbatch.service.routes.centroids import centroids_json, etag_matches, iso_time
+from nmbatch.service.routes.health import readyz
+from nmbatch.service.routes.stats import get_stats
+from nmbatch.service.schemas import Centroids, Readiness, Stats
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key
 
 __all__ = ["ASSETS", "DashboardData", "histogram_quantile", "router"]
@@ -52,6 +70,8 @@ _PAGE_POLICY = (
 )
 _QUANTILES = (0.5, 0.9, 0.99)
 _STARTED = time.monotonic()
+
+T = TypeVar("T")
 
 
 @cache
@@ -99,16 +119,46 @@ class LatencyOut(BaseModel):
     p99: float | None = Field(description="99th percentile in seconds.")
 
 
-class DashboardData(BaseModel):
-    """What ``/stats`` does not show: request health, Redis as the worker sees it, memory.
+class EnergyPointOut(BaseModel):
+    """The energy estimate ``/stats`` showed with one centroid version."""
 
-    Quantiles are estimated from the ``nmbatch_request_seconds`` histogram buckets by
-    linear interpolation inside the bucket (as Prometheus' ``histogram_quantile``), so
-    each lies within the bounds of the bucket holding the true quantile.
+    version: int
+    energy: float
+    at: str = Field(description="When it was first shown, ISO 8601 UTC.")
+
+
+class DashboardData(BaseModel):
+    """Everything the dashboard draws, in one answer that is ``200`` in every state.
+
+    ``ready``, ``stats`` and ``centroids`` are what ``/readyz``, ``/stats`` and
+    ``/centroids`` answer; when ``/stats`` or ``/centroids`` would answer a problem
+    (``409``/``503`` before the first centroids, ``503`` while Redis is away) the document
+    is None and ``stats_problem`` / ``centroids_problem`` is that problem's body.
+
+    The health figures are what ``/stats`` does not show: request health, Redis as the
+    worker sees it, memory. Quantiles are estimated from the ``nmbatch_request_seconds``
+    histogram buckets by linear interpolation inside the bucket (as Prometheus'
+    ``histogram_quantile``), so each lies within the bounds of the bucket holding the
+    true quantile.
     """
 
     time: str = Field(description="Server time, ISO 8601 UTC.")
     uptime_seconds: float = Field(description="Seconds since this process loaded the app.")
+    ready: Readiness = Field(description="What /readyz answers (200 or 503).")
+    stats: Stats | None = Field(description="What /stats answers; None: see stats_problem.")
+    stats_problem: Problem | None = Field(description="The problem /stats answers, if any.")
+    centroids_version: int | None = Field(description="The served version (None: none yet).")
+    centroids: Centroids | None = Field(
+        description="What /centroids answers (JSON); None when it is the version `since` "
+        "names, or when there is none (see centroids_problem)."
+    )
+    centroids_problem: Problem | None = Field(
+        description="The problem /centroids answers, if any."
+    )
+    energy_history: list[EnergyPointOut] = Field(
+        description="Energy by version, oldest first: the last 500 versions this process "
+        "showed, from version `energy_since` when given."
+    )
     assign_latency: LatencyOut
     requests: int = Field(description="HTTP requests answered by this process.")
     client_errors: int = Field(description="Answers with a 4xx status.")
@@ -194,30 +244,92 @@ def _rss_bytes() -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+# -- the document -------------------------------------------------------------------------
+async def _answer(request: Request, call: Awaitable[T]) -> tuple[T | None, Any]:
+    """``(result, None)`` of ``call``, or ``(None, problem)``: the body of the problem the
+    app's exception handlers answer for what it raised (as a route raising it would)."""
+    try:
+        return await call, None
+    except Exception as exc:
+        handlers = request.app.exception_handlers
+        handler = next((handlers[c] for c in type(exc).__mro__ if c in handlers), None)
+        if handler is None:
+            raise
+        response = handler(request, exc)
+        if inspect.isawaitable(response):
+            response = await response
+        return None, orjson.loads(response.body)
+
+
+async def _readiness(context: ServiceContext) -> Any:
+    return orjson.loads((await readyz(context)).body)
+
+
+async def _centroids(context: ServiceContext, since: int | None) -> tuple[int, bytes | None]:
+    """The served version and its ``/centroids`` JSON (None when it is ``since``)."""
+    model = await context.require_model()
+    if model.version == since:
+        return model.version, None
+    size = model.state.centroids.size
+    return model.version, await off_loop(
+        size, centroids_json, model, context.settings.retention
+    )
+
+
 @router.get(
     "/dashboard/data",
     response_model=DashboardData,
-    summary="Health figures of the dashboard",
-    description="The /assign latency quantiles, error counts, Redis availability and the "
-    "server's memory, from this process's metrics (the rest of the dashboard reads "
-    "/stats and /centroids). Never touches Redis, so it answers while Redis is away.",
+    summary="Everything the dashboard draws",
+    description="Readiness, the /stats and /centroids documents (or the problems those "
+    "routes answer, as members: this answer is 200 in every state of the service), the "
+    "energy by version, the /assign latency quantiles, error counts, Redis availability "
+    "and the server's memory.",
     openapi_extra=OPTIONAL_KEY,
     dependencies=[Depends(require_read_key)],
-    responses=problem_responses(401),
+    responses=problem_responses(401, 422),
 )
-async def dashboard_data(request: Request) -> DashboardData:
+async def dashboard_data(
+    request: Request,
+    context: Context,
+    since: int | None = Query(
+        None, description="The centroid version held: its centroids are not sent again."
+    ),
+    energy_since: int | None = Query(
+        None, description="Send the energy points from this version on (the last one held)."
+    ),
+) -> Response:
     metrics: ServiceMetrics = request.app.state.metrics
-    latency, requests, client, server, assign_errors = _latency(metrics)
-    return DashboardData(
-        time=iso_time(time.time()),
-        uptime_seconds=round(time.monotonic() - _STARTED, 3),
-        assign_latency=latency,
-        requests=requests,
-        client_errors=client,
-        server_errors=server,
-        assign_errors=assign_errors,
-        redis_up=any(v > 0 for _, _, v in _samples(metrics.redis_up)),
-        redis_unavailable=_counter_total(metrics.redis_errors),
-        engine_restarts=_counter_total(metrics.engine_restarts),
-        server_rss_bytes=_rss_bytes(),
+    ready, (stats, stats_problem), (served, centroids_problem) = await asyncio.gather(
+        _readiness(context),
+        _answer(request, get_stats(context)),
+        _answer(request, _centroids(context, since)),
     )
+    version, centroids = served if served is not None else (None, None)
+    latency, requests, client, server, assign_errors = _latency(metrics)
+    history = [
+        {"version": p.version, "energy": p.energy, "at": iso_time(p.at)}
+        for p in context.board.energy_history
+        if energy_since is None or p.version >= energy_since
+    ]
+    doc = {
+        "time": iso_time(time.time()),
+        "uptime_seconds": round(time.monotonic() - _STARTED, 3),
+        "ready": ready,
+        "stats": stats.model_dump(mode="json") if stats is not None else None,
+        "stats_problem": stats_problem,
+        "centroids_version": version,
+        "centroids_problem": centroids_problem,
+        "energy_history": history,
+        "assign_latency": latency.model_dump(),
+        "requests": requests,
+        "client_errors": client,
+        "server_errors": server,
+        "assign_errors": assign_errors,
+        "redis_up": any(v > 0 for _, _, v in _samples(metrics.redis_up)),
+        "redis_unavailable": _counter_total(metrics.redis_errors),
+        "engine_restarts": _counter_total(metrics.engine_restarts),
+        "server_rss_bytes": _rss_bytes(),
+    }
+    # The centroids go in as /centroids serialised them (not parsed again).
+    body = orjson.dumps(doc)[:-1] + b',"centroids":' + (centroids or b"null") + b"}"
+    return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})

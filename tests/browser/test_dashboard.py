@@ -3,9 +3,12 @@
 Three blobs are sent in three parts while the page is open: before the first centroids
 the page says why there are none; then every panel renders, the map shows one marker per
 centroid, the numbers shown are those of ``/stats`` and ``/centroids``, the map's
-coordinates are numpy's PCA of the centroids, and the console stays clean. With the API
-key needed for reads, the page asks for it, keeps it in the tab's session and sends it
-only as a header; with Redis stopped it says so and keeps the last centroids.
+coordinates are numpy's PCA of the centroids, a reload shows the energy history, and the
+console has no error at any time (the page polls only ``/dashboard/data``, which answers
+``200`` in every state). With the API key needed for reads, the page asks for it, keeps it
+in the tab's session and sends it only as a header (the two ``401`` answers, to no key
+and to a wrong one, are the only console errors); with Redis stopped it says so and keeps
+the last centroids, still without a console error.
 
 The screenshot goes to ``test-artifacts/dashboard.png`` (gitignored) and the test's tmp
 folder, and to ``$DASHBOARD_PNG`` when set (the README's ``docs/dashboard.png``:
@@ -19,6 +22,7 @@ import shutil
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -29,6 +33,7 @@ from tests.browser.conftest import WatchedPage
 from tests.testkit import blobs, npy_bytes, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
+DATA = "/dashboard/data"
 K, DIM, N = 3, 8, 3000
 PANELS = ("ingestion", "batch", "energy", "clusters", "map", "health")
 
@@ -61,6 +66,14 @@ def value(page: WatchedPage, element_id: str) -> str | None:
     return page.page.get_attribute(f"#{element_id}", "data-value")
 
 
+def api_requests(page: WatchedPage) -> list[tuple[str, dict[str, str]]]:
+    """The page's HTTP requests other than for itself and its files: ``(path, headers)``."""
+    paths = [(urlsplit(url).path, headers) for url, headers in page.requests
+             if url.startswith("http")]  # fmt: skip
+    return [(path, h) for path, h in paths if not path.startswith("/dashboard/static/")
+            and path != "/dashboard"]  # fmt: skip
+
+
 def save_screenshot(page: WatchedPage, tmp_path: Path) -> Path:
     shot = tmp_path / "dashboard.png"
     page.page.screenshot(path=str(shot), full_page=True)
@@ -84,18 +97,14 @@ def test_the_dashboard_shows_the_model_as_the_api_does(
     page.page.wait_for_selector("#status[data-state='waiting']", timeout=20_000)
     assert "No centroids yet" in page.page.inner_text("#panel-map")
     assert "k = 3 are needed" in page.page.inner_text("#panel-clusters")
-
-    # Before the first centroids the browser logs the 409/503 answers it polled; nothing else.
-    assert all(" status of 409 " in e or " status of 503 " in e for e in page.errors), page.errors
+    assert page.errors == [], page.errors
     X = blobs(N, DIM, K, seed=3, separation=12.0)
     for part in np.array_split(X, 3):  # three parts: the page sees several versions
         post_samples(service.base, part)
         time.sleep(2.5)
     centroids = converged(service.base, N)
     page.page.wait_for_selector("#status[data-state='ok']", timeout=20_000)
-    expected = [e for e in page.errors if " status of 409 " in e or " status of 503 " in e]
-    assert expected == page.errors, page.errors  # the polls before the first centroids
-    seen = len(page.errors)
+    assert page.errors == [], page.errors
     for vector in X[:20]:  # some /assign answers for the latency figures
         httpx.get(f"{service.base}/assign", params={"vector": ",".join(map(str, vector))})
     page.page.wait_for_function(
@@ -118,7 +127,7 @@ def test_the_dashboard_shows_the_model_as_the_api_does(
         assert panel.locator(".placeholder").count() == 0, name
     for chart in ("ingestion", "batch", "energy"):
         assert page.page.locator(f"#chart-{chart} canvas").count() >= 1, chart
-    assert page.page.evaluate("NmbDashboard.state.energy.size") >= 1
+    assert page.page.evaluate("NmbDashboard.state.energy.size") > 1
     assert page.page.evaluate("NmbDashboard.state.ingest.t.length") >= 2
     assert page.page.get_attribute("#status", "data-state") == "ok"
     assert not page.page.is_visible("#notice")
@@ -158,12 +167,26 @@ def test_the_dashboard_shows_the_model_as_the_api_does(
     health = httpx.get(f"{service.base}/dashboard/data", timeout=10).json()
     assert int(value(page, "fig-assign-count")) == health["assign_latency"]["count"] >= 20
     assert float(value(page, "fig-p50")) == pytest.approx(health["assign_latency"]["p50"])
-    # 503 centroids-pending answers to the page's early polls count as 5xx.
     assert value(page, "fig-server-errors") == str(health["server_errors"])
+    assert value(page, "fig-assign-errors") == str(health["assign_errors"]) == "0"
+    assert page.page.get_attribute("#fig-assign-errors", "data-flag") == "good"
+    # The page polled only /dashboard/data, and sent the version it held once it had one.
+    polled = api_requests(page)
+    assert {path for path, _ in polled} == {DATA}, polled
+    assert any("/dashboard/data?since=" in url for url, _ in page.requests)
 
     shot = save_screenshot(page, tmp_path)
     assert shot.stat().st_size > 20_000
-    assert page.errors[seen:] == [], page.errors[seen:]
+    assert page.errors == [], page.errors
+
+    # A reload shows the energy history the server kept, not only what it sees from now.
+    page.page.reload()
+    page.page.wait_for_selector("#map [data-centroid]", timeout=20_000)
+    versions = page.page.evaluate("NmbDashboard.charts.energy.data[0]")
+    assert len(versions) > 1 and versions[-1] == stats["version"], versions
+    energy = page.page.evaluate("NmbDashboard.charts.energy.data[1]")
+    assert energy[-1] == pytest.approx(stats["energy"], rel=1e-12)
+    assert page.errors == [], page.errors
 
 
 def test_api_key_flow_and_a_redis_outage(
@@ -191,6 +214,7 @@ def test_api_key_flow_and_a_redis_outage(
         page.page.click("#key-form button[type=submit]")
         page.page.wait_for_selector("#key-error:not([hidden])", timeout=20_000)
         assert "refused" in page.page.inner_text("#key-error")
+        refused = len(api_requests(page))
         page.page.fill("#api-key", key)
         page.page.click("#key-form button[type=submit]")
         page.page.wait_for_selector("#key-overlay", state="hidden", timeout=20_000)
@@ -199,24 +223,31 @@ def test_api_key_flow_and_a_redis_outage(
         assert value(page, "fig-version") == str(centroids["version"])
         assert page.page.evaluate("sessionStorage.getItem('nmbatch.apiKey')") == key
         # The key travels only in the header, never in an address.
-        api = [(url, h) for url, h in page.requests if "/dashboard/static" not in url]
         assert all(key not in url for url, _ in page.requests)
-        last = [h.get("authorization") for url, h in api[-4:]]
-        assert last == [f"Bearer {key}"] * 4, api[-4:]
+        sent = api_requests(page)[refused:]
+        assert sent and all(h.get("authorization") == f"Bearer {key}" for _, h in sent), sent
+        assert {path for path, _ in api_requests(page)} == {DATA}
         # A reload keeps it for the tab's session: no form again.
         page.page.reload()
         page.page.wait_for_selector("#map [data-centroid]", timeout=20_000)
         assert page.page.is_hidden("#key-overlay")
 
-        # Redis away: the page says so and keeps the last centroids.
+        # Redis away: the page says so and keeps the last centroids, for several polls.
         redis_server.stop()
         page.page.wait_for_selector("#status[data-state='down']", timeout=30_000)
         assert "Redis is unreachable" in page.page.inner_text("#notice")
         assert page.page.locator("#map [data-centroid]").count() == K
         assert page.page.get_attribute("#fig-redis", "data-flag") == "bad"
+        polls = len(api_requests(page))
+        page.page.wait_for_timeout(5_000)
+        assert len(api_requests(page)) >= polls + 2
+        assert page.page.get_attribute("#status", "data-state") == "down"
         redis_server = EmbeddedRedis(tmp_path / "redis", port=port)
         redis_server.start()
         page.page.wait_for_selector("#status[data-state='ok']", timeout=60_000)
         assert page.page.is_hidden("#notice")
+        # The only console errors: the 401 answers to no key and to the wrong key.
+        assert len(page.errors) == 2, page.errors
+        assert all(" status of 401 " in e and DATA in e for e in page.errors), page.errors
     finally:  # the start_service fixture stops the service
         redis_server.stop()
