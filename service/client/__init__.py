@@ -10,6 +10,8 @@
         labels = client.assign(X).labels
         client.stats()["energy"]
 
+    Client("http://127.0.0.1:8000", model="tenant-a")  # the routes /models/tenant-a/...
+
 Modules: :mod:`~service.client.operations` (the requests of each call, without I/O),
 ``_sync``/``_async`` (the two drivers), :mod:`~service.client.retry` (backoff),
 :mod:`~service.client.errors` (typed problem exceptions), :mod:`~service.client.results`

@@ -7,6 +7,7 @@ The same operations (:mod:`service.client.operations`), retries and errors as
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import httpx
@@ -34,6 +35,7 @@ from nmbatch.service.client.session import (
     RETRIED_ERRORS,
     client_headers,
     final_answer,
+    model_prefix,
     no_answer,
 )
 
@@ -43,7 +45,8 @@ T = TypeVar("T")
 
 
 class AsyncClient:
-    """An asyncio client of one nmbatch service; parameters as for :class:`Client`.
+    """An asyncio client of one model of an nmbatch service (its default model, or the
+    named ``model``); parameters as for :class:`Client`.
 
     Example
     -------
@@ -57,12 +60,15 @@ class AsyncClient:
         base_url: str = "http://127.0.0.1:8000",
         *,
         api_key: str | None = None,
+        model: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         max_vectors: int | None = None,
         max_body_bytes: int | None = None,
         **http_options: Any,
     ) -> None:
+        self.model = model
+        self._prefix = model_prefix(model)
         self.retry = retry or RetryPolicy()
         self.limits = Limits()
         if max_vectors is not None:
@@ -155,7 +161,8 @@ class AsyncClient:
                 await asyncio.sleep(step.seconds)
                 continue
             try:
-                answer = await self._send(step)
+                # The model's routes: "/models/{name}/samples" for a named model.
+                answer = await self._send(replace(step, path=self._prefix + step.path))
             except NmbatchError as exc:  # into the operation, which may handle it
                 error = exc
 

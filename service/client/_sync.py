@@ -10,6 +10,7 @@ is the same on ``httpx.AsyncClient``.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import httpx
@@ -37,6 +38,7 @@ from nmbatch.service.client.session import (
     RETRIED_ERRORS,
     client_headers,
     final_answer,
+    model_prefix,
     no_answer,
 )
 
@@ -46,7 +48,7 @@ T = TypeVar("T")
 
 
 class Client:
-    """A client of one nmbatch service (one model).
+    """A client of one model of an nmbatch service: its default model, or a named one.
 
     Parameters
     ----------
@@ -55,6 +57,12 @@ class Client:
         (``http://host/nmbatch`` behind a proxy).
     api_key : str or None
         Sent as ``Authorization: Bearer <key>`` (``NMBATCH_API_KEY`` of the service).
+    model : str or None
+        None: the service's default model (``/samples``, ``/centroids``, ``/assign``,
+        ``/stats``). A name: that named model's routes (``/models/{model}/samples`` ...;
+        create it first with ``PUT /models/{model}``, else every call raises
+        :class:`NotFoundError`). ValueError if it is not a model name (1 to 64 letters,
+        digits, ``_``, ``.``, ``-``, starting with a letter or digit).
     retry : RetryPolicy
         Retries of every request (see :mod:`service.client.retry`).
     timeout : float
@@ -78,12 +86,15 @@ class Client:
         base_url: str = "http://127.0.0.1:8000",
         *,
         api_key: str | None = None,
+        model: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         max_vectors: int | None = None,
         max_body_bytes: int | None = None,
         **http_options: Any,
     ) -> None:
+        self.model = model
+        self._prefix = model_prefix(model)
         self.retry = retry or RetryPolicy()
         self.limits = Limits()
         if max_vectors is not None:
@@ -188,7 +199,8 @@ class Client:
                 time.sleep(step.seconds)
                 continue
             try:
-                answer = self._send(step)
+                # The model's routes: "/models/{name}/samples" for a named model.
+                answer = self._send(replace(step, path=self._prefix + step.path))
             except NmbatchError as exc:  # into the operation, which may handle it
                 error = exc
 

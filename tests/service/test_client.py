@@ -22,8 +22,10 @@ import redis
 
 from nmbatch import AsyncClient, Client
 from nmbatch.service.client import (
+    ConflictError,
     IdempotencyKeyReusedError,
     InvalidVectorsError,
+    NotEnoughSamplesError,
     NotFoundError,
     RetryPolicy,
     UnauthorizedError,
@@ -31,9 +33,10 @@ from nmbatch.service.client import (
     WrongDimensionError,
 )
 from nmbatch.service.client.retry import Retrier, retry_after_seconds
+from nmbatch.service.client.session import NAME_PATTERN, model_prefix
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from tests.faults.fault_helpers import ServiceProcess
-from tests.testkit import blobs, logged_samples
+from tests.testkit import blobs, log_state, logged_samples
 
 KEY = "client-test-key-0123456789"
 Served = tuple[ServiceProcess, str]
@@ -266,6 +269,109 @@ def test_the_async_client_pushes_concurrently_and_waits(
     labels, _ = nearest(parts[0], model_now.centroids)
     np.testing.assert_array_equal(assigned.labels, labels)
     assert stats["n_logged"] == 1200
+
+
+def test_a_named_model_has_its_own_routes_and_the_default_model_is_untouched(
+    serve: Callable[..., Served], redis_log: redis.Redis
+) -> None:
+    proc, default = serve()
+    name = f"named-{uuid.uuid4().hex[:10]}"
+    spec = {"k": 2, "dim": 5, "batch_size": 64, "seed": 0}
+    X = blobs(600, 5, 2, seed=7, separation=20.0)
+    statuses = Statuses()
+    with httpx.Client(base_url=proc.base, timeout=30) as http:
+        assert http.put(f"/models/{name}", json=spec).status_code == 201
+        try:
+            with Client(
+                proc.base, model=name, max_vectors=200, event_hooks={"response": [statuses]}
+            ) as client:
+                assert client.model == name
+                result = client.push(X)
+                assert (result.accepted, result.n_samples, result.requests) == (600, 600, 3)
+                np.testing.assert_array_equal(logged_samples(redis_log, name), X)
+                model_now = client.wait_for(converged=True, min_samples=600, timeout=60)
+                assert model_now.centroids.shape == (2, 5) and model_now.n_samples == 600
+                assert client.centroids() is model_now  # 304 on the model's own route
+                assigned = client.assign(X)
+                labels, _ = nearest(X, model_now.centroids)
+                np.testing.assert_array_equal(assigned.labels, labels)
+                assert client.stats()["n_logged"] == 600
+            # Every request went to the model's routes.
+            paths = {path for _, path, _ in statuses.seen}
+            routes = ("samples", "centroids", "assign", "stats")
+            assert paths == {f"/models/{name}/{route}" for route in routes}
+
+            # The default model holds nothing: its log, its stats, its centroids.
+            assert log_state(redis_log, default)[:2] == (0, 0)
+            with Client(proc.base) as plain:
+                assert plain.stats()["n_logged"] == 0
+                with pytest.raises(NotEnoughSamplesError):
+                    plain.centroids()
+            # The default model's name is the default model under /models/ too.
+
+            async def default_by_name() -> int:
+                async with AsyncClient(proc.base, model=default) as client:
+                    return (await client.stats())["n_logged"]
+
+            assert asyncio.run(default_by_name()) == 0
+            with Client(proc.base, model="no-such-model") as lost:
+                with pytest.raises(NotFoundError) as unknown:
+                    lost.stats()
+                assert unknown.value.slug == "unknown-model"
+        finally:  # the session's Redis is shared: later services would start the model
+            http.delete(f"/models/{name}", params={"confirm": name})
+
+
+def test_a_raw_push_stores_every_row_once_like_an_npy_push(
+    serve: Callable[..., Served], redis_log: redis.Redis
+) -> None:
+    X = blobs(900, 6, 3, seed=8, separation=20.0)
+    results: list[tuple[int, int | None, int, int]] = []
+    stored: list[np.ndarray] = []
+    content_types: list[set[str]] = []
+    for encoding, settings in (("raw", {"dim": 6}), ("npy", {})):
+        proc, model = serve(**settings)
+        sent: set[str] = set()  # content types of the POSTs
+
+        def record(request: httpx.Request, sent: set[str] = sent) -> None:
+            if request.method == "POST":
+                sent.add(request.headers["content-type"])
+
+        with Client(proc.base, max_vectors=200, event_hooks={"request": [record]}) as client:
+            if encoding == "npy":  # raw float32 needs a known dimension: refused, none stored
+                with pytest.raises(ConflictError) as unknown:
+                    client.push(X, encoding="raw")
+                assert unknown.value.slug == "dimension-unknown"
+                assert log_state(redis_log, model)[:2] == (0, 0)
+            result = client.push(X, encoding=encoding, progress=lambda done, n: None)
+            results.append((result.accepted, result.n_samples, result.requests, result.replayed))
+            stored.append(logged_samples(redis_log, model))
+            content_types.append(sent)
+            assert client.wait_for(converged=True, min_samples=900, timeout=60).n_samples == 900
+            assert client.stats()["n_logged"] == 900
+    assert results[0] == results[1] == (900, 900, 5, 0)
+    # Bit for bit the same rows, in the same order, each once.
+    np.testing.assert_array_equal(stored[0], X)
+    np.testing.assert_array_equal(stored[1], X)
+    # Only raw float32 bodies in the raw push; the npy service also saw the refused raw one.
+    assert content_types[0] == {"application/octet-stream"}
+    assert content_types[1] == {"application/octet-stream", "application/x-npy"}
+
+
+def test_model_names_are_checked_as_the_service_checks_them() -> None:
+    from nmbatch.service.models.registry import NAME_PATTERN as SERVICE_PATTERN
+
+    assert NAME_PATTERN == SERVICE_PATTERN
+    assert model_prefix(None) == ""
+    assert model_prefix("tenant-a.v2_1") == "/models/tenant-a.v2_1"
+    assert model_prefix("x" * 64) == "/models/" + "x" * 64
+    for bad in ("", ".hidden", "-a", "a:b", "a/b", "a b", "x" * 65, "a\n", "é"):
+        with pytest.raises(ValueError, match="not a model name"):
+            Client("http://127.0.0.1:1", model=bad)
+        with pytest.raises(ValueError, match="not a model name"):
+            AsyncClient("http://127.0.0.1:1", model=bad)
+    with pytest.raises(TypeError):
+        Client("http://127.0.0.1:1", model=3)  # type: ignore[arg-type]
 
 
 def test_from_service_client_is_the_same_client() -> None:
