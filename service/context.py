@@ -170,7 +170,9 @@ class ServiceContext:
         its refusals become problems: a batch of another dimension racing with the first
         one gets ``wrong-dimension`` (422), a key used for other vectors
         ``idempotency-key-reused`` (409), a batch that would pass the capacity (or that
-        Redis refuses for its memory) ``store-full`` (507).
+        Redis refuses for its memory) ``store-full`` (507); with a retention other than
+        ``all`` Redis's refusal is ``log-backlog`` (503, ``Retry-After``): the log is
+        trimmed as rows retire, so it is a moment's backlog, not a full store.
         """
         m = int(X.shape[0])
         try:
@@ -208,6 +210,22 @@ class ServiceContext:
     def _store_full(self, exc: StoreFullError, rejected: int) -> ProblemError:
         """The ``store-full`` (507) problem of a refused append of ``rejected`` rows."""
         max_samples = self.capacity.max_samples if self.capacity is not None else exc.max_samples
+        if exc.redis_oom and self.settings.retention != "all":
+            # The log is trimmed as the window, age or reservoir retires rows; Redis's
+            # maxmemory (sized for the retained rows) is reached when the trimming lags
+            # the ingestion: the same batch fits a moment later.
+            log.warning("Redis refused an append for its memory: %s", exc)
+            return ProblemError(
+                503,
+                "log-backlog",
+                f"{exc} (with {exc.n_samples:,} samples in the log, retention "
+                f"{self.settings.retention}): the worker has not yet trimmed the rows the "
+                "retention retired; nothing was stored, retry shortly",
+                title="Log backlog",
+                headers={"Retry-After": "1"},
+                n_samples=exc.n_samples,
+                rejected=rejected,
+            )
         if exc.redis_oom:
             detail = f"{exc} (with {exc.n_samples:,} samples in the log)"
             log.warning("Redis refused an append for its memory: %s", exc)

@@ -211,6 +211,31 @@ def test_a_write_redis_refuses_for_memory_is_507_and_stores_nothing(
         assert post_npy(client, X).status_code == 202
 
 
+def test_a_write_redis_refuses_for_memory_with_a_window_is_503_retry_and_stores_nothing(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    # A window's log is trimmed as rows retire: Redis at maxmemory is a backlog to retry.
+    X = np.arange(8, dtype=np.float32).reshape(4, 2)
+    settings = make_settings(max_samples=1000, retention="window")
+    with TestClient(create_app(settings)) as client:
+        assert post_npy(client, X).status_code == 202
+        before = log_state(redis_client, model_name)
+        redis_client.config_set("maxmemory", 1)
+        try:
+            response = post_npy(client, X)
+            assert response.status_code == 503, response.text
+            assert response.headers["retry-after"] == "1"
+            assert response.headers["content-type"] == "application/problem+json"
+            problem = response.json()
+            assert problem["type"].endswith("log-backlog") and problem["rejected"] == 4
+            assert "maxmemory" in problem["detail"] and "window" in problem["detail"]
+            assert log_state(redis_client, model_name) == before
+            assert client.get("/readyz").status_code == 200
+        finally:
+            redis_client.config_set("maxmemory", 0)
+        assert post_npy(client, X).status_code == 202
+
+
 def test_the_embedded_redis_gets_maxmemory_for_the_capacity_and_noeviction(
     make_settings: SettingsFactory, tmp_path: Path
 ) -> None:
