@@ -112,7 +112,9 @@ IdempotencyKey = Annotated[
     description=(
         "Validates the vectors and appends them to the Redis sample log; answers once they "
         "are stored there. A rejected request stores nothing; a request that would take "
-        "the model past its capacity (NMBATCH_MAX_SAMPLES) is refused whole with 507."
+        "the model past its capacity (NMBATCH_MAX_SAMPLES) is refused whole with 507. "
+        "503 with Retry-After: Redis is unreachable, or (retention other than all) its log "
+        "is at maxmemory until the worker trims retired rows (log-backlog); retry."
     ),
     openapi_extra=VECTORS_BODY | OPTIONAL_KEY,
     dependencies=[Depends(require_write_key)],
