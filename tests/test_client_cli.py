@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import redis
@@ -111,6 +112,34 @@ def test_push_csv_with_a_header_line(
     assert pushed.returncode == 0, pushed.stderr
     assert pushed.stdout.startswith("pushed 50 vectors (50 x 4) in 1 request(s)")
     np.testing.assert_array_equal(logged_samples(redis_log, model), X.astype(np.float32))
+
+
+def test_push_and_watch_a_named_model(
+    serve: Callable[..., Served], redis_log: redis.Redis, tmp_path: Path
+) -> None:
+    proc, default = serve()
+    name = f"cli-{uuid.uuid4().hex[:10]}"
+    X = blobs(300, 3, 3, seed=4, separation=20.0)
+    np.save(tmp_path / "x.npy", X)
+    with httpx.Client(base_url=proc.base, timeout=30) as http:
+        spec = {"k": 3, "dim": 3, "batch_size": 64, "seed": 0}
+        assert http.put(f"/models/{name}", json=spec).status_code == 201
+        try:
+            pushed = run_cli(
+                "push", str(tmp_path / "x.npy"), "--url", proc.base, "--model", name, "--wait"
+            )
+            assert pushed.returncode == 0, pushed.stderr
+            assert "the model holds 300 samples" in pushed.stdout
+            np.testing.assert_array_equal(logged_samples(redis_log, name), X)
+            assert logged_samples(redis_log, default).shape[0] == 0
+            watched = run_cli("watch", "--url", proc.base, "--model", name, "--once")
+            assert watched.returncode == 0, watched.stderr
+            assert watched.stdout.splitlines()[1].split()[3] == "300"
+            unknown = run_cli("watch", "--url", proc.base, "--model", "no-such-model", "--once")
+            assert unknown.returncode == 1
+            assert "no model named 'no-such-model'" in unknown.stdout + unknown.stderr
+        finally:  # the session's Redis is shared: later services would start the model
+            http.delete(f"/models/{name}", params={"confirm": name})
 
 
 def test_push_refused_says_why_and_how_to_finish(

@@ -49,6 +49,9 @@ def add_client_commands(
     common.add_argument(
         "--timeout", type=float, default=30.0, help="seconds per request (default: %(default)s)"
     )
+    common.add_argument(
+        "--model", help="a named model (its /models/NAME/... routes; default: the service's)"
+    )
 
     push = sub.add_parser(
         "push",
@@ -125,7 +128,7 @@ def run_client_command(
     url = args.url or os.environ.get("NMBATCH_URL") or DEFAULT_URL
     api_key = args.api_key or os.environ.get("NMBATCH_API_KEY") or None
     try:
-        with Client(url, api_key=api_key, timeout=args.timeout) as client:
+        with Client(url, api_key=api_key, timeout=args.timeout, model=args.model) as client:
             if args.command == "push":
                 return _push(client, args, stdout, stderr)
             return _watch(client, args, stdout)
