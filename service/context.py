@@ -171,8 +171,8 @@ class ServiceContext:
         one gets ``wrong-dimension`` (422), a key used for other vectors
         ``idempotency-key-reused`` (409), a batch that would pass the capacity (or that
         Redis refuses for its memory) ``store-full`` (507); with a retention other than
-        ``all`` Redis's refusal is ``log-backlog`` (503, ``Retry-After``): the log is
-        trimmed as rows retire, so it is a moment's backlog, not a full store.
+        ``all`` the embedded Redis's refusal is ``log-backlog`` (503, ``Retry-After``): the
+        log is trimmed as rows retire, so it is a moment's backlog, not a full store.
         """
         m = int(X.shape[0])
         try:
@@ -210,10 +210,11 @@ class ServiceContext:
     def _store_full(self, exc: StoreFullError, rejected: int) -> ProblemError:
         """The ``store-full`` (507) problem of a refused append of ``rejected`` rows."""
         max_samples = self.capacity.max_samples if self.capacity is not None else exc.max_samples
-        if exc.redis_oom and self.settings.retention != "all":
-            # The log is trimmed as the window, age or reservoir retires rows; Redis's
-            # maxmemory (sized for the retained rows) is reached when the trimming lags
-            # the ingestion: the same batch fits a moment later.
+        if exc.redis_oom and self.settings.retention != "all" and self.embedded_redis:
+            # The log is trimmed as the window, age or reservoir retires rows; the embedded
+            # Redis's maxmemory (sized here for the retained rows) is reached when the
+            # trimming lags the ingestion: the same batch fits a moment later. An external
+            # Redis's maxmemory is the operator's: it may never fit, so that stays a 507.
             log.warning("Redis refused an append for its memory: %s", exc)
             return ProblemError(
                 503,

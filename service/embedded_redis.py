@@ -72,7 +72,11 @@ def find_redis_server() -> Path:
             candidate = Path(location) / "bin" / "redis-server"
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 candidates.append(candidate)
-    versions = [(redis_server_version(c), -i, c) for i, c in enumerate(candidates)]
+    unique: list[Path] = []
+    for candidate in candidates:  # /bin and /usr/bin may be one folder
+        if all(candidate.resolve() != u.resolve() for u in unique):
+            unique.append(candidate)
+    versions = [(redis_server_version(c), -i, c) for i, c in enumerate(unique)]
     working = [v for v in versions if v[0] is not None]
     if working:
         return max(working, key=lambda v: (v[0], v[1]))[2]

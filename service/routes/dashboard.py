@@ -36,6 +36,7 @@ from importlib import resources
 from typing import Any, TypeVar
 
 import orjson
+import redis
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
@@ -246,15 +247,13 @@ def _rss_bytes() -> int | None:
 
 # -- the document -------------------------------------------------------------------------
 async def _answer(request: Request, call: Awaitable[T]) -> tuple[T | None, Any]:
-    """``(result, None)`` of ``call``, or ``(None, problem)``: the body of the problem the
-    app's exception handlers answer for what it raised (as a route raising it would)."""
+    """``(result, None)`` of ``call``, or ``(None, problem)``: for a problem or a Redis
+    error, the body the app's exception handlers answer (as the route raising it would)."""
     try:
         return await call, None
-    except Exception as exc:
+    except (ProblemError, redis.RedisError) as exc:  # anything else is a bug: a real 500
         handlers = request.app.exception_handlers
-        handler = next((handlers[c] for c in type(exc).__mro__ if c in handlers), None)
-        if handler is None:
-            raise
+        handler = next(handlers[c] for c in type(exc).__mro__ if c in handlers)
         response = handler(request, exc)
         if inspect.isawaitable(response):
             response = await response

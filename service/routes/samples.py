@@ -33,9 +33,16 @@ STORE_FULL = (
     "`urn:nmbatch:problem:store-full`, members `setting` (`NMBATCH_MAX_SAMPLES`), "
     "`max_samples` (the capacity, set or derived from the memory), `n_samples` (samples "
     "held) and `rejected` (vectors of this request). Also when Redis refuses the write "
-    "for its memory (`maxmemory`)."
+    "for its memory (`maxmemory`), except for the next case."
 )
 """Description of the ``507`` answer of ``POST /samples``."""
+LOG_BACKLOG = (
+    "Redis is unreachable (`storage-unavailable`), or, with a retention other than `all` and "
+    "the embedded Redis, its log is at `maxmemory` until the worker trims the rows the "
+    "retention retired (`urn:nmbatch:problem:log-backlog`, members `n_samples`, "
+    "`rejected`). Nothing is stored; retry after `Retry-After` seconds."
+)
+"""Description of the ``503`` answer of ``POST /samples``."""
 
 
 def vectors_body(dim: int | None = None) -> dict[str, Any]:
@@ -112,9 +119,7 @@ IdempotencyKey = Annotated[
     description=(
         "Validates the vectors and appends them to the Redis sample log; answers once they "
         "are stored there. A rejected request stores nothing; a request that would take "
-        "the model past its capacity (NMBATCH_MAX_SAMPLES) is refused whole with 507. "
-        "503 with Retry-After: Redis is unreachable, or (retention other than all) its log "
-        "is at maxmemory until the worker trims retired rows (log-backlog); retry."
+        "the model past its capacity (NMBATCH_MAX_SAMPLES) is refused whole with 507."
     ),
     openapi_extra=VECTORS_BODY | OPTIONAL_KEY,
     dependencies=[Depends(require_write_key)],
@@ -130,7 +135,7 @@ IdempotencyKey = Annotated[
             422,
             503,
             507,
-            described={422: VECTORS_REFUSED, 507: STORE_FULL},
+            described={422: VECTORS_REFUSED, 503: LOG_BACKLOG, 507: STORE_FULL},
         ),
     },
 )

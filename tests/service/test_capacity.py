@@ -211,29 +211,40 @@ def test_a_write_redis_refuses_for_memory_is_507_and_stores_nothing(
         assert post_npy(client, X).status_code == 202
 
 
-def test_a_write_redis_refuses_for_memory_with_a_window_is_503_retry_and_stores_nothing(
-    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+def test_the_embedded_redis_at_maxmemory_with_a_window_is_503_retry_and_stores_nothing(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str, tmp_path: Path
 ) -> None:
-    # A window's log is trimmed as rows retire: Redis at maxmemory is a backlog to retry.
+    # A window's log is trimmed as rows retire: the embedded Redis (its maxmemory sized by
+    # the service) at maxmemory is a backlog to retry; an external Redis's stays a 507.
     X = np.arange(8, dtype=np.float32).reshape(4, 2)
-    settings = make_settings(max_samples=1000, retention="window")
-    with TestClient(create_app(settings)) as client:
-        assert post_npy(client, X).status_code == 202
-        before = log_state(redis_client, model_name)
-        redis_client.config_set("maxmemory", 1)
-        try:
-            response = post_npy(client, X)
-            assert response.status_code == 503, response.text
-            assert response.headers["retry-after"] == "1"
-            assert response.headers["content-type"] == "application/problem+json"
-            problem = response.json()
-            assert problem["type"].endswith("log-backlog") and problem["rejected"] == 4
-            assert "maxmemory" in problem["detail"] and "window" in problem["detail"]
-            assert log_state(redis_client, model_name) == before
-            assert client.get("/readyz").status_code == 200
-        finally:
-            redis_client.config_set("maxmemory", 0)
-        assert post_npy(client, X).status_code == 202
+    embedded = make_settings(
+        redis_url=None, data_dir=tmp_path / "data", max_samples=1000, retention="window"
+    )
+    external = make_settings(max_samples=1000, retention="window")
+    for settings in (embedded, external):
+        with TestClient(create_app(settings)) as client:
+            server = client.app.state.context.embedded_redis
+            admin = redis.Redis.from_url(server.url) if server is not None else redis_client
+            assert post_npy(client, X).status_code == 202
+            before = log_state(admin, model_name)
+            limit = admin.config_get("maxmemory")["maxmemory"]
+            admin.config_set("maxmemory", 1)
+            try:
+                response = post_npy(client, X)
+                assert log_state(admin, model_name) == before
+                assert client.get("/readyz").status_code == 200
+            finally:
+                admin.config_set("maxmemory", limit)
+            assert post_npy(client, X).status_code == 202
+        if server is None:
+            full_problem(response, 1000, 4, 4)
+            continue
+        assert response.status_code == 503, response.text
+        assert response.headers["retry-after"] == "1"
+        assert response.headers["content-type"] == "application/problem+json"
+        problem = response.json()
+        assert problem["type"].endswith("log-backlog") and problem["rejected"] == 4
+        assert "maxmemory" in problem["detail"] and "window" in problem["detail"]
 
 
 def test_the_embedded_redis_gets_maxmemory_for_the_capacity_and_noeviction(

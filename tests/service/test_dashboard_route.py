@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,11 @@ def test_histogram_quantile_lies_in_the_bucket_of_numpys_quantile() -> None:
 
 def test_data_carries_stats_and_centroids_or_their_problems(client: TestClient) -> None:
     # Before the first centroids: /centroids' 409 problem, as a member of a 200 answer.
+    deadline = time.monotonic() + 30  # the worker's phase settles first (no samples yet)
+    settled = ("waiting-for-dimension", "waiting-for-samples")
+    while client.get("/readyz").json()["worker"] not in settled:
+        assert time.monotonic() < deadline, client.get("/readyz").json()
+        time.sleep(0.05)
     data = client.get("/dashboard/data")
     assert data.status_code == 200 and data.headers["content-type"] == "application/json"
     doc = data.json()
