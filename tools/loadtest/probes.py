@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
@@ -138,12 +137,10 @@ def machine() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[package] = None
     with contextlib.suppress(Exception):
-        from nmbatch.service.embedded_redis import find_redis_server
+        from nmbatch.service.embedded_redis import find_redis_server, redis_server_version
 
-        out = subprocess.run(
-            [str(find_redis_server()), "--version"], capture_output=True, text=True, timeout=10
-        ).stdout
-        versions["redis-server"] = out.split("v=")[1].split()[0]
+        version = redis_server_version(find_redis_server())
+        versions["redis-server"] = ".".join(map(str, version)) if version else None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
