@@ -647,3 +647,15 @@ def test_the_tree_cpu_counts_a_child_started_by_another_thread() -> None:
         assert total is not None and total >= main_thread_only + 0.4
     finally:
         parent.communicate("", timeout=30)
+
+
+def test_scheduler_waits_reads_this_threads_run_and_wait_times() -> None:
+    before = sampling.scheduler_waits(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:  # some CPU time for the main thread
+        pass
+    after = sampling.scheduler_waits(os.getpid())
+    assert before["loop_run"] is not None and after["loop_run"] is not None
+    assert after["loop_run"] - before["loop_run"] >= 0.04
+    assert after["loop_wait"] is not None and after["loop_wait"] >= before["loop_wait"]
+    assert sampling.scheduler_waits(2**22 + 12345)["loop_run"] is None  # no such process

@@ -7,7 +7,8 @@ it makes to rewrite its append-only file are counted apart). :class:`Sampler` is
 that records, every ``every`` seconds: the RSS of the server with its engine process,
 of the embedded ``redis-server``, Redis's ``used_memory``, the memory cgroup's usage,
 ``/readyz``'s status, the scalar fields of ``/stats``, the engine restarts of
-``/metrics`` and the traffic counters of the client processes.
+``/metrics``, the traffic counters of the client processes, and how long the server's
+event-loop thread waited for a CPU (:func:`scheduler_waits`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "metric_values",
     "other_programs",
     "process_tree",
+    "scheduler_waits",
     "tree_cpu_seconds",
     "tree_rss",
 ]
@@ -203,6 +205,29 @@ def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
+def scheduler_waits(pid: int) -> dict[str, float | None]:
+    """Seconds so far that ``pid``'s main thread (the server's event loop) ran and waited
+    on a run queue (``/proc/<pid>/schedstat``), and the machine's CPU and IO pressure
+    stall totals (``/proc/pressure``, "some" and "full", seconds); None where unreadable."""
+    out: dict[str, float | None] = {"loop_run": None, "loop_wait": None}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        run, wait = Path(f"/proc/{pid}/schedstat").read_text().split()[:2]
+        out["loop_run"], out["loop_wait"] = int(run) / 1e9, int(wait) / 1e9
+    for resource in ("cpu", "io"):
+        for line in _read_lines(f"/proc/pressure/{resource}"):
+            kind, *fields = line.split()
+            total = dict(f.split("=") for f in fields).get("total")
+            out[f"psi_{resource}_{kind}"] = int(total) / 1e6 if total is not None else None
+    return out
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
 class Sampler(threading.Thread):
     """Records the service's state every ``every`` seconds until :meth:`stop`.
 
@@ -280,6 +305,7 @@ class Sampler(threading.Thread):
             "clients": self._clients_cpu(),
             "machine": machine_busy_seconds(),
         }
+        out["sched"] = scheduler_waits(self.server_pid)
         try:
             out["readyz"] = self._http.get("/readyz").status_code
         except Exception:  # timeout, refused: the service did not answer
