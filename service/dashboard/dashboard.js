@@ -211,8 +211,9 @@
       notice(null, "");
     }
     const s = state.stats, c = state.centroids;
+    const name = state.health && state.health.model ? `model ${state.health.model} · ` : "";
     document.getElementById("model-line").textContent = s
-      ? `role ${s.role} · retention ${s.retention}` + (c ? ` · k ${c.k} · d ${c.dim}` : "") : "";
+      ? name + `role ${s.role} · retention ${s.retention}` + (c ? ` · k ${c.k} · d ${c.dim}` : "") : "";
     document.getElementById("updated").textContent = state.lastOk ? "updated " + clock(state.lastOk) : "";
     if (s) renderStats(s);
     renderHealth(state.health, s);

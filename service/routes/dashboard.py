@@ -101,13 +101,13 @@ async def dashboard_page(request: Request) -> Response:
     )
 
 
-@router.get("/dashboard/static/{name:path}", include_in_schema=False)
-async def dashboard_asset(request: Request, name: str) -> Response:
+@router.get("/dashboard/static/{asset:path}", include_in_schema=False)
+async def dashboard_asset(request: Request, asset: str) -> Response:
     """One of the :data:`ASSETS`; any other name is a ``404`` problem."""
-    media_type = ASSETS.get(name)
+    media_type = ASSETS.get(asset)
     if media_type is None:
-        raise ProblemError(404, "not-found", f"the dashboard has no file '{name[:100]}'")
-    return _file_response(request, name, media_type)
+        raise ProblemError(404, "not-found", f"the dashboard has no file '{asset[:100]}'")
+    return _file_response(request, asset, media_type)
 
 
 # -- health figures ------------------------------------------------------------------------
@@ -144,6 +144,7 @@ class DashboardData(BaseModel):
     """
 
     time: str = Field(description="Server time, ISO 8601 UTC.")
+    model: str = Field(description="The model drawn (NMBATCH_MODEL's, or a named one's).")
     uptime_seconds: float = Field(description="Seconds since this process loaded the app.")
     ready: Readiness = Field(description="What /readyz answers (200 or 503).")
     stats: Stats | None = Field(description="What /stats answers; None: see stats_problem.")
@@ -312,6 +313,7 @@ async def dashboard_data(
     ]
     doc = {
         "time": iso_time(time.time()),
+        "model": context.settings.model,
         "uptime_seconds": round(time.monotonic() - _STARTED, 3),
         "ready": ready,
         "stats": stats.model_dump(mode="json") if stats is not None else None,

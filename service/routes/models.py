@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from nmbatch.service.models import NAME_PATTERN, ModelManager, ModelSpec
 from nmbatch.service.problems import ProblemError, problem_responses
-from nmbatch.service.routes import assign, centroids, samples, stats
+from nmbatch.service.routes import assign, centroids, dashboard, samples, stats
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key, require_write_key
 
 __all__ = ["router"]
@@ -183,8 +183,9 @@ async def _model_path(request: Request, name: Name) -> None:
         request.scope["route"] = _RouteLabel(PREFIX + path)
 
 
-# The same routers, under the model's path.
-for _module in (samples, centroids, assign, stats):
+# The same routers, under the model's path (the dashboard too: /models/{name}/dashboard,
+# whose page asks for its files and data relative to its own address).
+for _module in (samples, centroids, assign, stats, dashboard):
     router.include_router(
         _module.router,
         prefix=PREFIX,

@@ -161,6 +161,30 @@ def test_each_model_has_its_own_samples_centroids_assign_and_stats(
         assert 'method="POST",route="/samples",status="202"} 1.0' in metrics
 
 
+def test_a_named_model_has_its_own_dashboard(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    with TestClient(create_app(make_settings())) as client:
+        assert client.put("/models/tenant-a", json=SPEC_A).status_code == 201
+        X = blobs(90, 2, 3, seed=4)
+        assert post_npy(client, X, path="/models/tenant-a/samples").status_code == 202
+        centroids = converged(client, "/models/tenant-a", 90)
+        page = client.get("/models/tenant-a/dashboard")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        script = client.get("/models/tenant-a/dashboard/static/dashboard.js")
+        assert script.status_code == 200 and script.content == client.get(
+            "/dashboard/static/dashboard.js"
+        ).content
+        doc = client.get("/models/tenant-a/dashboard/data").json()
+        assert doc["model"] == "tenant-a" and doc["centroids"] == centroids
+        stats = client.get("/models/tenant-a/stats").json()
+        assert doc["stats"]["n_samples"] == stats["n_samples"] == 90
+        default = client.get("/dashboard/data").json()
+        assert default["model"] == model_name and default["centroids"] is None
+        assert_problem(client.get("/models/no-such/dashboard/data"), 404, "unknown-model")
+        client.delete("/models/tenant-a", params={"confirm": "tenant-a"})
+
+
 def test_delete_needs_the_confirmation_and_removes_every_key_of_the_model(
     make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
 ) -> None:
