@@ -23,8 +23,10 @@ import httpx
 import numpy as np
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from nmbatch.service.embedded_redis import free_port
+from nmbatch.service.embedded_redis import EmbeddedRedis, free_port
 from nmbatch.service.storage import ModelKeys, decode_chunk
 from tests.testkit import npy_bytes, stop_process, wait_until
 
@@ -316,3 +318,17 @@ def http_post(base: str) -> PostFn:
         return response.status_code, response.headers, doc
 
     return post
+
+
+def stop_redis(server: EmbeddedRedis, how: str) -> None:
+    """Take ``server`` away: ``"shutdown"`` (it flushes the append-only file, then exits)
+    or ``"kill -9"``; returns once the process is gone."""
+    assert server.process is not None
+    if how == "shutdown":
+        admin = redis.Redis.from_url(server.url, retry=Retry(NoBackoff(), 0))
+        admin.shutdown()
+        admin.close()
+    else:
+        server.process.send_signal(signal.SIGKILL)
+    server.process.wait(10)
+    server.stop()

@@ -11,7 +11,6 @@ its index in coordinate 0), and the meta counter agrees.
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -21,9 +20,7 @@ import httpx
 import numpy as np
 import pytest
 import redis
-from fault_helpers import ServiceProcess
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from fault_helpers import ServiceProcess, stop_redis
 
 from nmbatch import AsyncClient, Client
 from nmbatch.service.client import RetryPolicy
@@ -94,16 +91,7 @@ def test_a_push_through_a_redis_outage_stores_every_vector_once(
     def outage(done: int, total: int) -> None:
         if done != 10 * PER_REQUEST:
             return
-        if how == "shutdown":
-            admin = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
-            admin.shutdown()
-            admin.close()
-        else:
-            assert server.process is not None
-            server.process.send_signal(signal.SIGKILL)
-        assert server.process is not None
-        server.process.wait(10)
-        server.stop()
+        stop_redis(server, how)
         redis_gone.set()
 
     outcome: list[Any] = []

@@ -13,7 +13,6 @@ index), its meta counter agrees, and each model converges on exactly its own row
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -23,9 +22,7 @@ import httpx
 import numpy as np
 import pytest
 import redis
-from fault_helpers import ServiceProcess
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from fault_helpers import ServiceProcess, stop_redis
 
 from nmbatch import AsyncClient, Client
 from nmbatch.service.client import PushResult, RetryPolicy
@@ -94,16 +91,7 @@ def test_a_redis_outage_while_two_models_ingest_stores_every_vector_of_both_once
         """The named push's progress: stop Redis after OUTAGE_AT rows."""
         if done != OUTAGE_AT:
             return
-        if how == "shutdown":
-            admin = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
-            admin.shutdown()  # flushes the append-only file, then exits
-            admin.close()
-        else:
-            assert server.process is not None
-            server.process.send_signal(signal.SIGKILL)
-        assert server.process is not None
-        server.process.wait(10)
-        server.stop()
+        stop_redis(server, how)
         redis_gone.set()
 
     def held(done: int, total: int) -> None:

@@ -16,9 +16,13 @@ from typing import Any
 
 import pytest
 import redis
-from fault_helpers import BackgroundLoop, Ingestor, Ledger, check_log_against_ledger
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from fault_helpers import (
+    BackgroundLoop,
+    Ingestor,
+    Ledger,
+    check_log_against_ledger,
+    stop_redis,
+)
 
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import EmbeddedRedis
@@ -136,16 +140,7 @@ def test_redis_outage_under_load_then_recovery_loses_nothing_acknowledged(
             before = client.get("/centroids").json()
 
             # -- Redis goes away ---------------------------------------------------------
-            if how == "shutdown":
-                admin = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
-                admin.shutdown()  # flushes the append-only file, then exits
-                admin.close()
-            else:
-                assert server.process is not None
-                server.process.send_signal(signal.SIGKILL)
-            assert server.process is not None
-            server.process.wait(10)
-            server.stop()
+            stop_redis(server, how)
             outage = time.monotonic()
             reader.phase = "outage"
 
