@@ -99,6 +99,7 @@ n_threads : int or None, default=None
     and ``score``; BLAS gets one while iterating (as in scikit-learn's k-means) and
     ``n_threads`` otherwise (``nmbatch.engine.threads``). None: every core the process
     may use (as scikit-learn counts them). The model does not depend on it, bit for bit.
+    With ``backend="ray"``: the threads of each shard's kernels (None: all of its node's).
 
 Attributes
 ----------

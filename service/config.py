@@ -196,7 +196,7 @@ class Settings(BaseSettings):
         description="Ray cluster the worker's engine runs on (the head's host:port, as `ray "
         "start --address` takes it): a coordinator in the worker and "
         "NMBATCH_RAY_SHARDS shard actors on the nodes, fed from the Redis log (needs "
-        "nmbatch[ray]; retention all only). Unset: the single-machine engine.",
+        "nmbatch[ray]; every retention). Unset: the single-machine engine.",
     )
     ray_shards: int = Field(
         2,
@@ -224,11 +224,6 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"NMBATCH_MAX_AGE_SECONDS is only used by NMBATCH_RETENTION = age, not "
                 f"{self.retention}"
-            )
-        if self.ray_address is not None and self.retention != "all":
-            raise ValueError(
-                f"NMBATCH_RAY_ADDRESS runs the model on a Ray cluster, where only "
-                f"NMBATCH_RETENTION = all is built, not {self.retention}"
             )
         return self
 

@@ -91,3 +91,18 @@ def client(settings: Settings) -> Iterator[TestClient]:
     """The app for ``settings``, lifespan started (worker running)."""
     with TestClient(create_app(settings)) as test_client:
         yield test_client
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A one-node local Ray for the module (one CPU, no dashboard, an 80 MiB object store),
+    unless the process is connected to one already; shut down after if started here."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        # "local": a new instance, never a cluster a file of an earlier run points to.
+        ray.init(address="local", num_cpus=1, object_store_memory=80 * 2**20,
+                 include_dashboard=False, log_to_driver=False)  # fmt: skip
+    yield
+    if started:
+        ray.shutdown()

@@ -20,17 +20,6 @@ ray = pytest.importorskip("ray")
 from nmbatch.engine.distributed.stream import StreamCoordinator  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False,
-                 log_to_driver=False)  # fmt: skip
-    yield
-    if started:
-        ray.shutdown()
-
-
 def entries(seed: int = 0, n: int = 1800, d: int = 5, k: int = 4) -> list[np.ndarray]:
     """Blobs cut into log entries of uneven sizes, ``(m, d)`` float32 each."""
     rng = np.random.default_rng(seed)

@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-keep-memory", action="store_true",
                    help="let glibc return freed memory to the system (see keep_freed_memory)")
     r.add_argument("--algorithms", default=None,
-                   help="comma-separated subset of: " + ", ".join(_all_names()))
+                   help="comma-separated subset of: " + ", ".join(_all_names())
+                   + "; also ray.P: nmbatch on P Ray shard actors (needs nmbatch[ray])")
     r.add_argument("--reference-seconds", type=float, default=float("inf"),
                    help="cap on the untimed reference Lloyd run (default: to its fixed point)")
     r.add_argument("--faiss-blas-fixed", action="store_true",
@@ -223,7 +224,10 @@ def _load_dataset(args: argparse.Namespace) -> datasets.Dataset:
 def _runner(name: str, rho: float | None = None) -> Runner:
     from nmbatch.engine.bench.ours import OURS, run_ours
     from nmbatch.engine.bench.peers import make_peer
+    from nmbatch.engine.bench.ray_runner import is_ray_name, run_ray
 
+    if is_ray_name(name):
+        return run_ray(name)
     return run_ours(name, rho) if name in OURS else make_peer(name)
 
 
@@ -298,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     names = list(_all_names()) if args.algorithms is None else [
         n.strip() for n in args.algorithms.split(",") if n.strip()
     ]
-    unknown = sorted(set(names) - set(_all_names()))
+    from nmbatch.engine.bench.ray_runner import is_ray_name
+
+    unknown = sorted(n for n in set(names) - set(_all_names()) if not is_ray_name(n))
     if unknown:
         raise SystemExit(f"unknown algorithm(s) {unknown}; choose from {_all_names()}")
     if len(args.thread_counts) > 1:  # one child process per count, then the scaling table

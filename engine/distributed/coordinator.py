@@ -17,7 +17,8 @@ over ``P`` shard actors (:mod:`.shard`):
    empty cluster).
 
 Traffic per round: ``P`` copies of ``C`` and ``p`` in (``4kd + 8k`` bytes each) and ``P``
-deltas out (``8kd + 16k`` bytes each): O(P k d), whatever ``b`` (``round_bytes``).
+deltas out, each naming only the clusters the shard changed (at most ``8kd + 24k``
+bytes, :data:`~.shard.Votes`): O(P k d), whatever ``b`` (``round_bytes``).
 
 Faults: a call that raises Ray's ``RayActorError`` (the actor was killed, its process
 died, or its node left the cluster) marks the shard lost. The coordinator subtracts the
@@ -60,7 +61,7 @@ from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.state import IterationStats, ModelState
 
-from .shard import ShardState
+from .shard import ShardState, Votes
 
 __all__ = ["PRIORITY_LIMIT", "Coordinator", "Partition", "shard_options"]
 
@@ -104,6 +105,9 @@ class Coordinator:
         As the single-machine ``NestedMiniBatch``.
     random_state : int or None
         Seeds k-means++.
+    n_threads : int or None
+        Threads of each shard's kernels (:class:`~.shard.ShardState`); None: all its
+        node's cores.
     """
 
     name = "nmbatch"
@@ -120,8 +124,10 @@ class Coordinator:
         relocate_empty: bool = True,
         bound_mode: str = "auto",
         random_state: int | None = None,
+        n_threads: int | None = None,
     ) -> None:
         self.partitions = list(partitions)
+        self.n_threads = n_threads
         self.n_clusters, self.dim = int(n_clusters), int(dim)
         self.n_samples = int(sum(len(ids) for _, ids, _ in self.partitions))
         self.rho, self.initial_batch_size = float(rho), int(batch_size)
@@ -141,8 +147,11 @@ class Coordinator:
         self.iteration = self.batch_size = self.tau = 0
         self.initialized = self.converged = self._grow = self._covered_all = False
         self.n_relocated = 0
+        self._regrow_to = 0  # the batch before a retirement, refilled by the next round
         self.relocated_ids: list[int] = []  # stream ids relocated by the last round
         self.round_bytes: list[tuple[int, int]] = []  # (sent, received) per round
+        # Per round: the slowest shard's own time in its step (the rest is Ray and us).
+        self.round_shard_seconds: list[float] = []
         self.n_lost = 0  # shards replaced since the start
         self.run_id = uuid.uuid4().hex[:12]
         self.generation = [0] * P
@@ -153,7 +162,7 @@ class Coordinator:
         rows, ids, priority = self.partitions[s]
         name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
         return ShardActor.options(**shard_options(s, name)).remote(
-            rows, ids, priority, self.n_clusters, self.bound_mode
+            rows, ids, priority, self.n_clusters, self.bound_mode, self.n_threads
         )
 
     def shard_name(self, s: int) -> str:
@@ -223,12 +232,44 @@ class Coordinator:
         return rows[np.argsort(np.concatenate([pr for _, pr in parts]), kind="stable")]
 
     def _target_batch(self, n: int) -> int:
-        """``NestedMiniBatch._target_batch`` without retention (phase 1)."""
+        """``NestedMiniBatch._target_batch``: the doubling rule, a batch that held every
+        row takes in every new one, and retired prefix rows are replaced by the next
+        priorities up to the batch before the retirement."""
         if not self.initialized:
             return first_batch_size(self.initial_batch_size, self.n_clusters, n, B0_PER_CLUSTER)
         if self._covered_all:
             return n
-        return min(2 * self.batch_size, n) if self._grow else self.batch_size
+        target = min(2 * self.batch_size, n) if self._grow else self.batch_size
+        return max(target, min(self._regrow_to, n))
+
+    def _add_votes(self, s: int, votes: Votes) -> None:
+        """Add shard ``s``'s change of the sums (:data:`~.shard.Votes`) to ``S``, ``v``,
+        ``Q`` and to its ledger (float64, the clusters it names are distinct)."""
+        j, dS, dv, dQ = votes
+        for sums in ((self.S, self.v, self.Q), self.ledgers[s]):
+            sums[0][j] += dS
+            sums[1][j] += dv
+            sums[2][j] += dQ
+
+    def _take_back(self, results: Sequence[Any]) -> tuple[int, int]:
+        """Add the shards' retirement deltas (:meth:`~.shard.ShardState.retire` results, in
+        shard order; None: lost) to the sums and the ledgers, shrink ``b`` by the voted
+        rows retired, recompute ``sse`` under the centroids in force (as one machine
+        does: the next round moves them). Returns ``(voted rows, rows)`` retired."""
+        voted = gone = 0
+        for s, res in enumerate(results):
+            if res is None:
+                continue
+            self._add_votes(s, res[0])
+            voted, gone = voted + res[1], gone + res[2]
+        if voted:
+            self._regrow_to = max(self._regrow_to, self.batch_size)
+            self.batch_size -= voted
+            if self.initialized:
+                centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
+        if gone:
+            self.converged = False
+        return voted, gone
 
     def _initialise(self, X: np.ndarray) -> None:
         self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng)
@@ -250,20 +291,17 @@ class Coordinator:
         sent = len(self.shards) * _pickled_size((message, self.tau))
         received = 0
         n_changed = n_new = n_dist = 0
+        shard_seconds = 0.0
         for s, res in enumerate(results):  # fixed shard order, float64
             if res is None:
                 continue
-            dS, dv, dQ, changed, new, dist, _ = res
+            votes, changed, new, dist, _, seconds = res
+            shard_seconds = max(shard_seconds, seconds)
             received += _pickled_size(res)
-            self.S += dS
-            self.v += dv
-            self.Q += dQ
-            ledger = self.ledgers[s]
-            ledger[0] += dS
-            ledger[1] += dv
-            ledger[2] += dQ
+            self._add_votes(s, votes)
             n_changed, n_new, n_dist = n_changed + changed, n_new + new, n_dist + dist
         self.round_bytes.append((sent, received))
+        self.round_shard_seconds.append(shard_seconds)
         self.batch_size = b
         C_prev = self.centroids
         self.centroids, self.p = centroid_update(self.S, self.v, self.Q, C_prev, sse_out=self.sse)
@@ -276,6 +314,7 @@ class Coordinator:
         )
         self._grow = KMeansAlgorithm._doubling_test(self, self.rho)  # the same rule
         self._covered_all = b == n_now
+        self._regrow_to = 0
         n_possible = b * self.n_clusters
         return IterationStats(
             iteration=self.iteration, batch_size=b,
@@ -351,5 +390,8 @@ class Coordinator:
 
 
 def _pickled_size(obj: object) -> int:
-    """Bytes of ``obj`` pickled as Ray sends it (protocol 5, buffers in band)."""
-    return len(pickle.dumps(obj, protocol=5))
+    """Bytes of ``obj`` as Ray serialises it: pickle protocol 5 with the arrays' buffers
+    out of band (counted, not copied)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    return len(head) + sum(b.raw().nbytes for b in buffers)

@@ -101,11 +101,13 @@ def fit_distributed(
     store_seed: int,
     algo_seed: int,
     callback: Callable[[IterationStats, ModelState], bool | None] | None = None,
+    n_threads: int | None = None,
 ) -> DistributedFit:
     """Cluster ``X`` (``(n, d)`` float32, C-contiguous) on ``n_shards`` shard actors.
 
     The parameters are the estimator's (checked by it); ``store_seed`` fixes the
-    priorities (the local backend's shuffle), ``algo_seed`` k-means++.
+    priorities (the local backend's shuffle), ``algo_seed`` k-means++; ``n_threads``:
+    threads of each shard's kernels (None: all of its node's cores).
     """
     import ray
 
@@ -118,6 +120,7 @@ def fit_distributed(
         coord = Coordinator(
             parts, n_clusters, X.shape[1], init=init, rho=rho, batch_size=batch_size,
             relocate_empty=relocate_empty, bound_mode=bounds, random_state=algo_seed,
+            n_threads=n_threads,
         )  # fmt: skip
         try:
             for _ in range(int(max_iter)):
@@ -146,6 +149,7 @@ def fit_estimator(
         relocate_empty=bool(est.relocate_empty), max_iter=int(est.max_iter),
         n_shards=int(est.n_shards), ray_address=est.ray_address,
         store_seed=store_seed, algo_seed=algo_seed, callback=est.callback,
+        n_threads=est.n_threads,
     )  # fmt: skip
     est.__dict__.pop("_store", None)
     est.__dict__.pop("_algorithm", None)

@@ -8,14 +8,14 @@
   ``Q``, ``tau``: O(k d) memory and arithmetic), while the rows, their per-row state and
   the distance computations live in the shard actors on the cluster's nodes;
 - each ``feed`` (one log entry the worker read from Redis, as the retention policy
-  ``all`` admits it) is one :meth:`~.stream.StreamCoordinator.append`: the entry's rows
-  go to the next shard in turn;
+  admits it) is the retirements it carries (:meth:`~.stream.StreamCoordinator.retire`:
+  each shard takes back the votes of its own retired rows; a window or an age limit is
+  one id threshold for all shards, global in acceptance order) and one
+  :meth:`~.stream.StreamCoordinator.append`: the entry's rows go to the next shard in
+  turn;
 - ``step`` is one distributed round, ``restore`` rebuilds the votes from the centroids
   of the last snapshot after a replay; the :class:`ModelState` they return is published
   by the worker as a local engine's (same ``/centroids``, ``/assign``, ``/stats``).
-
-Only retention ``all`` is built on the cluster: the service refuses another retention
-with ``NMBATCH_RAY_ADDRESS`` at start-up, and a ``feed`` that retires raises.
 
 Ray is joined when the engine is built (``ray.init(address)``, unless the process is
 connected already) and left when it is closed, so a worker that rebuilds its engine
@@ -101,11 +101,12 @@ class RayEngine:
         retire_before: int = 0,
         any_order: bool = False,
     ) -> None:
-        """Append the rows of ``X`` ``(m, d)`` float32 under stream ``ids`` ``(m,)`` int64
-        to the next shard; retirements are not built on the cluster (ValueError)."""
+        """Take out the stored rows with ids in ``retire_ids`` or below ``retire_before``
+        (each shard takes back its own rows' votes, exactly), then append the rows of
+        ``X`` ``(m, d)`` float32 under stream ``ids`` ``(m,)`` int64 (any order) to the
+        next shard."""
         if np.shape(retire_ids)[0] or retire_before > 0:
-            raise ValueError("retirements are not built on the Ray backend (retention 'all' "
-                             "only)")  # fmt: skip
+            self.coordinator.retire(retire_ids, retire_before)
         self.coordinator.append(X, ids)
         if self.store.n_samples != n_after:
             raise RuntimeError(f"the store holds {self.store.n_samples} rows, not {n_after}")

@@ -34,18 +34,37 @@ This module does not import Ray: the coordinator wraps :class:`ShardState` in an
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from nmbatch.engine.algorithms.nested import NestedMiniBatch
 from nmbatch.engine.algorithms.relocation import _closer_to, _own_sqdist
+from nmbatch.engine.kernels.retire import remove_votes
+from nmbatch.engine.threads import kernel_threads
+from nmbatch.engine.warmup import warm_up
 
-__all__ = ["ShardState", "StepResult"]
+__all__ = ["ShardState", "StepResult", "Votes", "votes"]
 
 _SAFETY = 1.0 + 1e-9  # as relocation.py: an upper bound rounded up
 _LOWER_SAFETY = (1.0 - 1e-9) * (1.0 - 2.0**-22)  # as relocation.py: a lower bound down
 
-#: ``(dS (k, d) float64, dv (k,) int64, dQ (k,) float64, n_changed, n_new, n_dist, b_s)``.
-StepResult = tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int, int]
+#: A shard's change of the sums, only the clusters it changed: ``(j (m,) int64, dS
+#: (m, d) float64, dv (m,) int64, dQ (m,) float64)`` (:func:`votes`). Late rounds move
+#: few samples, so the reply is mostly far below ``k d`` numbers (Ray inlines a reply
+#: under 100 KiB in the call's answer instead of going through its object store).
+Votes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+#: ``(votes, n_changed, n_new, n_dist, b_s, seconds)``: ``seconds`` is the wall time of
+#: the step inside the shard.
+StepResult = tuple[Votes, int, int, int, int, float]
+
+
+def votes(dS: np.ndarray, dv: np.ndarray, dQ: np.ndarray) -> Votes:
+    """The clusters with a non-zero change of ``dS`` ``(k, d)``, ``dv`` or ``dQ``, and
+    their changes (:data:`Votes`)."""
+    j = np.flatnonzero((dv != 0) | (dQ != 0) | (dS != 0).any(axis=1))
+    return j, dS[j], dv[j], dQ[j]
 
 
 class _RowsInPriorityOrder:
@@ -109,6 +128,9 @@ class ShardState:
         ``k``.
     bound_mode : {"auto", "full", "group", "hamerly"}
         The lower bounds kept (:mod:`nmbatch.engine.algorithms.bounds`).
+    n_threads : int or None
+        Threads of the shard's kernels in a step (BLAS on one,
+        :func:`~nmbatch.engine.threads.kernel_threads`); None: every core of its node.
     """
 
     def __init__(
@@ -118,6 +140,7 @@ class ShardState:
         priority: np.ndarray,
         n_clusters: int,
         bound_mode: str = "full",
+        n_threads: int | None = None,
     ) -> None:
         order = np.argsort(np.asarray(priority, dtype=np.int64), kind="stable")
         # Copies: arrays from Ray's object store are read-only, and the kernels are
@@ -126,6 +149,7 @@ class ShardState:
         self.ids = np.asarray(ids, dtype=np.int64)[order]
         self.priority = np.asarray(priority, dtype=np.int64)[order]
         self.n_clusters, self.bound_mode = int(n_clusters), bound_mode
+        self.n_threads = n_threads
         # Appended chunks not merged yet: (rows (m, d) float32, ids, priority, stride).
         self._queue: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
         self._start(data)
@@ -190,6 +214,52 @@ class ShardState:
         at = np.flatnonzero(np.isin(self.ids, np.asarray(ids, np.int64)))
         return self.ids[at].copy(), self.data[at].copy()
 
+    # -- retention ------------------------------------------------------------------------
+    def retire(self, ids: np.ndarray, before: int) -> tuple[Votes, int, int]:
+        """Forget the rows with a stream id in ``ids`` ``(m,)`` int64 or below ``before``.
+
+        Exact, as the single-machine ``KMeansAlgorithm.retire``: a voted row's vote is
+        taken back (:func:`~nmbatch.engine.kernels.retire.remove_votes` on zeroed deltas,
+        added to the ledger), then the rows leave, the others keeping their order and
+        their per-row state (labels, norms, bounds), so ``[0, b_s - r)`` is still the
+        voted part, in priority order. Returns ``(votes, r, n_gone)`` (:data:`Votes`):
+        ``r`` voted rows of the ``n_gone`` retired.
+        """
+        self._merge()
+        gone = self.ids < int(before)
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.shape[0]:
+            gone |= np.isin(self.ids, ids)
+        k, d = self.n_clusters, self.data.shape[1]
+        dS, dv, dQ = np.zeros((k, d)), np.zeros(k, dtype=np.int64), np.zeros(k)
+        rows = np.flatnonzero(gone)
+        if not rows.shape[0]:
+            return votes(dS, dv, dQ), 0, 0
+        algo, b = self._algo, self.batch_size
+        voted = rows[rows < b]
+        if voted.shape[0]:
+            labels, xx, dist2 = algo._vote_arrays()
+            remove_votes(self.data, voted, labels, xx, dist2, dS, dv, dQ, np.zeros(k))
+            self.S_s += dS
+            self.v_s += dv
+            self.Q_s += dQ
+            kept = np.flatnonzero(~gone[:b])
+            for per_row in algo._row_arrays():
+                per_row[: kept.shape[0]] = per_row[kept]
+            labels[kept.shape[0] : b] = -1
+        keep = ~gone
+        store = _RowsInPriorityOrder(np.ascontiguousarray(self.data[keep]))
+        store.batch_size = b - voted.shape[0]
+        algo.store, algo.batch_size = store, b - voted.shape[0]
+        self.ids, self.priority = self.ids[keep], self.priority[keep]
+        return votes(dS, dv, dQ), int(voted.shape[0]), int(rows.shape[0])
+
+    def holdings(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every row held, in priority order: ``(rows (n_s, d) float32, ids (n_s,) int64,
+        priority (n_s,) int64)`` (copies)."""
+        self._merge()
+        return self.data.copy(), self.ids.copy(), self.priority.copy()
+
     # -- the prefix ---------------------------------------------------------------------
     @property
     def data(self) -> np.ndarray:
@@ -218,19 +288,26 @@ class ShardState:
 
         ``centroids_and_moves``: ``(C (k, d) float32, p (k,) float64)``, the centroids in
         force and how far each moved at the last update (one ``ray.put`` for all shards).
-        Returns ``(dS, dv, dQ, n_changed, n_new, n_dist, b_s)`` (:data:`StepResult`) and
-        adds the deltas to the ledger.
+        Returns ``(votes, n_changed, n_new, n_dist, b_s, seconds)`` (:data:`StepResult`)
+        and adds the deltas to the ledger.
         """
+        t0 = time.perf_counter()
         C, p = centroids_and_moves
         self._merge()
         b = int(np.searchsorted(self.priority, tau))
         C = np.array(C, dtype=np.float32, order="C")
         p = np.array(p, dtype=np.float64)
-        dS, dv, dQ, n_changed, n_new, n_dist = self._algo.shard_step(C, p, b)
+        with kernel_threads(self.n_threads):
+            dS, dv, dQ, n_changed, n_new, n_dist = self._algo.shard_step(C, p, b)
         self.S_s += dS
         self.v_s += dv
         self.Q_s += dQ
-        return dS, dv, dQ, n_changed, n_new, n_dist, b
+        return votes(dS, dv, dQ), n_changed, n_new, n_dist, b, time.perf_counter() - t0
+
+    def warm_up(self) -> float:
+        """Load every kernel a step runs in this process (:func:`~nmbatch.engine.warmup.
+        warm_up`), so the first round does not wait for numba; returns the seconds."""
+        return warm_up()
 
     def ledger(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(S_s, v_s, Q_s)``: the votes this shard's rows hold (copies)."""

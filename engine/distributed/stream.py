@@ -35,6 +35,12 @@ coordinator in order (rows in Ray's object store, owned by this driver; ids and
 priorities, 16 bytes a row, in the driver's memory), so a lost shard is replaced as in
 phase 1 (its ledger subtracted, a new actor given the same chunks in the same order,
 unvoted). A lost driver (the service restarts) rebuilds everything from the Redis log.
+
+Retention (:meth:`StreamCoordinator.retire`): the worker's policy hands over ids below a
+threshold (window, age: global in acceptance order) and single ids (reservoir); every
+shard retires its own and takes back their votes (:meth:`~.shard.ShardState.retire`);
+the chunk records forget what was retired (see the method), so a replacement shard
+holds exactly the retained rows.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ import ray
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.state import IterationStats
 
-from .coordinator import PRIORITY_LIMIT, Coordinator, ShardActor, shard_options
+from .coordinator import PRIORITY_LIMIT, Coordinator
 from .shard import respread
 
 __all__ = ["StreamCoordinator"]
@@ -55,6 +61,10 @@ __all__ = ["StreamCoordinator"]
 _HEADROOM = 1 << 40  # room above the drawn priorities for the raises of repeats
 _LEVELS = 1 << 40  # respread: the prefix's priorities in [0, _LEVELS * P)
 _RESPREAD_AT = PRIORITY_LIMIT // 2  # respread once tau has used half the room
+_COMPACT_MIN = 4096
+"""A shard's chunk records are rebuilt from what it holds once they carry more retired
+rows than this and than stored ones (the object store keeps a record's rows while any
+of them is stored)."""
 
 
 class StreamCoordinator(Coordinator):
@@ -82,8 +92,10 @@ class StreamCoordinator(Coordinator):
         self._priority_rng = np.random.default_rng(priority_seq)
         init_seed = int(init_seq.generate_state(1, np.uint64)[0] >> np.uint64(1))
         P, d = int(n_shards), int(dim)
-        # Chunks appended to each shard, in order: (rows ObjectRef, ids, priority).
+        # Chunks appended to each shard, in order: (rows ObjectRef, ids, priority), and
+        # which of each chunk's rows are still stored (retention).
         self.chunks: list[list[tuple[Any, np.ndarray, np.ndarray]]] = [[] for _ in range(P)]
+        self.alive: list[list[np.ndarray]] = [[] for _ in range(P)]
         self._next_shard = 0
         empty = (
             ray.put(np.empty((0, d), np.float32)),
@@ -93,14 +105,17 @@ class StreamCoordinator(Coordinator):
         super().__init__([empty] * P, n_clusters, d, random_state=init_seed, **kwargs)
 
     def _start_shard(self, s: int) -> Any:
-        """A new (or replacement) actor for shard ``s``, given its chunks in order."""
-        rows, ids, priority = self.partitions[s]
-        name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
-        actor = ShardActor.options(**shard_options(s, name)).remote(
-            rows, ids, priority, self.n_clusters, self.bound_mode
-        )
-        for chunk in self.chunks[s] if hasattr(self, "chunks") else ():
+        """A new (or replacement) actor for shard ``s``, given its chunks in order, then
+        told which of their rows were retired."""
+        actor = super()._start_shard(s)
+        if not hasattr(self, "alive"):  # the first actors, from Coordinator.__init__
+            return actor
+        for chunk in self.chunks[s]:
             actor.append.remote(*chunk, len(self.partitions))  # calls run in this order
+        dead = [ids[~alive] for (_, ids, _), alive in zip(self.chunks[s], self.alive[s],
+                                                          strict=True)]
+        if dead and sum(d.shape[0] for d in dead):
+            actor.retire.remote(np.concatenate(dead), 0)
         return actor
 
     # -- appends --------------------------------------------------------------------------
@@ -127,12 +142,60 @@ class StreamCoordinator(Coordinator):
         self._next_shard = (s + 1) % len(self.partitions)
         chunk = (ray.put(X), np.asarray(ids, np.int64).copy(), self.priorities(m, s))
         self.chunks[s].append(chunk)
+        self.alive[s].append(np.ones(m, dtype=bool))
         # Not waited for: a dead actor's failure shows at the next round, which replaces
         # it with every chunk, this one included.
         self.shards[s].append.remote(*chunk, len(self.partitions))
         self.n_samples += m
         self.converged = False
         return self.n_samples
+
+    def retire(self, ids: np.ndarray | None = None, before: int = 0) -> int:
+        """Forget the stored rows with a stream id in ``ids`` (each stored, else
+        ``ValueError`` and nothing changes) or below ``before``: every shard takes back
+        the votes of its own (:meth:`~.shard.ShardState.retire`), the coordinator adds
+        their deltas in shard order (:meth:`~.coordinator.Coordinator._take_back`).
+        The chunk records drop fully retired chunks and remember the rest, so a
+        replacement shard retires the same rows; a shard whose records hold more retired
+        rows than stored ones (and over :data:`_COMPACT_MIN`) gets one chunk of what it
+        holds instead. Returns ``N`` after."""
+        ids = np.unique(np.asarray(ids if ids is not None else (), dtype=np.int64))
+        found, gone = 0, [[] for _ in self.chunks]
+        for s, (chunks, alive) in enumerate(zip(self.chunks, self.alive, strict=True)):
+            for c, (_, chunk_ids, _) in enumerate(chunks):
+                hit = alive[c] & ((chunk_ids < before) | np.isin(chunk_ids, ids))
+                found += int(np.count_nonzero(hit & (chunk_ids >= before)))
+                gone[s].append(hit)
+        if found != ids[ids >= before].shape[0]:
+            raise ValueError(f"{ids[ids >= before].shape[0] - found} of the ids are not stored")
+        n_gone = 0
+        for s, hits in enumerate(gone):  # records first: a replacement retires these too
+            for c, hit in enumerate(hits):
+                self.alive[s][c] &= ~hit
+                n_gone += int(np.count_nonzero(hit))
+            kept = [c for c, alive in enumerate(self.alive[s]) if alive.any()]
+            self.chunks[s] = [self.chunks[s][c] for c in kept]
+            self.alive[s] = [self.alive[s][c] for c in kept]
+        if not n_gone:
+            return self.n_samples
+        self._take_back(self.call_all("retire", ids, int(before)))
+        self.n_samples -= n_gone
+        for s in range(len(self.chunks)):
+            dead = sum(int(np.count_nonzero(~a)) for a in self.alive[s])
+            live = sum(int(np.count_nonzero(a)) for a in self.alive[s])
+            if dead > max(live, _COMPACT_MIN):
+                self._compact_records(s)
+        return self.n_samples
+
+    def _compact_records(self, s: int) -> None:
+        """Shard ``s``'s chunk records become one chunk of the rows it holds (put in the
+        object store by this driver, which owns it); left as they are if it was lost."""
+        holdings = self._gather([self.shards[s].holdings.remote()])[0]
+        if holdings is None:
+            return
+        rows, ids, priority = holdings
+        self.chunks[s] = [(ray.put(rows), ids, priority)] if ids.shape[0] else []
+        self.alive[s] = [np.ones(ids.shape[0], dtype=bool)] if ids.shape[0] else []
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The stored rows with stream ids ``ids`` ``(m,)`` int64, in that order, ``(m, d)``
@@ -197,13 +260,8 @@ class StreamCoordinator(Coordinator):
         self.centroids, self.initialized = C, True
         results = self.call_all("step", ray.put((C, self.p)), self.tau)
         for s, res in enumerate(results):
-            if res is None:  # lost: its rows join at the next round as new rows
-                continue
-            for total, mine, delta in zip(
-                (self.S, self.v, self.Q), self.ledgers[s], res[:3], strict=True
-            ):
-                total += delta
-                mine += delta
+            if res is not None:  # else lost: its rows join at the next round as new rows
+                self._add_votes(s, res[0])
         centroid_update(self.S, self.v, self.Q, C, sse_out=self.sse)  # sse; update dropped
         self.batch_size, self.iteration = b, int(iteration)
         self.converged = self._grow = False

@@ -310,13 +310,6 @@ class ModelManager:
                 title="Dimension too large", setting="NMBATCH_MAX_DIM",
                 max_dim=self.settings.max_dim,
             )  # fmt: skip
-        if self.settings.ray_address is not None and spec.retention != "all":
-            raise ProblemError(
-                422, "retention-unsupported",
-                f"retention '{spec.retention}' does not run on a Ray cluster yet "
-                "(NMBATCH_RAY_ADDRESS is set): use retention 'all'",
-                title="Retention not supported on Ray", setting="NMBATCH_RAY_ADDRESS",
-            )  # fmt: skip
         self._capacity(name, spec)  # 507 before anything is written
         async with self._lock:
             status, value = await self.registry.create(name, spec, self.settings.max_models)

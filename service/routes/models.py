@@ -78,8 +78,7 @@ PUT_REFUSED = (
     "`too-many-models`: NMBATCH_MAX_MODELS named models exist."
 )
 TOO_LARGE = (
-    "Invalid settings, `dimension-too-large` (above NMBATCH_MAX_DIM), "
-    "`retention-unsupported` (not `all` with NMBATCH_RAY_ADDRESS), or "
+    "Invalid settings, `dimension-too-large` (above NMBATCH_MAX_DIM), or "
     "`urn:nmbatch:problem:model-too-large`: its samples and centroids would not fit the "
     "memory one model may take (NMBATCH_MODEL_MAX_BYTES); members `setting`, "
     "`required_bytes`, `limit_bytes`, `max_samples_fitting`."

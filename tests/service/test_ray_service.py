@@ -6,15 +6,15 @@ redis-server, and the real app (``TestClient(create_app(settings))``): its worke
 the cluster by address (``ray.init`` in the worker thread of this process), runs the
 coordinator and puts its shard actors on the nodes. Tested: ingest -> /centroids (the
 blob means) -> /assign; a restart rebuilds from the Redis log; a shard actor killed
-mid-run is replaced and nothing logged is lost; a retention other than ``all`` is
-refused at start-up and in ``PUT /models/{name}``.
+mid-run is replaced and nothing logged is lost; a worker node removed mid-stream
+(last: it changes the cluster) loses nothing; retention ``window`` on the cluster
+(the default model and a named one) serves the last samples only.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 from service_helpers import post_npy, wait_converged
 
 from nmbatch.service.main import create_app
@@ -29,8 +29,8 @@ STORE = 80 * 2**20
 
 
 @pytest.fixture(scope="module")
-def ray_address():
-    """The address of a two-node local Ray cluster, shut down after the module."""
+def ray_cluster():
+    """A two-node local Ray cluster, shut down after the module."""
     if ray.is_initialized():  # another module's connection: the engine must join ours
         ray.shutdown()
     c = Cluster(
@@ -40,11 +40,16 @@ def ray_address():
     c.add_node(num_cpus=1, object_store_memory=STORE)
     c.wait_for_nodes()
     try:
-        yield c.address
+        yield c
     finally:
         if ray.is_initialized():
             ray.shutdown()
         c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_address(ray_cluster: Cluster) -> str:
+    return ray_cluster.address
 
 
 def shard_names() -> list[str]:
@@ -118,21 +123,96 @@ def test_a_killed_shard_is_replaced_and_nothing_is_lost(
         assert all((p[2] >= 0).all() for p in parts)
 
 
-def test_a_retention_other_than_all_is_refused_with_a_cluster(
-    make_settings: SettingsFactory,
+def test_a_sliding_window_on_the_cluster_serves_the_recent_samples(
+    make_settings: SettingsFactory, ray_address: str
 ) -> None:
-    with pytest.raises(ValidationError, match="only NMBATCH_RETENTION = all"):
-        make_settings(ray_address="127.0.0.1:6379", retention="window", max_samples=100)
+    """Retention ``window`` on the cluster: the shards retire the rows that leave the
+    window (votes taken back), so the model is the blobs of the last samples only, and
+    a restart rebuilds the same window from the trimmed log."""
+    rng = np.random.default_rng(11)
+    old, _ = blobs_around(rng, MEANS + 60.0, per_blob=200)  # to be forgotten
+    X, blob = blobs_around(rng, MEANS, per_blob=300)
+    settings = make_settings(batch_size=48, ray_address=ray_address, ray_shards=2,
+                             retention="window", max_samples=len(X))  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        for part in np.array_split(np.arange(len(old)), 3):
+            assert post_npy(client, old[part]).status_code == 202
+        wait_converged(client, len(old), timeout=40.0)
+        for part in np.array_split(np.arange(len(X)), 4):
+            assert post_npy(client, X[part]).status_code == 202
+        doc = check_blobs(client, X, blob)  # counts: exactly the window's rows
+        assert client.get("/stats").json()["n_samples"] == len(X)
+    with TestClient(create_app(settings)) as client:
+        wait_until(
+            lambda: client.get("/stats").json()["phase"] == "converged", 40.0, "the rebuilt worker"
+        )
+        again = check_blobs(client, X, blob)
+        np.testing.assert_allclose(again["centroids"], doc["centroids"], atol=1e-4)
 
 
-def test_a_named_model_with_another_retention_is_refused_with_a_cluster(
+def test_a_named_model_with_a_window_runs_on_the_cluster(
     ray_address: str, make_settings: SettingsFactory
 ) -> None:
-    spec = {"k": 2, "dim": 3, "retention": "window", "max_samples": 1000}
+    rng = np.random.default_rng(12)
+    X, _ = blobs_around(rng, MEANS, per_blob=100)
+    spec = {"k": 3, "dim": 4, "retention": "window", "max_samples": 200, "batch_size": 30}
     with TestClient(create_app(make_settings(ray_address=ray_address))) as client:
-        problem = client.put("/models/windowed", json=spec)
-        assert problem.status_code == 422
-        body = problem.json()
-        assert body["type"].endswith("retention-unsupported")
-        assert body["setting"] == "NMBATCH_RAY_ADDRESS"
-        assert client.get("/models/windowed").status_code == 404
+        assert client.put("/models/windowed", json=spec).status_code == 201
+        for part in np.array_split(np.arange(len(X)), 3):
+            assert post_npy(client, X[part], "/models/windowed/samples").status_code == 202
+
+        def converged() -> dict | None:
+            doc = client.get("/models/windowed/centroids")
+            body = doc.json() if doc.status_code == 200 else {}
+            return body if body.get("converged") and body["n_samples"] == 200 else None
+
+        doc = wait_until(converged, 40.0, "the named model's window")
+        assert sum(doc["counts"]) == 200
+        last = X[-200:].astype(np.float64)
+        mine = np.array(post_npy(client, last, "/models/windowed/assign").json()["clusters"])
+        for j, c in enumerate(np.array(doc["centroids"])):
+            np.testing.assert_allclose(c, last[mine == j].mean(axis=0), atol=1e-4)
+
+
+def test_a_worker_node_lost_mid_stream_loses_nothing(
+    make_settings: SettingsFactory, ray_cluster: Cluster
+) -> None:
+    """A node holding shards leaves the cluster while samples arrive: the service keeps
+    answering, the lost shards are rebuilt on the other nodes, every logged sample ends
+    up in exactly one shard, voted, and the model is the blobs' means."""
+    doomed = ray_cluster.add_node(num_cpus=1, object_store_memory=STORE)
+    ray_cluster.wait_for_nodes()
+    rng = np.random.default_rng(21)
+    X, blob = blobs_around(rng, MEANS, per_blob=300)
+    half = len(X) // 2
+    settings = make_settings(batch_size=48, ray_address=ray_cluster.address, ray_shards=3)
+    # Shards go round robin over the alive nodes with a soft node affinity: Ray may still
+    # place them elsewhere. A restart builds a new coordinator, placed anew.
+    for attempt in range(5):
+        with TestClient(create_app(settings)) as client:
+            if attempt == 0:
+                for part in np.array_split(np.arange(half), 3):
+                    assert post_npy(client, X[part]).status_code == 202
+            wait_converged(client, half, timeout=40.0)  # may be the last app's snapshot:
+            wait_until(lambda: ray.is_initialized() and len(shard_names()) == 3, 40.0,
+                       "this app's engine on the cluster")  # fmt: skip
+            nodes = {n: ray.get(ray.get_actor(n).node_id.remote()) for n in shard_names()}
+            if doomed.node_id not in nodes.values():
+                continue
+            ray_cluster.remove_node(doomed)
+            for part in np.array_split(np.arange(half, len(X)), 3):
+                assert post_npy(client, X[part]).status_code == 202
+                assert client.get("/centroids").status_code == 200
+                assert post_npy(client, X[:10], "/assign").status_code == 200
+            check_blobs(client, X, blob)
+            now = shard_names()
+            assert len(now) == 3
+            parts = ray.get([ray.get_actor(name).assignments.remote() for name in now])
+            assert doomed.node_id not in ray.get(
+                [ray.get_actor(name).node_id.remote() for name in now]
+            )
+            ids = np.concatenate([p[0] for p in parts])
+            np.testing.assert_array_equal(np.sort(ids), np.arange(len(X)))
+            assert all((p[2] >= 0).all() for p in parts)
+            return
+    pytest.fail("no shard was placed on the added node in five starts")
