@@ -153,6 +153,8 @@ class Coordinator:
         # Per round: the slowest shard's own time in its step (the rest is Ray and us).
         self.round_shard_seconds: list[float] = []
         self.n_lost = 0  # shards replaced since the start
+        self._replaced = False  # a shard replaced since the last round: unvoted rows < tau
+        self.n_retired = 0  # rows retired since the start
         self.run_id = uuid.uuid4().hex[:12]
         self.generation = [0] * P
         self.shards = [self._start_shard(s) for s in range(P)]
@@ -181,6 +183,7 @@ class Coordinator:
         with contextlib.suppress(Exception):
             ray.kill(self.shards[s])
         self.n_lost += 1
+        self._replaced = True
         self.generation[s] += 1
         self.shards[s] = self._start_shard(s)
         self.converged = False
@@ -251,25 +254,28 @@ class Coordinator:
             sums[1][j] += dv
             sums[2][j] += dQ
 
-    def _take_back(self, results: Sequence[Any]) -> tuple[int, int]:
+    def _take_back(self, results: Sequence[Any]) -> None:
         """Add the shards' retirement deltas (:meth:`~.shard.ShardState.retire` results, in
-        shard order; None: lost) to the sums and the ledgers, shrink ``b`` by the voted
-        rows retired, recompute ``sse`` under the centroids in force (as one machine
-        does: the next round moves them). Returns ``(voted rows, rows)`` retired."""
-        voted = gone = 0
-        for s, res in enumerate(results):
-            if res is None:
-                continue
-            self._add_votes(s, res[0])
-            voted, gone = voted + res[1], gone + res[2]
-        if voted:
-            self._regrow_to = max(self._regrow_to, self.batch_size)
-            self.batch_size -= voted
-            if self.initialized:
-                centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
-        if gone:
-            self.converged = False
-        return voted, gone
+        shard order; None: lost) to the sums and the ledgers, shrink ``b`` to the rows
+        left below ``tau`` and recompute ``sse`` under the centroids in force (as one
+        machine does: the next round moves them). ``b`` is the voted rows retired taken
+        off, or, when a shard was lost since the last round (its replacement's rows below
+        ``tau`` hold no vote yet, or this call lost one), counted again on the shards."""
+        b_old = self.batch_size
+        if self._replaced or any(res is None for res in results):
+            for s, res in enumerate(results):
+                if res is not None:
+                    self._add_votes(s, res[0])
+            self.batch_size = int(self._counts(np.array([self.tau], np.int64))[0])
+        else:
+            for s, res in enumerate(results):
+                self._add_votes(s, res[0])
+            self.batch_size -= sum(res[1] for res in results)
+        if self.batch_size < b_old:
+            self._regrow_to = max(self._regrow_to, b_old)
+        if self.initialized:
+            centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
+        self.converged = False
 
     def _initialise(self, X: np.ndarray) -> None:
         self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng)
@@ -301,6 +307,7 @@ class Coordinator:
             self._add_votes(s, votes)
             n_changed, n_new, n_dist = n_changed + changed, n_new + new, n_dist + dist
         self.round_bytes.append((sent, received))
+        self._replaced = any(res is None for res in results)
         self.round_shard_seconds.append(shard_seconds)
         self.batch_size = b
         C_prev = self.centroids
@@ -380,7 +387,7 @@ class Coordinator:
             batch_size=int(self.batch_size), n_samples=self.n_samples,
             iteration=int(self.iteration), converged=bool(self.converged),
             initialized=bool(self.initialized), energy=energy, stats=stats,
-            n_ingested=self.n_samples,
+            n_retired=self.n_retired, n_ingested=self.n_samples + self.n_retired,
         )  # fmt: skip
 
     def close(self) -> None:

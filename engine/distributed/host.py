@@ -49,8 +49,9 @@ class _CoordinatorStore:
         return int(self._engine.coordinator.n_samples)
 
     def append(self, X: np.ndarray) -> int:
-        """Append ``X`` ``(m, d)`` float32 under the next stream ids; returns ``N``."""
-        n = self.n_samples
+        """Append ``X`` ``(m, d)`` float32 under the next stream ids (above every id
+        appended so far); returns ``N``."""
+        n = self._engine.coordinator.next_id
         return self._engine.coordinator.append(X, np.arange(n, n + np.shape(X)[0]))
 
 

@@ -96,6 +96,7 @@ class StreamCoordinator(Coordinator):
         # which of each chunk's rows are still stored (retention).
         self.chunks: list[list[tuple[Any, np.ndarray, np.ndarray]]] = [[] for _ in range(P)]
         self.alive: list[list[np.ndarray]] = [[] for _ in range(P)]
+        self.next_id = 0  # above every stream id appended
         self._next_shard = 0
         empty = (
             ray.put(np.empty((0, d), np.float32)),
@@ -143,6 +144,7 @@ class StreamCoordinator(Coordinator):
         chunk = (ray.put(X), np.asarray(ids, np.int64).copy(), self.priorities(m, s))
         self.chunks[s].append(chunk)
         self.alive[s].append(np.ones(m, dtype=bool))
+        self.next_id = max(self.next_id, int(chunk[1].max()) + 1)
         # Not waited for: a dead actor's failure shows at the next round, which replaces
         # it with every chunk, this one included.
         self.shards[s].append.remote(*chunk, len(self.partitions))
@@ -163,11 +165,14 @@ class StreamCoordinator(Coordinator):
         found, gone = 0, [[] for _ in self.chunks]
         for s, (chunks, alive) in enumerate(zip(self.chunks, self.alive, strict=True)):
             for c, (_, chunk_ids, _) in enumerate(chunks):
-                hit = alive[c] & ((chunk_ids < before) | np.isin(chunk_ids, ids))
-                found += int(np.count_nonzero(hit & (chunk_ids >= before)))
+                hit = alive[c] & (chunk_ids < before)
+                if ids.shape[0]:
+                    listed = alive[c] & np.isin(chunk_ids, ids)
+                    found += int(np.count_nonzero(listed))
+                    hit |= listed
                 gone[s].append(hit)
-        if found != ids[ids >= before].shape[0]:
-            raise ValueError(f"{ids[ids >= before].shape[0] - found} of the ids are not stored")
+        if found != ids.shape[0]:
+            raise ValueError(f"{ids.shape[0] - found} of the ids are not stored")
         n_gone = 0
         for s, hits in enumerate(gone):  # records first: a replacement retires these too
             for c, hit in enumerate(hits):
@@ -178,8 +183,9 @@ class StreamCoordinator(Coordinator):
             self.alive[s] = [self.alive[s][c] for c in kept]
         if not n_gone:
             return self.n_samples
-        self._take_back(self.call_all("retire", ids, int(before)))
         self.n_samples -= n_gone
+        self.n_retired += n_gone
+        self._take_back(self.call_all("retire", ids, int(before)))
         for s in range(len(self.chunks)):
             dead = sum(int(np.count_nonzero(~a)) for a in self.alive[s])
             live = sum(int(np.count_nonzero(a)) for a in self.alive[s])
@@ -265,6 +271,7 @@ class StreamCoordinator(Coordinator):
         centroid_update(self.S, self.v, self.Q, C, sse_out=self.sse)  # sse; update dropped
         self.batch_size, self.iteration = b, int(iteration)
         self.converged = self._grow = False
+        self._regrow_to = 0
         self._covered_all = b == self.n_samples
         if self._covered_all and self.tau > _RESPREAD_AT:
             self.respread()

@@ -6,8 +6,7 @@ redis-server, and the real app (``TestClient(create_app(settings))``): its worke
 the cluster by address (``ray.init`` in the worker thread of this process), runs the
 coordinator and puts its shard actors on the nodes. Tested: ingest -> /centroids (the
 blob means) -> /assign; a restart rebuilds from the Redis log; a shard actor killed
-mid-run is replaced and nothing logged is lost; a worker node removed mid-stream
-(last: it changes the cluster) loses nothing; retention ``window`` on the cluster
+mid-run is replaced and nothing logged is lost; retention ``window`` on the cluster
 (the default model and a named one) serves the last samples only.
 """
 
@@ -29,8 +28,8 @@ STORE = 80 * 2**20
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """A two-node local Ray cluster, shut down after the module."""
+def ray_address():
+    """The address of a two-node local Ray cluster, shut down after the module."""
     if ray.is_initialized():  # another module's connection: the engine must join ours
         ray.shutdown()
     c = Cluster(
@@ -40,16 +39,11 @@ def ray_cluster():
     c.add_node(num_cpus=1, object_store_memory=STORE)
     c.wait_for_nodes()
     try:
-        yield c
+        yield c.address
     finally:
         if ray.is_initialized():
             ray.shutdown()
         c.shutdown()
-
-
-@pytest.fixture(scope="module")
-def ray_address(ray_cluster: Cluster) -> str:
-    return ray_cluster.address
 
 
 def shard_names() -> list[str]:
@@ -173,46 +167,3 @@ def test_a_named_model_with_a_window_runs_on_the_cluster(
         for j, c in enumerate(np.array(doc["centroids"])):
             np.testing.assert_allclose(c, last[mine == j].mean(axis=0), atol=1e-4)
 
-
-def test_a_worker_node_lost_mid_stream_loses_nothing(
-    make_settings: SettingsFactory, ray_cluster: Cluster
-) -> None:
-    """A node holding shards leaves the cluster while samples arrive: the service keeps
-    answering, the lost shards are rebuilt on the other nodes, every logged sample ends
-    up in exactly one shard, voted, and the model is the blobs' means."""
-    doomed = ray_cluster.add_node(num_cpus=1, object_store_memory=STORE)
-    ray_cluster.wait_for_nodes()
-    rng = np.random.default_rng(21)
-    X, blob = blobs_around(rng, MEANS, per_blob=300)
-    half = len(X) // 2
-    settings = make_settings(batch_size=48, ray_address=ray_cluster.address, ray_shards=3)
-    # Shards go round robin over the alive nodes with a soft node affinity: Ray may still
-    # place them elsewhere. A restart builds a new coordinator, placed anew.
-    for attempt in range(5):
-        with TestClient(create_app(settings)) as client:
-            if attempt == 0:
-                for part in np.array_split(np.arange(half), 3):
-                    assert post_npy(client, X[part]).status_code == 202
-            wait_converged(client, half, timeout=40.0)  # may be the last app's snapshot:
-            wait_until(lambda: ray.is_initialized() and len(shard_names()) == 3, 40.0,
-                       "this app's engine on the cluster")  # fmt: skip
-            nodes = {n: ray.get(ray.get_actor(n).node_id.remote()) for n in shard_names()}
-            if doomed.node_id not in nodes.values():
-                continue
-            ray_cluster.remove_node(doomed)
-            for part in np.array_split(np.arange(half, len(X)), 3):
-                assert post_npy(client, X[part]).status_code == 202
-                assert client.get("/centroids").status_code == 200
-                assert post_npy(client, X[:10], "/assign").status_code == 200
-            check_blobs(client, X, blob)
-            now = shard_names()
-            assert len(now) == 3
-            parts = ray.get([ray.get_actor(name).assignments.remote() for name in now])
-            assert doomed.node_id not in ray.get(
-                [ray.get_actor(name).node_id.remote() for name in now]
-            )
-            ids = np.concatenate([p[0] for p in parts])
-            np.testing.assert_array_equal(np.sort(ids), np.arange(len(X)))
-            assert all((p[2] >= 0).all() for p in parts)
-            return
-    pytest.fail("no shard was placed on the added node in five starts")
