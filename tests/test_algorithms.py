@@ -289,6 +289,23 @@ def test_doubling_test_follows_design(v, sse, p, expect):
         assert algo._doubling_test(algo.rho) is expect
 
 
+@pytest.mark.parametrize(
+    ("v", "sse", "p", "allowed", "expect"),
+    [
+        pytest.param([2, 2], [8.0001, 7.9999], [1.0, 1.0], 1, True, id="one-of-one-allowed"),
+        pytest.param([2, 2], [8.0, 7.9999], [1.0, 1.0], 1, False, id="two-fail-one-allowed"),
+        pytest.param([2, 2], [8.0, 7.9999], [1.0, 1.0], 2, True, id="two-allowed"),
+        pytest.param([1, 5], [0.0, 1e6], [1e-9, 1e-9], 1, True, id="v1-counts-as-one"),
+        pytest.param([1, 2], [0.0, 8.0], [1e-9, 1.0], 1, False, id="v1-and-ratio"),
+        pytest.param([1, 2], [0.0, 8.0], [0.0, 1.0], 1, True, id="unmoved-v1-not-counted"),
+    ],
+)
+def test_doubling_test_allows_a_number_of_failing_clusters(v, sse, p, allowed, expect):
+    algo = crafted(v, sse, p)
+    assert algo._doubling_test(algo.rho, allowed) is expect
+    assert algo._doubling_test(algo.rho, 0) is False  # the paper's test: every one passes
+
+
 @pytest.mark.parametrize("rho", [1.0, 10.0, 100.0, 1e4])
 def test_batch_only_grows_doubling_to_min_2b_n(rho):
     X = blobs(1000, 2, 5, seed=3, spread=1.0, separation=5.0)

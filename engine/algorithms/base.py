@@ -255,13 +255,24 @@ class KMeansAlgorithm:
         )
         self.counts = self.v.copy()
 
-    def _doubling_test(self, rho: float) -> bool:
-        """``min_j sigma_C(j) / p(j) > rho`` over non-empty clusters, with the rules above."""
+    def _doubling_allowance(self) -> int:
+        """Clusters that may fail the doubling test: 0, the paper's rule."""
+        return 0
+
+    def _doubling_test(self, rho: float, allowed: int | None = None) -> bool:
+        """``sigma_C(j) / p(j) > rho`` for every non-empty moved cluster but at most
+        ``allowed`` of them (default :meth:`_doubling_allowance`), with the rules above: a
+        moved cluster with ``v(j) = 1`` fails."""
+        if allowed is None:
+            allowed = self._doubling_allowance()
         v = self.v.astype(np.float64)
         p = self.p
         testing = (v > 0) & (p > 0.0)
-        if (testing & (v == 1)).any():
+        n_failed = int((testing & (v == 1)).sum())
+        if n_failed > allowed:
             return False
+        testing &= v > 1
         vt = v[testing]
         sigma = np.sqrt(np.maximum(self.sse[testing], 0.0) / (vt * (vt - 1.0)))
-        return bool((sigma / p[testing] > rho).all())
+        n_failed += int((~(sigma / p[testing] > rho)).sum())
+        return n_failed <= allowed

@@ -23,10 +23,15 @@ large ``k`` is the ratio test itself (no doubling in 40 steps, two in 150).
 
 from __future__ import annotations
 
-__all__ = ["B0_PER_CLUSTER", "first_batch_size"]
+import math
+
+__all__ = ["B0_PER_CLUSTER", "DOUBLING_TOLERANCE", "doubling_allowance", "first_batch_size"]
 
 #: ``c``: samples per cluster in the first nested batch (measured: docs/design.md).
 B0_PER_CLUSTER = 20
+#: ``q``: with the first batch sized to ``k``, the fraction of the clusters that may fail
+#: the doubling test (measured: :func:`doubling_allowance`).
+DOUBLING_TOLERANCE = 0.05
 
 
 def first_batch_size(
@@ -41,3 +46,32 @@ def first_batch_size(
     if per_cluster < 0:
         raise ValueError(f"per_cluster must be >= 0, got {per_cluster}")
     return min(max(int(batch_size), int(per_cluster) * int(n_clusters)), int(n_samples))
+
+
+def doubling_allowance(
+    batch_size: int,
+    n_clusters: int,
+    per_cluster: int = B0_PER_CLUSTER,
+    tolerance: float = DOUBLING_TOLERANCE,
+) -> int:
+    """How many clusters may fail the doubling test: ``floor(q k)`` when the first batch
+    is sized to ``k`` (``per_cluster * k > batch_size``), else 0 (the paper's rule).
+
+    The paper's test doubles when every moved cluster has ``sigma_C(j) / p(j) > rho``.
+    With ``k`` in the thousands and tens of samples per cluster, some cluster nearly
+    always still moves by more than ``sigma_C / rho`` (a sample joins or leaves it),
+    so the batch stays at a fraction of the data for most of the run: on image patches
+    at ``k = 1,024``, ``b = 81,920`` of 114,196 from 3.2 s to 12.5 s of a 14 s run, and
+    the held-out energy reaches 1% of the best only once the batch is the whole store.
+    Letting ``q = 5%`` of the clusters fail (measured for ``q`` from 1% to 10%, one
+    thread, seed 0, validation energy outside the clock; docs/design.md) reached 1% of
+    the best energy 1.6x sooner on patches and 1.3x sooner on MNIST at ``k = 1,024``,
+    1.6x on patches at ``k = 4,096`` and 2.0x on patches at ``k = 256``, with final
+    energies within 0.25% of the best. ``k <= batch_size / per_cluster`` (``k = 50``
+    with the defaults) and ``per_cluster = 0`` keep the paper's test unchanged.
+    """
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+    if int(per_cluster) * int(n_clusters) <= int(batch_size):
+        return 0
+    return math.floor(tolerance * int(n_clusters))

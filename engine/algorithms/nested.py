@@ -14,7 +14,12 @@ import numpy as np
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
 from nmbatch.engine.algorithms.bounds import make_bounds
-from nmbatch.engine.algorithms.growth import B0_PER_CLUSTER, first_batch_size
+from nmbatch.engine.algorithms.growth import (
+    B0_PER_CLUSTER,
+    DOUBLING_TOLERANCE,
+    doubling_allowance,
+    first_batch_size,
+)
 from nmbatch.engine.algorithms.relocation import relocate_empty
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.kernels.common import EMPTY_F64
@@ -63,6 +68,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.relocate_empty = bool(relocate_empty)
         self.dense_revisit_fraction = DENSE_REVISIT_FRACTION
         self.b0_per_cluster = B0_PER_CLUSTER  # b_0 >= this times k (.growth)
+        self.doubling_tolerance = DOUBLING_TOLERANCE  # with b_0 sized to k (.growth)
         self.name = "elkan" if full else ("nmbatch" if bounds else "nmbatch.deact")
         self._sse_from_sums_on_update = True
         self._grow = False
@@ -156,6 +162,12 @@ class NestedMiniBatch(KMeansAlgorithm):
             return n
         target = min(2 * self.batch_size, n) if self._grow else self.batch_size
         return max(target, min(self._regrow_to, n))
+
+    def _doubling_allowance(self) -> int:
+        """``floor(q k)`` clusters may fail the doubling test when ``b_0`` is sized to
+        ``k``, else none (:func:`.growth.doubling_allowance`)."""
+        return doubling_allowance(self.initial_batch_size, self.n_clusters,
+                                  self.b0_per_cluster, self.doubling_tolerance)
 
     def _relocate(self, data: np.ndarray, b: int, C_prev: np.ndarray) -> int:
         """Empty clusters take the batch's farthest samples (:mod:`.relocation`)."""

@@ -56,7 +56,11 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
-from nmbatch.engine.algorithms.growth import B0_PER_CLUSTER, first_batch_size
+from nmbatch.engine.algorithms.growth import (
+    B0_PER_CLUSTER,
+    doubling_allowance,
+    first_batch_size,
+)
 from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.state import IterationStats, ModelState
@@ -319,7 +323,8 @@ class Coordinator:
         self.converged = (
             b == n_now and n_new == 0 and not lost and n_changed == 0 and not self.p.any()
         )
-        self._grow = KMeansAlgorithm._doubling_test(self, self.rho)  # the same rule
+        allowed = doubling_allowance(self.initial_batch_size, self.n_clusters)
+        self._grow = KMeansAlgorithm._doubling_test(self, self.rho, allowed)  # the same rule
         self._covered_all = b == n_now
         self._regrow_to = 0
         n_possible = b * self.n_clusters
