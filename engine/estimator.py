@@ -32,7 +32,8 @@ n_clusters : int, default=8
 rho : float, default=100.0
     Doubling threshold: the nested batch doubles (``b <- min(2b, N)``) when, for every
     cluster, the standard error of its centroid is more than ``rho`` times the distance
-    the centroid just moved. Large values (the paper uses 100) keep the batch small for
+    the centroid just moved (where the first batch is raised to ``20 k``, for all but
+    5% of the clusters). Large values (the paper uses 100) keep the batch small for
     longer. Used by ``nmbatch`` and ``nmbatch.deact``.
 batch_size : int, default=5000
     Initial batch size ``b_0`` (nested algorithms: at least ``20 k``) or the fixed

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmbatch.engine import energy
+from nmbatch.engine import NestedBatchStore, energy
 from nmbatch.engine.bench import datasets, peers, protocol, report
 from nmbatch.engine.bench.protocol import Budget, Curve, Snapshot
 
@@ -265,3 +265,37 @@ def test_target_check_reports_met_and_not_met_with_ratios() -> None:
     lines = report.target_check(_summary(1.0, 1.2, 2.0))
     assert "**not met** (2.00x)" in lines[0] and "**not met** (1.20x)" in lines[2]
     assert "nmbatch never reached" in report.target_check(_summary(None, 1.0, 1.0))[0]
+
+
+def _final_centroids(runner, problem: protocol.Problem) -> np.ndarray:
+    last = None
+    for snap in runner(problem, Budget(60.0, 40)):
+        last = snap.centroids.copy()
+    return last
+
+
+def test_nmbatch_strict_is_nmbatch_with_the_papers_doubling_test() -> None:
+    from nmbatch.engine import make_algorithm
+    from nmbatch.engine.bench.ours import run_ours
+
+    ds = datasets.make_blobs(n_train=4000, n_test=100, dim=6, centers=40, seed=2)
+    problem = protocol.shuffled_problem(ds.train, 2, 60, batch_size=300)  # 20 k > 300
+
+    def direct(tolerance: float | None) -> np.ndarray:
+        store = NestedBatchStore(problem.train.shape[1], seed=problem.seed)
+        store.append(problem.train)
+        algo = make_algorithm("nmbatch", store, problem.k, init=problem.init,
+                              rho=problem.rho, batch_size=problem.batch_size,
+                              random_state=problem.seed)
+        if tolerance is not None:
+            algo.doubling_tolerance = tolerance
+        for _ in range(40):
+            if algo.step().converged:
+                break
+        return algo.centroids
+
+    strict = _final_centroids(run_ours("nmbatch.strict"), problem)
+    tolerant = _final_centroids(run_ours("nmbatch"), problem)
+    assert np.array_equal(strict, direct(0.0))
+    assert np.array_equal(tolerant, direct(None))
+    assert not np.array_equal(strict, tolerant)  # the tolerance changed the run

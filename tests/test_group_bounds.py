@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from nmbatch.engine import NestedBatchStore, NestedMiniBatchKMeans, make_algorithm
+from nmbatch.engine.algorithms import DENSE_REVISIT_FRACTION, DENSE_REVISIT_FRACTION_GROUPED
 from nmbatch.engine.algorithms.bounds import (
     FULL_BOUNDS_BUDGET,
     MAX_GROUPS,
@@ -491,3 +492,28 @@ def test_auto_switches_from_full_to_group_bounds_past_its_budget():
             break
     assert modes[0] == ("full", k) and modes[-1] == ("group", 30)
     assert auto.batch_size > b_first  # the switch came with the batch's growth
+
+
+@pytest.mark.parametrize(("mode", "default"), [
+    ("full", DENSE_REVISIT_FRACTION), ("group", DENSE_REVISIT_FRACTION_GROUPED),
+    ("hamerly", DENSE_REVISIT_FRACTION_GROUPED),
+])
+def test_the_default_dense_revisit_fraction_follows_the_bound_mode(mode, default):
+    assert DENSE_REVISIT_FRACTION_GROUPED < DENSE_REVISIT_FRACTION
+
+    def run(fraction):
+        X = blobs(3_000, 4, 40, seed=8, spread=2.0, separation=4.0)
+        algo = make_algorithm("nmbatch", filled_store(X, seed=3), 80, rho=5.0,
+                              batch_size=200, bounds=mode)  # fmt: skip
+        algo.dense_revisit_fraction = fraction
+        steps = []
+        for _ in range(40):
+            stats = algo.step()
+            steps.append((stats.n_distances, algo.centroids.tobytes()))
+            if stats.converged:
+                break
+        return steps
+
+    assert run(None) == run(default)
+    other = -1.0 if mode == "full" else np.inf  # every listed row by BLAS / none
+    assert [n for n, _ in run(None)] != [n for n, _ in run(other)]  # the choice matters

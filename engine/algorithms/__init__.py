@@ -15,7 +15,11 @@ import numpy as np
 from nmbatch.engine.algorithms.base import SPAN_PRODUCT_RATIO, KMeansAlgorithm
 from nmbatch.engine.algorithms.baselines import Lloyd, MiniBatch
 from nmbatch.engine.algorithms.bounds import BOUND_MODES, check_bound_mode
-from nmbatch.engine.algorithms.nested import DENSE_REVISIT_FRACTION, NestedMiniBatch
+from nmbatch.engine.algorithms.nested import (
+    DENSE_REVISIT_FRACTION,
+    DENSE_REVISIT_FRACTION_GROUPED,
+    NestedMiniBatch,
+)
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore
 
@@ -23,6 +27,7 @@ __all__ = [
     "ALGORITHMS",
     "BOUND_MODES",
     "DENSE_REVISIT_FRACTION",
+    "DENSE_REVISIT_FRACTION_GROUPED",
     "SPAN_PRODUCT_RATIO",
     "IterationStats",
     "KMeansAlgorithm",

@@ -299,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     args.max_iter = args.max_iter or (300 if quick else 100_000)
     args.warmup = args.warmup if args.warmup is not None else (0.05 if quick else 0.5)
     args.rho_slices = args.rho_slices or ("0.05,0.2" if quick else "2,10")
-    names = list(_all_names()) if args.algorithms is None else [
+    from nmbatch.engine.bench.ours import VARIANTS
+
+    default = [n for n in _all_names() if n not in VARIANTS]
+    names = default if args.algorithms is None else [
         n.strip() for n in args.algorithms.split(",") if n.strip()
     ]
     from nmbatch.engine.bench.ray_runner import is_ray_name

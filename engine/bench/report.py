@@ -33,7 +33,8 @@ __all__ = [
 ]
 
 # The algorithm names results.json may contain, in table order: ours, then the peers.
-RESULT_NAMES = (*ALGORITHMS, *PEERS)
+# nmbatch.strict: nmbatch with the paper's doubling test (bench only, .ours.VARIANTS).
+RESULT_NAMES = (*ALGORITHMS, "nmbatch.strict", *PEERS)
 
 
 def write_json(path: Path, obj: Any) -> None:
