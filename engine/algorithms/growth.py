@@ -14,11 +14,13 @@ lower, in each of three seeds; on patches at ``k = 256`` a larger ``c`` than 20 
 higher in both seeds, and at ``k = 1,024`` the seeds disagreed.
 ``per_cluster = 0`` gives the paper's rule.
 
-The doubling rule's guard (a cluster with ``v(j) = 1`` and ``p(j) > 0`` blocks doubling,
-:meth:`~nmbatch.engine.algorithms.base.KMeansAlgorithm._doubling_test`) is left as it
-is: on patches at ``k = 1,024`` with ``b_0 = 20 k`` it never blocked a doubling that the
-ratio test would have allowed (40 to 150 steps); what keeps the batch from growing at
-large ``k`` is the ratio test itself (no doubling in 40 steps, two in 150).
+The doubling rule's guard (a cluster with ``v(j) = 1`` and ``p(j) > 0`` fails the test,
+:meth:`~nmbatch.engine.algorithms.base.KMeansAlgorithm._doubling_test`) is kept: on
+patches at ``k = 1,024`` with ``b_0 = 20 k`` it never blocked a doubling that the ratio
+test would have allowed (40 to 150 steps); what kept the batch from growing at large
+``k`` was the ratio test itself (no doubling in 40 steps, two in 150), hence the
+tolerance of :func:`doubling_allowance`, under which such a cluster counts as one of
+the failing clusters.
 """
 
 from __future__ import annotations
