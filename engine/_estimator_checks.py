@@ -161,6 +161,9 @@ def check_params(params: dict[str, Any]) -> None:
             raise ValueError(f"{name} must be an int >= 1, got {params[name]!r}")
     if not isinstance(params.get("relocate_empty", True), bool):
         raise ValueError(f"relocate_empty must be a bool, got {params['relocate_empty']!r}")
+    swap = params.get("swap_clusters", "auto")
+    if not (isinstance(swap, bool) or swap == "auto"):
+        raise ValueError(f'swap_clusters must be "auto" or a bool, got {swap!r}')
     check_bound_mode(params.get("bounds", "auto"))
     check_threads(params.get("n_threads"))
     check_backend(params)

@@ -81,6 +81,14 @@ max_samples : int or None, default=None
     Size of the window or the reservoir, or the capacity; at least ``n_clusters``.
 max_age_seconds : float or None, default=None
     Age limit of ``retention="age"``.
+swap_clusters : {"auto"} or bool, default="auto"
+    After each update (``nmbatch``), the cluster cheapest to merge into its nearest
+    neighbour leaves its place to split the cluster whose 2-means split gains most, when
+    the gain exceeds the cost, so the batch's energy falls (a local-search swap; votes
+    move exactly; ``nmbatch.engine.algorithms.swap``). It lets a window follow a
+    distribution that moves: clusters of the old one no longer hold centroids while the
+    new one is crowded under too few. ``"auto"``: on with ``retention`` ``"window"`` or
+    ``"age"``, off otherwise (the paper's algorithm).
 bounds : {"auto", "full", "group", "hamerly"}, default="auto"
     Lower bounds each sample keeps (``nmbatch``): one per centroid (4k bytes per sample),
     one per group of about ten centroids, or one; ``auto``: full while k <= max(d, 256)
@@ -181,6 +189,7 @@ from nmbatch.engine._estimator_checks import (
 )
 from nmbatch.engine._estimator_use import ModelUseMixin
 from nmbatch.engine.algorithms import IterationStats, make_algorithm
+from nmbatch.engine.algorithms.swap import swap_wanted
 from nmbatch.engine.assign import nearest
 from nmbatch.engine.retention import RetentionPolicy, feed, make_retention
 from nmbatch.engine.state import ModelState
@@ -215,6 +224,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
         max_samples: int | None = None,
         max_age_seconds: float | None = None,
         relocate_empty: bool = True,
+        swap_clusters: bool | str = "auto",
         bounds: str = "auto",
         backend: str = "local",
         n_shards: int = 2,
@@ -233,6 +243,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
         self.max_samples = max_samples
         self.max_age_seconds = max_age_seconds
         self.relocate_empty = relocate_empty
+        self.swap_clusters = swap_clusters
         self.bounds = bounds
         self.backend = backend
         self.n_shards = n_shards
@@ -301,6 +312,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
             random_state=seed,
             relocate_empty=bool(self.relocate_empty),
             bounds=self.bounds,
+            swap=swap_wanted(self.swap_clusters, self.retention),
         )
 
     def _publish(
@@ -387,6 +399,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
             self.max_samples,
             self.max_age_seconds,
             self.relocate_empty,
+            self.swap_clusters,
             self.bounds,
         )
 

@@ -87,7 +87,9 @@ class EngineConfig:
 
     ``threads`` bounds BLAS and numba in the engine's process; ``nice`` is the
     niceness of the child process (0: unchanged; unused in the thread); ``idle`` puts
-    the child in Linux's ``SCHED_IDLE`` class (see :func:`lower_priority`).
+    the child in Linux's ``SCHED_IDLE`` class (see :func:`lower_priority`); ``swap``
+    turns on nmbatch's cluster swaps (``nmbatch.engine.algorithms.swap``), which the
+    worker asks for with the retentions that follow a moving stream.
     """
 
     dim: int
@@ -99,6 +101,7 @@ class EngineConfig:
     threads: int = 1
     nice: int = 0
     idle: bool = False
+    swap: bool = False
 
 
 class StoreView(Protocol):
@@ -170,6 +173,7 @@ def _build(config: EngineConfig) -> tuple[NestedBatchStore, KMeansAlgorithm]:
         rho=config.rho,
         batch_size=config.batch_size,
         random_state=config.seed,
+        swap=config.swap,
     )
     return store, algo
 

@@ -119,7 +119,10 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
       centroids in force during the step, ties to the lowest index; except a row an
       empty cluster took after the update (``relocate_empty``): then it is the only
       sample of its cluster, whose centroid is the row itself, and there are as many
-      such rows as the step says it relocated;
+      such rows as the step says it relocated; and except the rows a cluster swap moved
+      (``last_swaps``, :mod:`nmbatch.engine.algorithms.swap`): each is labelled with the
+      swap's ``into`` (it came from ``merged``) or ``merged`` (it came from ``split``),
+      and no row moved twice;
     - with bounds (``lower_bounds()`` non-empty): ``l(i, j) <= ||x(i) - c_before(j)||`` and
       ``l(i, j) - p(j) <= ||x(i) - c_new(j)||``, in float64.
     """
@@ -153,6 +156,14 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
         moved = alone & (labels != ref)
         assert int(moved.sum()) <= relocated <= int(alone.sum())
         check &= ~alone
+    swapped = [] if not hasattr(algo, "last_swaps") else algo.last_swaps
+    moved_rows = np.concatenate([s.rows for s in swapped]) if swapped else np.empty(0, int)
+    assert np.unique(moved_rows).shape[0] == moved_rows.shape[0], "a row moved twice"
+    for s in swapped:
+        n_merged = int(np.count_nonzero(labels[s.rows] == s.into))
+        assert n_merged + int(np.count_nonzero(labels[s.rows] == s.merged)) == s.rows.shape[0]
+        assert algo.v[s.merged] >= 1 and algo.v[s.split] >= 1
+    check[moved_rows] = False
     if check.any():
         ref, _ = brute_nearest(X[check], before.centroids)
         np.testing.assert_array_equal(labels[check], ref)

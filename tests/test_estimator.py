@@ -167,6 +167,7 @@ def test_get_params_set_params_and_repr():
         "random_state": 7,
         "ray_address": None,
         "relocate_empty": True,
+        "swap_clusters": "auto",
         "retention": "all",
         "rho": 100.0,
     }

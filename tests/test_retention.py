@@ -244,7 +244,7 @@ def retire_checked(algo, **kwargs) -> None:
     check_retire_invariants(algo, before, gone)
 
 
-@pytest.mark.parametrize("name", FORGETTING)
+@pytest.mark.parametrize("name", [*FORGETTING, "nmbatch+swap"])
 @settings(max_examples=8, deadline=None)
 @given(
     seed=st.integers(0, 2**16),
@@ -257,8 +257,9 @@ def test_invariants_hold_with_arrivals_retirements_and_steps_interleaved(name, s
     k = 4
     X = blobs(2000, 3, 5, seed=seed, spread=1.5, separation=5.0)
     store = NestedBatchStore(3, seed=seed, capacity=8)
-    algo = make_algorithm(name, store, k, init="first", batch_size=30, rho=5.0,
-                          random_state=seed)
+    swap = name.endswith("+swap")  # cluster swaps (engine.algorithms.swap) on
+    algo = make_algorithm(name.removesuffix("+swap"), store, k, init="first", batch_size=30,
+                          rho=5.0, random_state=seed, **({"swap": True} if swap else {}))
     rng = np.random.default_rng(seed)
     start = 0
     store.append(X[:40])

@@ -52,6 +52,7 @@ def make_algorithm(
     random_state: int | None = None,
     relocate_empty: bool = True,
     bounds: str = "auto",
+    swap: bool = False,
 ) -> KMeansAlgorithm:
     """Build the algorithm ``name`` (one of ``ALGORITHMS``) on ``store``.
 
@@ -59,6 +60,10 @@ def make_algorithm(
     farthest sample of the batch (:mod:`.relocation`; nmbatch, nmbatch.deact, elkan and
     lloyd); False keeps its centroid where it was (the paper's protocol). mbatch and
     mbatch.remove keep theirs (running averages of sampled assignments).
+
+    ``swap`` (nmbatch): after each update, a starving cluster leaves its place to split
+    the cluster whose split gains most, when that lowers the batch's energy
+    (:mod:`.swap`; for windows that follow a moving distribution).
 
     ``bounds`` (nmbatch): the lower bounds each sample keeps, one of ``BOUND_MODES``:
     ``"full"`` (one per centroid, the paper's), ``"group"`` (one per group of about ten
@@ -70,7 +75,9 @@ def make_algorithm(
     common = {"init": init, "batch_size": batch_size, "random_state": random_state}
     moving = {**common, "relocate_empty": relocate_empty}
     if name == "nmbatch":
-        return NestedMiniBatch(store, n_clusters, rho=rho, bound_mode=bounds, **moving)
+        return NestedMiniBatch(
+            store, n_clusters, rho=rho, bound_mode=bounds, swap=swap, **moving
+        )
     if name == "nmbatch.deact":
         return NestedMiniBatch(store, n_clusters, rho=rho, bounds=False, **moving)
     if name == "elkan":

@@ -21,6 +21,7 @@ from nmbatch.engine.algorithms.growth import (
     first_batch_size,
 )
 from nmbatch.engine.algorithms.relocation import relocate_empty
+from nmbatch.engine.algorithms.swap import Swap, swap_clusters
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.state import IterationStats
@@ -62,6 +63,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         bounds: bool = True,
         full: bool = False,
         relocate_empty: bool = True,
+        swap: bool = False,
         bound_mode: str = "full",
         **kwargs,
     ) -> None:
@@ -72,6 +74,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.bounds = bool(bounds)
         self.full = bool(full)
         self.relocate_empty = bool(relocate_empty)
+        self.swap = bool(swap)
         # None: DENSE_REVISIT_FRACTION with full bounds, else ..._GROUPED.
         self.dense_revisit_fraction: float | None = None
         self.b0_per_cluster = B0_PER_CLUSTER  # b_0 >= this times k (.growth)
@@ -84,6 +87,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self._covered_all = False
         self._regrow_to = 0
         self.n_relocated = 0  # empty clusters given a sample by the last step
+        self.last_swaps: list[Swap] = []  # the swaps the last step made (.swap)
         self._xx = np.empty(0, dtype=np.float64)  # ||x(i)||^2 of the prefix rows
         self._bound_request = "full" if full else bound_mode
         self._bk = make_bounds(self._bound_request, self.n_clusters, self.dim)
@@ -185,6 +189,16 @@ class NestedMiniBatch(KMeansAlgorithm):
             group_lower=self._bk.relocation_bounds(self._lower) if self.bounds else None,
         )  # fmt: skip
 
+    def _swap(self, data: np.ndarray, b: int, C_prev: np.ndarray) -> list[Swap]:
+        """Starving clusters leave to split the clusters that gain most, where that
+        lowers the energy (:mod:`.swap`)."""
+        return swap_clusters(
+            data, b, labels=self._labels, norms=self._xx, S=self.S, v=self.v, Q=self.Q,
+            sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
+            upper=self._upper if self.bounds else None,
+            group_lower=self._bk.relocation_bounds(self._lower) if self.bounds else None,
+        )  # fmt: skip
+
     def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
         b_old = self.batch_size
         out = super().retire(ids=ids, before=before)
@@ -277,7 +291,9 @@ class NestedMiniBatch(KMeansAlgorithm):
         n_relocated = self._relocate(data, b, C_prev) if self.relocate_empty else 0
         self.n_relocated = n_relocated
         n_changed += n_relocated
-        if n_relocated:
+        self.last_swaps = self._swap(data, b, C_prev) if self.swap else []
+        n_changed += sum(int(s.rows.shape[0]) for s in self.last_swaps)
+        if n_relocated or self.last_swaps:
             self.counts = self.v.copy()
         self.iteration += 1
         # A fixed point: every sample of the store in the batch, no label changed, and the

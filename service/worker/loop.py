@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from nmbatch.engine.algorithms.swap import swap_wanted
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.service.config import Settings
@@ -304,7 +305,8 @@ class Worker(EngineRecovery):
         s = self.settings
         config = EngineConfig(self.dim, s.k, s.init, s.rho, s.batch_size, s.seed,
                               threads=s.worker_threads, nice=self.engine_nice,
-                              idle=self.engine_nice > 0)  # fmt: skip
+                              idle=self.engine_nice > 0,
+                              swap=swap_wanted("auto", s.retention))  # fmt: skip
         self._close_engine()
         self.phase = Phase.STARTING_ENGINE
         if s.ray_address is None:
