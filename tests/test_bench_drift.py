@@ -20,6 +20,7 @@ from nmbatch.engine.bench.drift import gaussian_stream, mnist_stream
 from nmbatch.engine.bench.drift_peers import (
     METHODS,
     SparkDecay,
+    make_method,
     river_check,
     river_halflife,
     spark_decay_factor,
@@ -64,6 +65,18 @@ def test_quick_run_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     assert "## Target check" in md and "spark-decay (numpy re-implementation)" in md
     assert "CPU:" in md
     assert (out / "drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_noswap_variant_is_the_window_without_cluster_swaps() -> None:
+    rows = np.random.default_rng(0).normal(size=(600, 3)).astype(np.float32)
+    swaps = {}
+    for name in ("nmbatch.window", "nmbatch.window.noswap", "nmbatch.age"):
+        m = make_method(name, k=4, window=400, chunk=200, rate=1000.0, seed=0)
+        for start in range(0, 600, 200):
+            m.update(rows[start : start + 200], start / 1000.0)
+        swaps[name] = m.est._algorithm.swap
+        assert m.diagnostics()["retained"] == 400
+    assert swaps == {"nmbatch.window": True, "nmbatch.window.noswap": False, "nmbatch.age": True}
 
 
 def _near(rows: np.ndarray, means: np.ndarray, tol: float) -> bool:

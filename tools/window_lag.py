@@ -120,7 +120,8 @@ def run(cfg: dict, k: int, mode: str) -> dict:
     stream = MixtureStream(cfg["d"], k, W, cfg["drift"], cfg["seed"])
     store = NestedBatchStore(cfg["d"], seed=cfg["seed"])
     algo = make_algorithm("nmbatch", store, k, init="k-means++", batch_size=cfg["batch_size"],
-                          rho=100, random_state=cfg["seed"])  # fmt: skip
+                          rho=100, random_state=cfg["seed"],
+                          swap=cfg.get("swap", True))  # fmt: skip
     policy = WindowRetention(W)
     t = time.perf_counter()
     for start in range(0, W, 1 << 18):
@@ -323,6 +324,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0)
     add("--warm-seconds", type=float, default=300.0, help="warm-up at most")
     add("--threads", type=int, default=1, help="BLAS and numba threads")
+    add("--no-swap", dest="swap", action="store_false",
+        help="without cluster swaps (the service makes them with a window)")
     add("--note", default="", help="a paragraph added to results.md")
     return p
 
@@ -335,7 +338,7 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     cfg = {name: getattr(args, name) for name in ("window", "d", "rate", "duration", "drift",
-           "batch_size", "seed", "warm_seconds")}  # fmt: skip
+           "batch_size", "seed", "warm_seconds", "swap")}  # fmt: skip
     cfg["entry"] = args.entry or CHUNK_BYTES // (4 * args.d)
     doc = {"command": "python -m tools.window_lag " + shlex.join(argv),
            "started": time.strftime("%Y-%m-%d %H:%M %Z"), "threads": args.threads,

@@ -7,10 +7,11 @@ float64, the model it serves now). The benchmark times ``update`` only.
 - ``nmbatch.window`` / ``nmbatch.age``: ``NestedMiniBatchKMeans(retention="window",
   max_samples=W)`` / ``(retention="age", max_age_seconds=(W - chunk/2) / rate)``, one
   ``partial_fit(X, now=now)`` per chunk (its defaults otherwise: ``rho = 100``, initial
-  batch 5,000, k-means++ on the first batch). Chunk times are multiples of
+  batch 5,000, k-means++ on the first batch, cluster swaps on). Chunk times are multiples of
   ``chunk / rate``, so the age window holds the last ``W`` samples when ``chunk``
   divides ``W``, like ``window``; the half chunk keeps the comparison ``t + age <= now``
-  off the floating-point tie at exactly ``W / rate``.
+  off the floating-point tie at exactly ``W / rate``. ``nmbatch.window.noswap``: the
+  window with ``swap_clusters=False``, to show what the swaps do in the same run.
 - ``sklearn.minibatch``: ``MiniBatchKMeans(n_init=1).partial_fit(X)`` per chunk (k-means++
   on the first chunk, its default reassignment of small clusters; it never forgets).
 - ``spark-decay``: the update rule of Spark MLlib's ``StreamingKMeansModel.update``
@@ -50,7 +51,14 @@ __all__ = [
     "warm_up",
 ]
 
-METHODS = ("nmbatch.window", "nmbatch.age", "sklearn.minibatch", "spark-decay", "river.kmeans")
+METHODS = (
+    "nmbatch.window",
+    "nmbatch.age",
+    "nmbatch.window.noswap",
+    "sklearn.minibatch",
+    "spark-decay",
+    "river.kmeans",
+)
 
 
 def _seed_centroids(X: np.ndarray, k: int, seed: int) -> np.ndarray:
@@ -66,12 +74,19 @@ class NmbatchStream:
     per chunk. ``batch_size`` and ``empty`` (clusters with no vote) describe the last step."""
 
     def __init__(
-        self, retention: str, k: int, window: int, rate: float, seed: int, chunk: int
+        self,
+        retention: str,
+        k: int,
+        window: int,
+        rate: float,
+        seed: int,
+        chunk: int,
+        swap: bool = True,
     ) -> None:
         from nmbatch.engine import NestedMiniBatchKMeans
 
         age = retention == "age"
-        self.name = f"nmbatch.{retention}"
+        self.name = f"nmbatch.{retention}" + ("" if swap else ".noswap")
         self.batch_size = 0
         self.empty = 0
         self.est = NestedMiniBatchKMeans(
@@ -80,6 +95,7 @@ class NmbatchStream:
             retention=retention,
             max_samples=None if age else window,
             max_age_seconds=(window - chunk / 2) / rate if age else None,
+            swap_clusters=swap,
             callback=self._watch,
         )
 
@@ -274,8 +290,9 @@ def river_check(X: np.ndarray, chunk: int, k: int, window: int, seed: int) -> di
 def make_method(name: str, *, k: int, window: int, chunk: int, rate: float, seed: int) -> Any:
     """One of :data:`METHODS`, fresh, for a window of ``W`` samples fed in chunks of
     ``chunk`` at ``rate`` samples per second of the stream clock."""
-    if name in ("nmbatch.window", "nmbatch.age"):
-        return NmbatchStream(name.split(".")[1], k, window, rate, seed, chunk)
+    if name in ("nmbatch.window", "nmbatch.age", "nmbatch.window.noswap"):
+        swap = not name.endswith(".noswap")
+        return NmbatchStream(name.split(".")[1], k, window, rate, seed, chunk, swap)
     if name == "sklearn.minibatch":
         return SklearnMiniBatch(k, seed)
     if name == "spark-decay":

@@ -31,6 +31,7 @@ __all__ = [
 _LABELS = {
     "nmbatch.window": "nmbatch window",
     "nmbatch.age": "nmbatch age",
+    "nmbatch.window.noswap": "nmbatch window without cluster swaps (swap_clusters=False)",
     "sklearn.minibatch": "sklearn MiniBatchKMeans.partial_fit",
     "spark-decay": "spark-decay (numpy re-implementation)",
     "river.kmeans": "river cluster.KMeans",
