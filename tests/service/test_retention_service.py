@@ -105,6 +105,7 @@ def test_window_keeps_the_last_samples_trims_the_log_and_restarts_exactly(
         assert doc["retention"] == "window"
         rows = _retained(client)[1]
         assert np.array_equal(rows, X[-W:])  # ids count from the log's first entry
+        assert client.app.state.context.worker.engine._algo.swap  # swaps follow the window
         _assert_centroids_are_cell_means(doc, rows)
         logged = logged_samples(redis_client, model_name)
         assert logged.shape[0] == W and np.array_equal(logged, X[-W:])  # whole entries trimmed
@@ -186,6 +187,7 @@ def test_reservoir_compacts_the_log_and_restarts_exactly(
         ids, rows = _retained(client)
         assert np.array_equal(rows, X[ids])  # ids are positions in the stream
         assert sorted(worker.retention.policy.slots.tolist()) == ids.tolist()
+        assert not worker.engine._algo.swap  # a reservoir is all history: no swaps
         _assert_centroids_are_cell_means(doc, rows)
         generation = int(redis_client.hget(keys.meta, "base_generation"))
         assert generation >= 3
