@@ -66,8 +66,8 @@ _CHUNK = 16_384
 
 
 class Swap(NamedTuple):
-    """Cluster ``merged`` joined ``into``, then took the rows ``taken`` of ``split``;
-    ``rows`` (int64) are every row moved (those of ``merged``, then ``taken``)."""
+    """Cluster ``merged`` joined ``into`` (all its rows), then took the second part of
+    ``split``; ``rows`` (int64): every row moved, those of ``merged`` first."""
 
     merged: int
     into: int
@@ -83,7 +83,9 @@ def swap_wanted(swap_clusters: bool | str, retention: str) -> bool:
     return bool(swap_clusters)
 
 
-def merge_costs(S: np.ndarray, v: np.ndarray, candidates: int = MERGE_CANDIDATES):
+def merge_costs(
+    S: np.ndarray, v: np.ndarray, candidates: int = MERGE_CANDIDATES
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ward's merge cost of the non-empty clusters with the smallest ``v``.
 
     Returns ``(j, l, cost)``: ``(c,)`` int64 clusters, their cheapest partners, and the
