@@ -299,3 +299,25 @@ def test_nmbatch_strict_is_nmbatch_with_the_papers_doubling_test() -> None:
     assert np.array_equal(strict, direct(0.0))
     assert np.array_equal(tolerant, direct(None))
     assert not np.array_equal(strict, tolerant)  # the tolerance changed the run
+
+
+def test_nmbatch_swap_is_nmbatch_with_cluster_swaps() -> None:
+    from nmbatch.engine import make_algorithm
+    from nmbatch.engine.bench.ours import run_ours
+
+    ds = datasets.make_blobs(n_train=4000, n_test=100, dim=6, centers=40, seed=2)
+    problem = protocol.shuffled_problem(ds.train, 2, 60, batch_size=300)
+    store = NestedBatchStore(problem.train.shape[1], seed=problem.seed)
+    store.append(problem.train)
+    algo = make_algorithm("nmbatch", store, problem.k, init=problem.init, rho=problem.rho,
+                          batch_size=problem.batch_size, random_state=problem.seed,
+                          swap=True)  # fmt: skip
+    swaps = 0
+    for _ in range(40):
+        stats = algo.step()
+        swaps += len(algo.last_swaps)
+        if stats.converged:
+            break
+    assert swaps > 0
+    assert np.array_equal(_final_centroids(run_ours("nmbatch.swap"), problem), algo.centroids)
+    assert not np.array_equal(_final_centroids(run_ours("nmbatch"), problem), algo.centroids)

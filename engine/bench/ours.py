@@ -25,10 +25,16 @@ __all__ = ["OURS", "jit_warmup", "run_ours"]
 
 OURS = (
     "nmbatch", "nmbatch.deact", "mbatch", "mbatch.remove", "lloyd", "elkan", "nmbatch.strict",
+    "nmbatch.swap",
 )
 # Bench-only variants: (algorithm, attributes set on it). nmbatch.strict: the paper's
 # doubling test, every moved cluster must pass (.growth.doubling_allowance: none).
-VARIANTS = {"nmbatch.strict": ("nmbatch", {"doubling_tolerance": 0.0})}
+# nmbatch.swap: nmbatch with cluster swaps (.algorithms.swap; the default only under a
+# window or age retention).
+VARIANTS = {
+    "nmbatch.strict": ("nmbatch", {"doubling_tolerance": 0.0}),
+    "nmbatch.swap": ("nmbatch", {"swap": True}),
+}
 
 
 def run_ours(name: str, rho: float | None = None) -> Runner:
