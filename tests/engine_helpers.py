@@ -149,15 +149,16 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
     old = np.full(b, -1, dtype=labels.dtype)
     old[: before.labels.shape[0]] = before.labels
     check = np.ones(b, dtype=bool) if all_revisited else old != labels
+    swapped = [] if not hasattr(algo, "last_swaps") else algo.last_swaps
+    moved_rows = np.concatenate([s.rows for s in swapped]) if swapped else np.empty(0, int)
     relocated = getattr(algo, "n_relocated", 0)  # empty clusters given a sample by the step
     if relocated:
         alone = (algo.v[labels] == 1) & (algo.centroids[labels] == X).all(axis=1)
+        alone[moved_rows] = False  # a swap's one-row part is not a relocation
         ref, _ = brute_nearest(X, before.centroids)
         moved = alone & (labels != ref)
         assert int(moved.sum()) <= relocated <= int(alone.sum())
         check &= ~alone
-    swapped = [] if not hasattr(algo, "last_swaps") else algo.last_swaps
-    moved_rows = np.concatenate([s.rows for s in swapped]) if swapped else np.empty(0, int)
     assert np.unique(moved_rows).shape[0] == moved_rows.shape[0], "a row moved twice"
     for s in swapped:
         n_merged = int(np.count_nonzero(labels[s.rows] == s.into))

@@ -189,14 +189,18 @@ class NestedMiniBatch(KMeansAlgorithm):
             group_lower=self._bk.relocation_bounds(self._lower) if self.bounds else None,
         )  # fmt: skip
 
-    def _swap(self, data: np.ndarray, b: int, C_prev: np.ndarray) -> list[Swap]:
+    def _swap(
+        self, data: np.ndarray, b: int, C_prev: np.ndarray, relocated: np.ndarray
+    ) -> list[Swap]:
         """Starving clusters leave to split the clusters that gain most, where that
-        lowers the energy (:mod:`.swap`)."""
+        lowers the energy (:mod:`.swap`); the clusters ``relocated`` (bool by cluster) just
+        got their sample and sit this step out."""
         return swap_clusters(
             data, b, labels=self._labels, norms=self._xx, S=self.S, v=self.v, Q=self.Q,
             sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
             upper=self._upper if self.bounds else None,
             group_lower=self._bk.relocation_bounds(self._lower) if self.bounds else None,
+            frozen=relocated,
         )  # fmt: skip
 
     def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
@@ -288,10 +292,12 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.batch_size = b
         C_prev = self.centroids
         self._update_centroids()
+        was_empty = self.v == 0
         n_relocated = self._relocate(data, b, C_prev) if self.relocate_empty else 0
         self.n_relocated = n_relocated
         n_changed += n_relocated
-        self.last_swaps = self._swap(data, b, C_prev) if self.swap else []
+        relocated = was_empty & (self.v > 0)
+        self.last_swaps = self._swap(data, b, C_prev, relocated) if self.swap else []
         n_changed += sum(int(s.rows.shape[0]) for s in self.last_swaps)
         if n_relocated or self.last_swaps:
             self.counts = self.v.copy()

@@ -232,9 +232,12 @@ def swap_clusters(
     upper: np.ndarray | None = None,
     group_lower: tuple[np.ndarray, np.ndarray] | None = None,
     max_swaps: int = MAX_SWAPS,
+    frozen: np.ndarray | None = None,
 ) -> list[Swap]:
     """Swaps on the batch ``[0, b)`` (module docstring), each on clusters no earlier swap
     of the call touched, until none lowers the energy or ``max_swaps``; returns them.
+    ``frozen`` (``(k,)`` bool or None): clusters left out (those the step's relocation
+    just gave a sample).
 
     Arguments as :func:`.relocation.relocate_empty` (``C`` the updated centroids, the
     means of the non-empty clusters; ``sse`` with the centroids ``C_prev``).
@@ -242,7 +245,7 @@ def swap_clusters(
     done: list[Swap] = []
     if sse is None:
         return done
-    free = np.ones(v.shape[0], dtype=bool)
+    free = np.ones(v.shape[0], dtype=bool) if frozen is None else ~frozen
     while len(done) < max_swaps:
         swap = _one_swap(data, b, free, labels=labels, norms=norms, S=S, v=v, Q=Q,
                          C_prev=C_prev, upper=upper, group_lower=group_lower)  # fmt: skip
