@@ -26,9 +26,11 @@ previous centroid (rounded down).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
-__all__ = ["farthest_first", "relocate_empty"]
+__all__ = ["farthest_first", "refresh_moved", "relocate_empty"]
 
 _CHUNK = 16_384  # rows per block of the exact distance pass
 MAXIMIN_WORK = 2e9
@@ -153,7 +155,17 @@ def relocate_empty(
         dist2[row] = 0.0
         if maximin:  # the next choice sees the sample as a centroid already
             _closer_to(dist2, data, b, x)
-    for c in sorted(changed):
+    refresh_moved(sorted(changed), S=S, v=v, Q=Q, sse=sse, C=C, C_prev=C_prev, p=p)
+    return moved
+
+
+def refresh_moved(clusters: Iterable[int], *, S: np.ndarray, v: np.ndarray, Q: np.ndarray,
+                  sse: np.ndarray | None, C: np.ndarray, C_prev: np.ndarray,
+                  p: np.ndarray) -> None:  # fmt: skip
+    """After votes moved between ``clusters`` (iterable of ints): each non-empty one's
+    centroid is its mean again, ``p`` its whole move since ``C_prev`` (rounded up), and
+    ``sse`` (if given) its sum under ``C_prev``, from the sums."""
+    for c in clusters:
         if v[c] > 0:
             C[c] = (S[c] / v[c]).astype(np.float32)
         step = C[c].astype(np.float64) - C_prev[c].astype(np.float64)
@@ -161,4 +173,3 @@ def relocate_empty(
         if sse is not None:
             old = C_prev[c].astype(np.float64)
             sse[c] = max(Q[c] - 2.0 * (old @ S[c]) + v[c] * (old @ old), 0.0)
-    return moved

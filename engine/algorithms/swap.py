@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from nmbatch.engine.algorithms.relocation import _LOWER_SAFETY, _SAFETY
+from nmbatch.engine.algorithms.relocation import _LOWER_SAFETY, _SAFETY, refresh_moved
 
 __all__ = [
     "SPLIT_ROWS",
@@ -252,13 +252,8 @@ def swap_clusters(
         if swap is None:
             break
         done.append(swap)
-        for c in swap[:3]:
-            free[c] = False
-            C[c] = (S[c] / v[c]).astype(np.float32)
-            step = C[c].astype(np.float64) - C_prev[c].astype(np.float64)
-            p[c] = float(np.sqrt(step @ step)) * _SAFETY
-            old = C_prev[c].astype(np.float64)
-            sse[c] = max(Q[c] - 2.0 * (old @ S[c]) + v[c] * (old @ old), 0.0)
+        free[list(swap[:3])] = False
+        refresh_moved(swap[:3], S=S, v=v, Q=Q, sse=sse, C=C, C_prev=C_prev, p=p)
     return done
 
 
