@@ -87,8 +87,10 @@ swap_clusters : {"auto"} or bool, default="auto"
     the gain exceeds the cost, so the batch's energy falls (a local-search swap; votes
     move exactly; ``nmbatch.engine.algorithms.swap``). It lets a window follow a
     distribution that moves: clusters of the old one no longer hold centroids while the
-    new one is crowded under too few. ``"auto"``: on with ``retention`` ``"window"`` or
-    ``"age"``, off otherwise (the paper's algorithm).
+    new one is crowded under too few, and at large ``k`` it leaves the fixed points
+    where the exact peers stop (docs/bench/large-k/). ``"auto"``: on with ``retention``
+    ``"window"`` or ``"age"`` and when ``20 * n_clusters > batch_size`` (the first batch
+    sized to ``k``), off otherwise (the paper's algorithm, as at ``k = 50``).
 bounds : {"auto", "full", "group", "hamerly"}, default="auto"
     Lower bounds each sample keeps (``nmbatch``): one per centroid (4k bytes per sample),
     one per group of about ten centroids, or one; ``auto``: full while k <= max(d, 256)
@@ -312,7 +314,8 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
             random_state=seed,
             relocate_empty=bool(self.relocate_empty),
             bounds=self.bounds,
-            swap=swap_wanted(self.swap_clusters, self.retention),
+            swap=swap_wanted(self.swap_clusters, self.retention,
+                             n_clusters=int(self.n_clusters), batch_size=int(self.batch_size)),
         )
 
     def _publish(

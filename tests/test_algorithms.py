@@ -75,7 +75,8 @@ def test_iteration_stats_describe_the_step(name):
     X = blobs(600, 2, 5, seed=9, spread=2.0, separation=5.0)
     store = filled_store(X, seed=1)
     k = 5
-    algo = make_algorithm(name, store, k, batch_size=30, rho=20.0)
+    # Without swaps: their moved rows count in n_changed too (test_swap).
+    algo = make_algorithm(name, store, k, batch_size=30, rho=20.0, swap=False)
     for _ in range(60):
         before = snapshot(algo)
         s = algo.step()
@@ -517,7 +518,7 @@ def test_restore_of_the_whole_store_runs_on_to_the_fixed_point(name):
     # first step changes no label but moves the centroids, so it is not a fixed point.
     X = blobs(1500, 4, 6, seed=31, spread=2.0, separation=3.0)
     store = filled_store(X, seed=4)
-    algo = make_algorithm(name, store, 6, batch_size=100, rho=5.0)
+    algo = make_algorithm(name, store, 6, batch_size=100, rho=5.0, swap=False)
     algo.restore(X[:6] + 0.5, X.shape[0], 2)
     assert algo.batch_size == X.shape[0]
     first = algo.step()

@@ -320,4 +320,6 @@ def test_nmbatch_swap_is_nmbatch_with_cluster_swaps() -> None:
             break
     assert swaps > 0
     assert np.array_equal(_final_centroids(run_ours("nmbatch.swap"), problem), algo.centroids)
-    assert not np.array_equal(_final_centroids(run_ours("nmbatch"), problem), algo.centroids)
+    # k = 60 > batch_size / 20: nmbatch's default makes swaps; nmbatch.noswap does not.
+    assert np.array_equal(_final_centroids(run_ours("nmbatch"), problem), algo.centroids)
+    assert not np.array_equal(_final_centroids(run_ours("nmbatch.noswap"), problem), algo.centroids)

@@ -114,7 +114,7 @@ def test_relocation_reaches_a_lower_energy_and_is_reproducible():
         store = NestedBatchStore(8, seed=2)
         store.append(X)
         algo = make_algorithm("nmbatch", store, 256, batch_size=1_000, random_state=4,
-                              relocate_empty=relocate)  # fmt: skip
+                              relocate_empty=relocate, swap=False)  # fmt: skip
         for _ in range(300):
             if algo.step().converged:
                 break

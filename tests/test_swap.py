@@ -199,15 +199,24 @@ def test_swaps_let_a_window_follow_a_change_reproducibly_for_any_thread_count():
 
 
 def test_swap_setting_follows_the_retention_unless_given():
-    assert swap_wanted("auto", "window") and swap_wanted("auto", "age")
-    assert not swap_wanted("auto", "all") and not swap_wanted("auto", "reservoir")
-    assert swap_wanted(True, "all") and not swap_wanted(False, "window")
+    k50 = {"n_clusters": 50, "batch_size": 5_000}
+    assert swap_wanted("auto", "window", **k50) and swap_wanted("auto", "age", **k50)
+    assert not swap_wanted("auto", "all", **k50)
+    assert not swap_wanted("auto", "reservoir", **k50)
+    assert swap_wanted(True, "all", **k50) and not swap_wanted(False, "window", **k50)
+    # The first batch sized to k (20 k > batch_size): on under every retention.
+    assert not swap_wanted("auto", "all", n_clusters=250, batch_size=5_000)
+    assert swap_wanted("auto", "all", n_clusters=251, batch_size=5_000)
+    assert swap_wanted("auto", "reservoir", n_clusters=1_024, batch_size=5_000)
+    assert not swap_wanted(False, "all", n_clusters=1_024, batch_size=5_000)
     X = blobs(2_000, 3, 4, seed=0)
     for retention, kwargs, want in [
         ("all", {}, False),
         ("window", {"max_samples": 1_000}, True),
         ("window", {"max_samples": 1_000, "swap_clusters": False}, False),
         ("all", {"swap_clusters": True}, True),
+        ("all", {"batch_size": 60}, True),  # 20 k > batch_size: the first batch sized to k
+        ("reservoir", {"max_samples": 1_000, "batch_size": 60}, True),
     ]:
         est = NestedMiniBatchKMeans(4, retention=retention, random_state=0, **kwargs)
         est.partial_fit(X)

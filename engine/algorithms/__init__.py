@@ -20,6 +20,7 @@ from nmbatch.engine.algorithms.nested import (
     DENSE_REVISIT_FRACTION_GROUPED,
     NestedMiniBatch,
 )
+from nmbatch.engine.algorithms.swap import swap_wanted
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore
 
@@ -52,7 +53,7 @@ def make_algorithm(
     random_state: int | None = None,
     relocate_empty: bool = True,
     bounds: str = "auto",
-    swap: bool = False,
+    swap: bool | str = "auto",
 ) -> KMeansAlgorithm:
     """Build the algorithm ``name`` (one of ``ALGORITHMS``) on ``store``.
 
@@ -61,9 +62,10 @@ def make_algorithm(
     lloyd); False keeps its centroid where it was (the paper's protocol). mbatch and
     mbatch.remove keep theirs (running averages of sampled assignments).
 
-    ``swap`` (nmbatch): after each update, a starving cluster leaves its place to split
-    the cluster whose split gains most, when that lowers the batch's energy
-    (:mod:`.swap`; for windows that follow a moving distribution).
+    ``swap`` (nmbatch, nmbatch.deact): after each update, a starving cluster leaves its
+    place to split the cluster whose split gains most, when that lowers the batch's
+    energy (:mod:`.swap`); ``"auto"``: on when the first batch is sized to ``k``
+    (:func:`.swap.swap_wanted`, ``k > 250`` with the default ``batch_size``).
 
     ``bounds`` (nmbatch): the lower bounds each sample keeps, one of ``BOUND_MODES``:
     ``"full"`` (one per centroid, the paper's), ``"group"`` (one per group of about ten
@@ -76,10 +78,14 @@ def make_algorithm(
     moving = {**common, "relocate_empty": relocate_empty}
     if name == "nmbatch":
         return NestedMiniBatch(
-            store, n_clusters, rho=rho, bound_mode=bounds, swap=swap, **moving
+            store, n_clusters, rho=rho, bound_mode=bounds, **moving,
+            swap=swap_wanted(swap, "all", n_clusters=n_clusters, batch_size=batch_size),
         )
     if name == "nmbatch.deact":
-        return NestedMiniBatch(store, n_clusters, rho=rho, bounds=False, **moving)
+        return NestedMiniBatch(
+            store, n_clusters, rho=rho, bounds=False, **moving,
+            swap=swap_wanted(swap, "all", n_clusters=n_clusters, batch_size=batch_size),
+        )
     if name == "elkan":
         return NestedMiniBatch(store, n_clusters, rho=rho, full=True, **moving)
     if name == "lloyd":

@@ -27,7 +27,13 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["B0_PER_CLUSTER", "DOUBLING_TOLERANCE", "doubling_allowance", "first_batch_size"]
+__all__ = [
+    "B0_PER_CLUSTER",
+    "DOUBLING_TOLERANCE",
+    "doubling_allowance",
+    "first_batch_size",
+    "sized_to_k",
+]
 
 #: ``c``: samples per cluster in the first nested batch (measured: docs/design.md).
 B0_PER_CLUSTER = 20
@@ -48,6 +54,12 @@ def first_batch_size(
     if per_cluster < 0:
         raise ValueError(f"per_cluster must be >= 0, got {per_cluster}")
     return min(max(int(batch_size), int(per_cluster) * int(n_clusters)), int(n_samples))
+
+
+def sized_to_k(batch_size: int, n_clusters: int, per_cluster: int = B0_PER_CLUSTER) -> bool:
+    """True when the first batch is sized to ``k`` rather than to ``batch_size``:
+    ``per_cluster * k > batch_size`` (``k > 250`` with the defaults)."""
+    return int(per_cluster) * int(n_clusters) > int(batch_size)
 
 
 def doubling_allowance(
@@ -74,6 +86,6 @@ def doubling_allowance(
     """
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
-    if int(per_cluster) * int(n_clusters) <= int(batch_size):
+    if not sized_to_k(batch_size, n_clusters, per_cluster):
         return 0
     return math.floor(tolerance * int(n_clusters))

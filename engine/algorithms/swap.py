@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from nmbatch.engine.algorithms.growth import sized_to_k
 from nmbatch.engine.algorithms.relocation import _LOWER_SAFETY, _SAFETY, refresh_moved
 
 __all__ = [
@@ -75,11 +76,17 @@ class Swap(NamedTuple):
     rows: np.ndarray
 
 
-def swap_wanted(swap_clusters: bool | str, retention: str) -> bool:
-    """``swap_clusters`` resolved: ``"auto"`` is True for the retentions that follow a
-    moving stream (``window`` and ``age``)."""
+def swap_wanted(
+    swap_clusters: bool | str, retention: str, *, n_clusters: int, batch_size: int
+) -> bool:
+    """``swap_clusters`` resolved. ``"auto"`` is True for the retentions that follow a
+    moving stream (``window`` and ``age``) and when the first batch is sized to ``k``
+    (:func:`.growth.sized_to_k`: ``k > 250`` with the default ``batch_size``), where tens
+    of samples per cluster leave clusters starving next to crowded ones and the exact
+    peers stop at fixed points above the swaps' (docs/bench/large-k/); False otherwise,
+    which keeps the paper's algorithm at ``k = 50``."""
     if swap_clusters == "auto":
-        return retention in ("window", "age")
+        return retention in ("window", "age") or sized_to_k(batch_size, n_clusters)
     return bool(swap_clusters)
 
 

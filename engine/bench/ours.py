@@ -25,15 +25,16 @@ __all__ = ["OURS", "jit_warmup", "run_ours"]
 
 OURS = (
     "nmbatch", "nmbatch.deact", "mbatch", "mbatch.remove", "lloyd", "elkan", "nmbatch.strict",
-    "nmbatch.swap",
+    "nmbatch.swap", "nmbatch.noswap",
 )
 # Bench-only variants: (algorithm, attributes set on it). nmbatch.strict: the paper's
 # doubling test, every moved cluster must pass (.growth.doubling_allowance: none).
-# nmbatch.swap: nmbatch with cluster swaps (.algorithms.swap; the default only under a
-# window or age retention).
+# nmbatch.swap / nmbatch.noswap: nmbatch with cluster swaps on / off (.algorithms.swap;
+# nmbatch's default turns them on when the first batch is sized to k).
 VARIANTS = {
     "nmbatch.strict": ("nmbatch", {"doubling_tolerance": 0.0}),
     "nmbatch.swap": ("nmbatch", {"swap": True}),
+    "nmbatch.noswap": ("nmbatch", {"swap": False}),
 }
 
 

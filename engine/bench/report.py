@@ -35,7 +35,7 @@ __all__ = [
 # The algorithm names results.json may contain, in table order: ours, then the peers.
 # nmbatch.strict: nmbatch with the paper's doubling test; nmbatch.swap: with cluster swaps
 # (bench only, .ours.VARIANTS).
-RESULT_NAMES = (*ALGORITHMS, "nmbatch.strict", "nmbatch.swap", *PEERS)
+RESULT_NAMES = (*ALGORITHMS, "nmbatch.strict", "nmbatch.swap", "nmbatch.noswap", *PEERS)
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -306,7 +306,8 @@ class Worker(EngineRecovery):
         config = EngineConfig(self.dim, s.k, s.init, s.rho, s.batch_size, s.seed,
                               threads=s.worker_threads, nice=self.engine_nice,
                               idle=self.engine_nice > 0,
-                              swap=swap_wanted("auto", s.retention))  # fmt: skip
+                              swap=swap_wanted("auto", s.retention, n_clusters=s.k,
+                                               batch_size=s.batch_size))  # fmt: skip
         self._close_engine()
         self.phase = Phase.STARTING_ENGINE
         if s.ray_address is None:

@@ -174,7 +174,10 @@ def test_reservoir_compacts_the_log_and_restarts_exactly(
 ) -> None:
     M = 400
     monkeypatch.setattr(worker_retention, "MIN_COMPACTION", 0)  # compact at every M samples
-    settings = make_settings(retention="reservoir", max_samples=M, worker_process=False)
+    # batch_size >= 20 k: the first batch is not sized to k, so no swaps (the rule of
+    # swap_wanted); a reservoir is all history.
+    settings = make_settings(retention="reservoir", max_samples=M, worker_process=False,
+                             batch_size=64)  # fmt: skip
     X = blobs(3000, D, 3, seed=12)
     keys = ModelKeys(model_name)
     with TestClient(create_app(settings)) as client:
