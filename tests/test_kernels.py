@@ -809,3 +809,37 @@ def test_kmeans_plusplus_distinct_rows_that_differ_by_one_ulp():
     X[1, 0] = np.nextafter(X[0, 0], np.float32(np.inf))
     C = kmeans_plusplus(X, 2, np.random.default_rng(0))
     assert not np.array_equal(C[0], C[1])
+
+
+# -- exact float64 distances for relocation and swaps (kernels/exact.py) ----------------
+
+
+@pytest.mark.parametrize("d", [1, 7, 108, 784])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_exact_distances_match_numpy(d, seed):
+    from nmbatch.engine.kernels.exact import closer_to, own_sqdist
+
+    rng = np.random.default_rng(seed)
+    n, k, b = 300, 9, 250
+    data = (rng.standard_normal((n, d)) * rng.uniform(0.1, 50.0)).astype(np.float32)
+    C = (rng.standard_normal((k, d)) * 3.0).astype(np.float32)
+    labels = rng.integers(0, k, n).astype(np.int32)
+    X64 = data[:b].astype(np.float64)
+    want = ((X64 - C.astype(np.float64)[labels[:b]]) ** 2).sum(1)
+    got = own_sqdist(data, b, labels, C)
+    assert got.shape == (b,) and got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0.0)
+    # integer-valued rows: every partial sum is an exact integer, so any order agrees
+    Xi = np.rint(data * 4).astype(np.float32)
+    Ci = np.rint(C * 4).astype(np.float32)
+    want_i = ((Xi[:b].astype(np.float64) - Ci.astype(np.float64)[labels[:b]]) ** 2).sum(1)
+    np.testing.assert_array_equal(own_sqdist(Xi, b, labels, Ci), want_i)
+
+    x = data[n - 1]
+    dist2 = got.copy()
+    dist2[::7] = -1.0  # rows that cannot move stay negative
+    to_x = ((X64 - x.astype(np.float64)) ** 2).sum(1)
+    expect = np.minimum(dist2, to_x)
+    closer_to(dist2, data, b, x)
+    np.testing.assert_allclose(dist2, expect, rtol=1e-12, atol=0.0)
+    assert (dist2[::7] < 0).all()

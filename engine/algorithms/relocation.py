@@ -30,35 +30,16 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from nmbatch.engine.kernels.exact import closer_to, own_sqdist
+
 __all__ = ["farthest_first", "refresh_moved", "relocate_empty"]
 
-_CHUNK = 16_384  # rows per block of the exact distance pass
 MAXIMIN_WORK = 2e9
 """Most coordinate differences the farthest-point choice may compute (empty clusters x
 batch rows x d); beyond it the samples are taken in one order of farthest first."""
 _SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
 # A float64 distance times this, rounded to float32, is below the true distance.
 _LOWER_SAFETY = (1.0 - 1e-9) * (1.0 - 2.0**-22)
-
-
-def _own_sqdist(data: np.ndarray, b: int, labels: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """``||x(i) - c(a(i))||^2`` (float64) of the rows ``[0, b)``: ``(b,)`` float64."""
-    C64 = C.astype(np.float64)
-    out = np.empty(b, dtype=np.float64)
-    for start in range(0, b, _CHUNK):
-        stop = min(start + _CHUNK, b)
-        diff = data[start:stop].astype(np.float64) - C64[labels[start:stop]]
-        out[start:stop] = np.einsum("ij,ij->i", diff, diff)
-    return out
-
-
-def _closer_to(dist2: np.ndarray, data: np.ndarray, b: int, x: np.ndarray) -> None:
-    """``dist2 = min(dist2, ||x(i) - x||^2)`` over the rows ``[0, b)`` (negative entries,
-    rows that cannot move, stay negative)."""
-    for start in range(0, b, _CHUNK):
-        stop = min(start + _CHUNK, b)
-        diff = data[start:stop].astype(np.float64) - x
-        np.minimum(dist2[start:stop], np.einsum("ij,ij->i", diff, diff), out=dist2[start:stop])
 
 
 def _next_row(dist2: np.ndarray, labels: np.ndarray, v: np.ndarray, order, maximin: bool) -> int:
@@ -121,7 +102,7 @@ def relocate_empty(
     empty = np.flatnonzero(v == 0)
     if not empty.shape[0] or b == 0:
         return 0
-    dist2 = _own_sqdist(data, b, labels, C)
+    dist2 = own_sqdist(data, b, labels, C)
     maximin = empty.shape[0] * b * data.shape[1] <= MAXIMIN_WORK
     order = iter(()) if maximin else iter(farthest_first(dist2, b))
     moved = 0
@@ -154,7 +135,7 @@ def relocate_empty(
         moved += 1
         dist2[row] = 0.0
         if maximin:  # the next choice sees the sample as a centroid already
-            _closer_to(dist2, data, b, x)
+            closer_to(dist2, data, b, x)
     refresh_moved(sorted(changed), S=S, v=v, Q=Q, sse=sse, C=C, C_prev=C_prev, p=p)
     return moved
 

@@ -99,18 +99,49 @@ def merge_costs(
     costs ``v(j) v(l) / (v(j) + v(l)) ||mu(j) - mu(l)||^2`` (float64, from a BLAS
     product: exact enough to choose, not to decide; see :func:`ward`).
     """
-    live = np.flatnonzero(v > 0)
-    if live.shape[0] < 3:
-        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
-    cand = live[np.lexsort((live, v[live]))][:candidates]
-    mu = S[live] / v[live, None]
-    mc = S[cand] / v[cand, None]
-    d2 = (mc * mc).sum(1)[:, None] - 2.0 * mc @ mu.T + (mu * mu).sum(1)[None, :]
-    vc, vl = v[cand].astype(np.float64)[:, None], v[live].astype(np.float64)[None, :]
-    cost = np.maximum(d2, 0.0) * (vc * vl / (vc + vl))
-    cost[live[None, :] == cand[:, None]] = np.inf
-    best = np.argmin(cost, axis=1)  # ties: the lowest cluster
-    return cand, live[best], cost[np.arange(cand.shape[0]), best]
+    table = _MergeTable(S, v, candidates)
+    return table.cheapest(np.ones(v.shape[0], dtype=bool), candidates)
+
+
+class _MergeTable:
+    """Ward's merge costs of the ``rows`` non-empty clusters with the smallest ``v`` (ties:
+    the lower index) against every non-empty cluster, computed once for a step's swaps.
+
+    A swap changes the sums of its three clusters only, and they take no further part in
+    the step, so the costs between the clusters still free stay those of the table, and
+    the ``c`` smallest free clusters are among the first ``c + 3 s`` rows after ``s``
+    swaps. ``cand``: ``(r,)`` int64 clusters of the rows; ``live``: ``(n,)`` int64 the
+    non-empty clusters (ascending); ``cost``: ``(r, n)`` float64, inf where a row meets
+    its own cluster.
+    """
+
+    def __init__(self, S: np.ndarray, v: np.ndarray, rows: int) -> None:
+        live = np.flatnonzero(v > 0)
+        self.live = live
+        self.cand = live[np.lexsort((live, v[live]))][:rows]
+        if live.shape[0] < 3:
+            self.cost = np.empty((0, live.shape[0]))
+            return
+        mu = S[live] / v[live, None]
+        mc = S[self.cand] / v[self.cand, None]
+        d2 = (mc * mc).sum(1)[:, None] - 2.0 * mc @ mu.T + (mu * mu).sum(1)[None, :]
+        vc = v[self.cand].astype(np.float64)[:, None]
+        vl = v[live].astype(np.float64)[None, :]
+        self.cost = np.maximum(d2, 0.0) * (vc * vl / (vc + vl))
+        self.cost[live[None, :] == self.cand[:, None]] = np.inf
+
+    def cheapest(
+        self, free: np.ndarray, candidates: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:func:`merge_costs` over the ``free`` clusters (``(k,)`` bool): the first
+        ``candidates`` free rows, each against the free clusters."""
+        cols = free[self.live]
+        if self.cost.shape[0] == 0 or int(cols.sum()) < 3:
+            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
+        rows = np.flatnonzero(free[self.cand])[:candidates]
+        cost = self.cost[rows][:, cols]
+        best = np.argmin(cost, axis=1)  # ties: the lowest cluster
+        return self.cand[rows], self.live[cols][best], cost[np.arange(rows.shape[0]), best]
 
 
 def ward(S1: np.ndarray, v1: int, S2: np.ndarray, v2: int) -> float:
@@ -253,8 +284,9 @@ def swap_clusters(
     if sse is None:
         return done
     free = np.ones(v.shape[0], dtype=bool) if frozen is None else ~frozen
+    table = _MergeTable(S, np.where(free, v, 0), MERGE_CANDIDATES + 3 * max_swaps)
     while len(done) < max_swaps:
-        swap = _one_swap(data, b, free, labels=labels, norms=norms, S=S, v=v, Q=Q,
+        swap = _one_swap(data, b, free, table, labels=labels, norms=norms, S=S, v=v, Q=Q,
                          C_prev=C_prev, upper=upper, group_lower=group_lower)  # fmt: skip
         if swap is None:
             break
@@ -268,6 +300,7 @@ def _one_swap(
     data: np.ndarray,
     b: int,
     free: np.ndarray,
+    table: _MergeTable,
     *,
     labels: np.ndarray,
     norms: np.ndarray | None,
@@ -279,8 +312,8 @@ def _one_swap(
     group_lower: tuple[np.ndarray, np.ndarray] | None,
 ) -> Swap | None:
     """The swap of the ``free`` clusters that the module docstring describes, made; or
-    None when it would not lower the energy."""
-    cand, partner, cost = merge_costs(S, np.where(free, v, 0))
+    None when it would not lower the energy; ``table``: the step's merge costs."""
+    cand, partner, cost = table.cheapest(free, MERGE_CANDIDATES)
     if cand.shape[0] == 0:
         return None
     first = int(np.lexsort((cand, cost))[0])
