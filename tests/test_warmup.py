@@ -16,12 +16,13 @@ _PROBE = textwrap.dedent(
     import numba
     import numpy as np
     from nmbatch.engine import algorithms, assign, init, store
-    from nmbatch.engine.kernels import bounded, common, dense, lookup, retire, update
+    from nmbatch.engine.kernels import bounded, common, dense, exact, lookup, retire, update
     from nmbatch.engine import NestedBatchStore, energy, make_algorithm, nearest
     from nmbatch.engine.assign import nearest_one
     from nmbatch.engine.warmup import warm_up
 
-    MODULES = (common, bounded, dense, update, lookup, retire, assign, init, algorithms, store)
+    MODULES = (common, bounded, dense, update, lookup, retire, exact, assign, init, algorithms,
+               store)
 
     def signatures():
         out = {}
@@ -52,6 +53,10 @@ _PROBE = textwrap.dedent(
     algo.retire(before=5_000)
     algo.retire(ids=store.ids()[::11])
     algo.step()
+    # Relocation (and its exact distances): three equal initial centroids leave two empty.
+    twins = make_algorithm("nmbatch", store, 3, init=np.repeat(X[:1], 3, axis=0))
+    twins.step()
+    assert twins.n_relocated == 2
     lloyd = make_algorithm("lloyd", store, 11)
     lloyd.step()
     lloyd.retire(before=8_000)
