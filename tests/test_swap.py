@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from nmbatch.engine import NestedBatchStore, NestedMiniBatchKMeans, make_algorithm
-from nmbatch.engine.algorithms.swap import swap_clusters, swap_wanted
+from nmbatch.engine.algorithms.swap import MAX_SWAPS, swap_clusters, swap_wanted
 from nmbatch.engine.retention import WindowRetention, feed
 from tests.engine_helpers import assert_sums_are_means, check_step_invariants, snapshot
 from tests.testkit import blobs
@@ -223,3 +223,60 @@ def test_swap_setting_follows_the_retention_unless_given():
         assert est._algorithm.swap is want
     with pytest.raises(ValueError, match="swap_clusters"):
         NestedMiniBatchKMeans(4, swap_clusters="yes").fit(X)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_steps_swaps_are_those_of_one_swap_at_a_time(seed):
+    """swap_clusters computes the merge costs once for all of a step's swaps; the swaps
+    are those of calls making one swap each, every earlier swap's clusters frozen."""
+    X = blobs(6_000, 4, 90, seed=seed, spread=1.0)
+    store = NestedBatchStore(4, seed=seed)
+    store.append(X)
+    algo = make_algorithm("nmbatch", store, 150, batch_size=6_000, random_state=seed,
+                          swap=False)  # fmt: skip
+    for _ in range(3):
+        algo.step()
+    b, data = algo.batch_size, store.samples()
+    C_prev = (algo.centroids + np.float32(0.01)).astype(np.float32)
+
+    def state():
+        return {"labels": algo._labels[:b].copy(), "norms": algo._xx[:b].copy(),
+                "S": algo.S.copy(), "v": algo.v.copy(), "Q": algo.Q.copy(),
+                "sse": algo.sse.copy(), "C": algo.centroids.copy(), "C_prev": C_prev,
+                "p": algo.p.copy(), "upper": algo._upper[:b].copy()}  # fmt: skip
+
+    together = state()
+    swaps = swap_clusters(data, b, **together)
+    assert len(swaps) >= 3
+    alone = state()
+    frozen = np.zeros(150, dtype=bool)
+    for want in swaps:
+        (got,) = swap_clusters(data, b, **alone, max_swaps=1, frozen=frozen)
+        assert (got.merged, got.into, got.split) == (want.merged, want.into, want.split)
+        np.testing.assert_array_equal(got.rows, want.rows)
+        frozen[[got.merged, got.into, got.split]] = True
+    if len(swaps) < MAX_SWAPS:  # the step stopped because no further swap lowers the energy
+        assert not swap_clusters(data, b, **alone, max_swaps=1, frozen=frozen)
+    for name in ("labels", "S", "v", "Q", "sse", "C", "p", "upper"):
+        np.testing.assert_array_equal(together[name], alone[name])
+
+
+def test_the_steps_merge_table_answers_as_merge_costs_on_the_free_clusters():
+    from nmbatch.engine.algorithms.swap import MERGE_CANDIDATES, _MergeTable, merge_costs
+
+    rng = np.random.default_rng(0)
+    k = 150
+    S = rng.normal(size=(k, 5)) * 40.0
+    v = rng.integers(1, 60, size=k)
+    v[[3, 77]] = 0  # empty clusters take no part
+    table = _MergeTable(S, v, MERGE_CANDIDATES + 3 * MAX_SWAPS)
+    free = np.ones(k, dtype=bool)
+    by_size = np.lexsort((np.arange(k), v))
+    for _ in range(MAX_SWAPS):
+        # a swap's three clusters leave: the smallest free ones, the worst case for the rows
+        free[by_size[free[by_size] & (v[by_size] > 0)][:3]] = False
+        got = table.cheapest(free, MERGE_CANDIDATES)
+        want = merge_costs(S, np.where(free, v, 0))
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[2], want[2], rtol=1e-12)
