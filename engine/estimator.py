@@ -91,6 +91,7 @@ swap_clusters : {"auto"} or bool, default="auto"
     where the exact peers stop (docs/bench/large-k/). ``"auto"``: on with ``retention``
     ``"window"`` or ``"age"`` and when ``20 * n_clusters > batch_size`` (the first batch
     sized to ``k``), off otherwise (the paper's algorithm, as at ``k = 50``).
+    ``backend="ray"`` makes no swaps.
 bounds : {"auto", "full", "group", "hamerly"}, default="auto"
     Lower bounds each sample keeps (``nmbatch``): one per centroid (4k bytes per sample),
     one per group of about ten centroids, or one; ``auto``: full while k <= max(d, 256)

@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from nmbatch.engine.algorithms.nested import NestedMiniBatch
-from nmbatch.engine.algorithms.relocation import _closer_to, _own_sqdist
+from nmbatch.engine.kernels.exact import closer_to, own_sqdist
 from nmbatch.engine.kernels.retire import remove_votes
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.engine.warmup import warm_up
@@ -338,7 +338,7 @@ class ShardState:
         self._merge()
         b = self.batch_size
         labels = self._algo._labels
-        self._dist2 = _own_sqdist(self.data, b, labels, np.asarray(C)) if b else self._dist2[:0]
+        self._dist2 = own_sqdist(self.data, b, labels, np.asarray(C)) if b else self._dist2[:0]
         return self.relocation_best(v)
 
     def relocation_best(self, v: np.ndarray) -> tuple[float, int, int] | None:
@@ -391,7 +391,7 @@ class ShardState:
         """After a sample ``x`` (``(d,)`` float64) was relocated: ``d(i)^2 = min(d(i)^2,
         ||x(i) - x||^2)``, then :meth:`relocation_best` under ``v``."""
         if self._dist2.shape[0]:
-            _closer_to(self._dist2, self.data, self._dist2.shape[0], x)
+            closer_to(self._dist2, self.data, self._dist2.shape[0], x)
         return self.relocation_best(v)
 
 
