@@ -20,7 +20,7 @@ import numpy as np
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms import ALGORITHMS
 from nmbatch.engine.algorithms.bounds import check_bound_mode
-from nmbatch.engine.retention import check_retention
+from nmbatch.engine.retention import check_catch_up, check_retention
 from nmbatch.engine.threads import check_threads
 
 __all__ = [
@@ -164,6 +164,7 @@ def check_params(params: dict[str, Any]) -> None:
     swap = params.get("swap_clusters", "auto")
     if not (isinstance(swap, bool) or swap == "auto"):
         raise ValueError(f'swap_clusters must be "auto" or a bool, got {swap!r}')
+    check_catch_up(params.get("catch_up", "auto"))
     check_bound_mode(params.get("bounds", "auto"))
     check_threads(params.get("n_threads"))
     check_backend(params)

@@ -58,7 +58,7 @@ callback : callable ``callback(stats, state) -> bool | None`` or None, default=N
     the fitted attributes are set; returning ``True`` (exactly ``True``, so a function
     that returns a count or a string does not stop by accident) ends the fit after that
     iteration, which then describes the model as it stands, as ``max_iter`` would. In
-    ``partial_fit`` (one iteration per call) it runs after the fitted attributes are set,
+    ``partial_fit`` it runs after each iteration, once the fitted attributes are set,
     and its return value is ignored. An exception it raises propagates. Not part of the
     model: ``partial_fit`` accepts a new callback. It is pickled with the estimator, so an
     estimator to pickle needs a module-level function (or None), not a lambda.
@@ -92,6 +92,12 @@ swap_clusters : {"auto"} or bool, default="auto"
     ``"window"`` or ``"age"`` and when ``20 * n_clusters > batch_size`` (the first batch
     sized to ``k``), off otherwise (the paper's algorithm, as at ``k = 50``).
     ``backend="ray"`` makes no swaps.
+catch_up : {"auto"} or int, default="auto"
+    Further iterations ``partial_fit`` may run after the chunk's own, each only while
+    the one before reassigned more than 1% of the batch: after the stream changes, the
+    model catches up with the k-means of what it retains within a few chunks, then runs
+    one iteration per chunk again. ``"auto"``: 3 with ``retention`` ``"window"`` or
+    ``"age"``, 0 otherwise (one iteration per call).
 bounds : {"auto", "full", "group", "hamerly"}, default="auto"
     Lower bounds each sample keeps (``nmbatch``): one per centroid (4k bytes per sample),
     one per group of about ten centroids, or one; ``auto``: full while k <= max(d, 256)
@@ -194,7 +200,13 @@ from nmbatch.engine._estimator_use import ModelUseMixin
 from nmbatch.engine.algorithms import IterationStats, make_algorithm
 from nmbatch.engine.algorithms.swap import swap_wanted
 from nmbatch.engine.assign import nearest
-from nmbatch.engine.retention import RetentionPolicy, feed, make_retention
+from nmbatch.engine.retention import (
+    RetentionPolicy,
+    catch_up_steps,
+    feed,
+    make_retention,
+    wants_catch_up,
+)
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.store import NestedBatchStore
 from nmbatch.engine.threads import with_kernel_threads
@@ -228,6 +240,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
         max_age_seconds: float | None = None,
         relocate_empty: bool = True,
         swap_clusters: bool | str = "auto",
+        catch_up: int | str = "auto",
         bounds: str = "auto",
         backend: str = "local",
         n_shards: int = 2,
@@ -247,6 +260,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
         self.max_age_seconds = max_age_seconds
         self.relocate_empty = relocate_empty
         self.swap_clusters = swap_clusters
+        self.catch_up = catch_up
         self.bounds = bounds
         self.backend = backend
         self.n_shards = n_shards
@@ -432,7 +446,8 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
     def partial_fit(
         self, X: object, y: object = None, *, now: float | None = None
     ) -> NestedMiniBatchKMeans:
-        """Offer ``X`` (shape ``(m, d)``) to the retention policy, then run one iteration.
+        """Offer ``X`` (shape ``(m, d)``) to the retention policy, then run one iteration
+        (and up to ``catch_up`` more while each reassigns over 1% of the batch).
 
         The policy retires what leaves (votes taken back exactly) and appends what enters
         (``now``: the chunk's time in seconds, for ``retention="age"``; default
@@ -470,9 +485,13 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
             store, algo = self._store, self._algorithm
             feed(self._retention, algo, X32, now)
         self._count_samples(store)
-        if algo.ready():
+        steps = 1 + catch_up_steps(self.catch_up, self.retention)
+        while steps and algo.ready():
+            steps -= 1
             stats = algo.step()
             self._publish(algo, stats, store, X32)
             if self.callback is not None:
                 self.callback(stats, algo.state(stats))
+            if not wants_catch_up(stats.n_changed, stats.batch_size):
+                break
         return self

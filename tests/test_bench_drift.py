@@ -67,16 +67,20 @@ def test_quick_run_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     assert (out / "drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_noswap_variant_is_the_window_without_cluster_swaps() -> None:
+def test_the_variants_are_the_window_without_swaps_or_catching_up() -> None:
     rows = np.random.default_rng(0).normal(size=(600, 3)).astype(np.float32)
-    swaps = {}
-    for name in ("nmbatch.window", "nmbatch.window.noswap", "nmbatch.age"):
+    swaps, catch_up = {}, {}
+    names = ("nmbatch.window", "nmbatch.window.noswap", "nmbatch.window.nocatchup", "nmbatch.age")
+    for name in names:
         m = make_method(name, k=4, window=400, chunk=200, rate=1000.0, seed=0)
+        assert m.name == name
         for start in range(0, 600, 200):
             m.update(rows[start : start + 200], start / 1000.0)
         swaps[name] = m.est._algorithm.swap
+        catch_up[name] = m.est.catch_up
         assert m.diagnostics()["retained"] == 400
-    assert swaps == {"nmbatch.window": True, "nmbatch.window.noswap": False, "nmbatch.age": True}
+    assert [swaps[n] for n in names] == [True, False, True, True]
+    assert [catch_up[n] for n in names] == ["auto", "auto", 0, "auto"]
 
 
 def _near(rows: np.ndarray, means: np.ndarray, tol: float) -> bool:

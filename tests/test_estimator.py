@@ -157,6 +157,7 @@ def test_get_params_set_params_and_repr():
         "batch_size": 5000,
         "bounds": "auto",
         "callback": None,
+        "catch_up": "auto",
         "init": "k-means++",
         "max_age_seconds": None,
         "max_iter": 300,

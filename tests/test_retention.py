@@ -26,14 +26,19 @@ from scipy import stats
 from nmbatch.engine import NestedBatchStore, NestedMiniBatchKMeans, make_algorithm
 from nmbatch.engine.kernels.retire import compact_rows
 from nmbatch.engine.retention import (
+    CATCH_UP_STEPS,
     AgeRetention,
     CapacityError,
     ReservoirRetention,
     WindowRetention,
+    catch_up_steps,
     feed,
     make_retention,
+    wants_catch_up,
 )
+from nmbatch.engine.state import IterationStats
 from tests.engine_helpers import (
+    assert_sums_are_means,
     brute_nearest,
     check_retire_invariants,
     check_step_invariants,
@@ -434,6 +439,65 @@ def test_partial_fit_converges_to_kmeans_of_the_retained_rows(params):
             break
     assert algo.converged and algo.batch_size == store.n_samples
     assert_lloyd_fixed_point(store.samples(), algo.centroids)
+
+
+def test_catch_up_is_on_where_the_model_forgets_and_is_checked():
+    assert [catch_up_steps("auto", r) for r in ("all", "window", "age", "reservoir")] == [
+        0, CATCH_UP_STEPS, CATCH_UP_STEPS, 0]  # fmt: skip
+    assert catch_up_steps(0, "window") == 0 and catch_up_steps(5, "all") == 5
+    assert wants_catch_up(11, 1000) and not wants_catch_up(10, 1000)
+    for bad in (-1, 1.5, True, "always", None):
+        with pytest.raises(ValueError, match="catch_up must be"):
+            NestedMiniBatchKMeans(catch_up=bad).partial_fit(blobs(50, 2, 2, seed=0))
+
+
+class _Record:
+    """A callback that keeps each iteration's stats."""
+
+    def __init__(self, seen: list[IterationStats]) -> None:
+        self.seen = seen
+
+    def __call__(self, stats: IterationStats, state: object) -> None:
+        self.seen.append(stats)
+
+
+def test_partial_fit_catches_up_after_a_change_and_then_runs_one_iteration():
+    """A window whose distribution jumps: the chunk after the jump takes further iterations
+    while each reassigns more than 1% of the batch (each seen by the callback, each
+    leaving a model whose sums are its batch's), at most ``catch_up``; a settled window
+    takes one; ``catch_up=0`` always one."""
+    k, W = 4, 400
+    old = blobs(800, 3, k, seed=3, spread=1.0, separation=6.0)
+    new = blobs(400, 3, k, seed=4, spread=1.0, separation=6.0) + 4.0
+    runs = {}
+    for catch_up in ("auto", 0, 1):
+        per_call: list[int] = []
+        steps: list[IterationStats] = []
+        est = NestedMiniBatchKMeans(n_clusters=k, batch_size=64, random_state=0,
+                                    retention="window", max_samples=W, catch_up=catch_up,
+                                    callback=_Record(steps))  # fmt: skip
+        for chunk in np.array_split(np.concatenate([old, new]), 12):
+            before = len(steps)
+            est.partial_fit(chunk)
+            per_call.append(len(steps) - before)
+            assert est.n_iter_ == len(steps)
+            algo = est._algorithm
+            b = algo.batch_size
+            assert_sums_are_means(algo.S, algo.v, algo.store.data[:b], algo._labels[:b])
+        runs[catch_up] = (per_call, steps)
+    per_call, steps = runs["auto"]
+    assert 1 < max(per_call) <= 1 + CATCH_UP_STEPS  # the jump: further iterations
+    assert min(per_call) == 1  # settled: one per chunk
+    done = 0
+    for n in per_call:  # each further iteration follows one that reassigned over 1%
+        for it in steps[done : done + n - 1]:
+            assert wants_catch_up(it.n_changed, it.batch_size)
+        last = steps[done + n - 1]
+        if n < 1 + CATCH_UP_STEPS:  # stopped early: the last one did not
+            assert not wants_catch_up(last.n_changed, last.batch_size)
+        done += n
+    assert runs[0][0] == [1] * 12
+    assert max(runs[1][0]) == 2 and runs[1][0] != runs["auto"][0]
 
 
 def test_estimator_refuses_windows_smaller_than_k_and_mbatch_forgetting():

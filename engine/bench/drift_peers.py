@@ -7,11 +7,13 @@ float64, the model it serves now). The benchmark times ``update`` only.
 - ``nmbatch.window`` / ``nmbatch.age``: ``NestedMiniBatchKMeans(retention="window",
   max_samples=W)`` / ``(retention="age", max_age_seconds=(W - chunk/2) / rate)``, one
   ``partial_fit(X, now=now)`` per chunk (its defaults otherwise: ``rho = 100``, initial
-  batch 5,000, k-means++ on the first batch, cluster swaps on). Chunk times are multiples of
+  batch 5,000, k-means++ on the first batch, cluster swaps on, up to 3 further iterations
+  per call while each reassigns over 1% of the batch: ``catch_up``). Chunk times are multiples of
   ``chunk / rate``, so the age window holds the last ``W`` samples when ``chunk``
   divides ``W``, like ``window``; the half chunk keeps the comparison ``t + age <= now``
   off the floating-point tie at exactly ``W / rate``. ``nmbatch.window.noswap``: the
-  window with ``swap_clusters=False``, to show what the swaps do in the same run.
+  window with ``swap_clusters=False``, to show what the swaps do in the same run;
+  ``nmbatch.window.nocatchup``: with ``catch_up=0`` (one iteration per chunk).
 - ``sklearn.minibatch``: ``MiniBatchKMeans(n_init=1).partial_fit(X)`` per chunk (k-means++
   on the first chunk, its default reassignment of small clusters; it never forgets).
 - ``spark-decay``: the update rule of Spark MLlib's ``StreamingKMeansModel.update``
@@ -55,6 +57,7 @@ METHODS = (
     "nmbatch.window",
     "nmbatch.age",
     "nmbatch.window.noswap",
+    "nmbatch.window.nocatchup",
     "sklearn.minibatch",
     "spark-decay",
     "river.kmeans",
@@ -82,11 +85,13 @@ class NmbatchStream:
         seed: int,
         chunk: int,
         swap: bool = True,
+        catch_up: int | str = "auto",
     ) -> None:
         from nmbatch.engine import NestedMiniBatchKMeans
 
         age = retention == "age"
         self.name = f"nmbatch.{retention}" + ("" if swap else ".noswap")
+        self.name += "" if catch_up == "auto" else ".nocatchup"
         self.batch_size = 0
         self.empty = 0
         self.est = NestedMiniBatchKMeans(
@@ -96,6 +101,7 @@ class NmbatchStream:
             max_samples=None if age else window,
             max_age_seconds=(window - chunk / 2) / rate if age else None,
             swap_clusters=swap,
+            catch_up=catch_up,
             callback=self._watch,
         )
 
@@ -290,9 +296,10 @@ def river_check(X: np.ndarray, chunk: int, k: int, window: int, seed: int) -> di
 def make_method(name: str, *, k: int, window: int, chunk: int, rate: float, seed: int) -> Any:
     """One of :data:`METHODS`, fresh, for a window of ``W`` samples fed in chunks of
     ``chunk`` at ``rate`` samples per second of the stream clock."""
-    if name in ("nmbatch.window", "nmbatch.age", "nmbatch.window.noswap"):
+    if name.startswith("nmbatch.") and name in METHODS:
         swap = not name.endswith(".noswap")
-        return NmbatchStream(name.split(".")[1], k, window, rate, seed, chunk, swap)
+        catch_up = 0 if name.endswith(".nocatchup") else "auto"
+        return NmbatchStream(name.split(".")[1], k, window, rate, seed, chunk, swap, catch_up)
     if name == "sklearn.minibatch":
         return SklearnMiniBatch(k, seed)
     if name == "spark-decay":

@@ -32,6 +32,7 @@ _LABELS = {
     "nmbatch.window": "nmbatch window",
     "nmbatch.age": "nmbatch age",
     "nmbatch.window.noswap": "nmbatch window without cluster swaps (swap_clusters=False)",
+    "nmbatch.window.nocatchup": "nmbatch window, one iteration per chunk (catch_up=0)",
     "sklearn.minibatch": "sklearn MiniBatchKMeans.partial_fit",
     "spark-decay": "spark-decay (numpy re-implementation)",
     "river.kmeans": "river cluster.KMeans",

@@ -20,7 +20,32 @@ import numpy as np
 
 from nmbatch.service.storage.codec import id_key
 
-__all__ = ["LocalEntries"]
+__all__ = ["MAX_HANDOFF_BYTES", "MIN_HANDOFF_BYTES", "LocalEntries", "handoff_bytes"]
+
+MAX_HANDOFF_BYTES = 256 << 20
+"""Most bytes of rows held for the worker: more than a few seconds of a fast stream."""
+MIN_HANDOFF_BYTES = 8 << 20
+"""Fewest bytes held, however small the retained set: a few entries of a fast stream."""
+HANDOFF_SHARE = 64
+"""A bounded retention holds at most ``1 / HANDOFF_SHARE`` of its rows' bytes here."""
+
+
+def handoff_bytes(retained_rows: int | None, dim: int) -> int:
+    """The hand-off's size for a model that keeps at most ``retained_rows`` rows of ``dim``
+    ``float32``: ``1 / 64`` of their bytes, within ``[8 MiB, 256 MiB]``; 256 MiB when the
+    retention is unbounded (``all``: its capacity leaves room for this).
+
+    The held rows are copies of rows Redis holds too, so they are memory beyond the
+    retained set; while the engine falls behind (a forked Redis rewriting its
+    append-only file takes a core for seconds) a stream of 100,000 vectors/s at
+    ``d = 128`` would fill 50 MB a second. Bounded by the retention, a window's memory
+    stays within a fixed share of its own size; what does not fit is read back from
+    Redis.
+    """
+    if retained_rows is None:
+        return MAX_HANDOFF_BYTES
+    share = int(retained_rows) * 4 * int(dim) // HANDOFF_SHARE
+    return max(MIN_HANDOFF_BYTES, min(MAX_HANDOFF_BYTES, share))
 
 
 class LocalEntries:
@@ -36,12 +61,12 @@ class LocalEntries:
     Parameters
     ----------
     max_bytes : int
-        Most bytes of rows held.
+        Most bytes of rows held (the worker sets it for its model: :func:`handoff_bytes`).
     max_age : float
         Seconds after which an entry is dropped.
     """
 
-    def __init__(self, max_bytes: int = 256 << 20, max_age: float = 30.0) -> None:
+    def __init__(self, max_bytes: int = MAX_HANDOFF_BYTES, max_age: float = 30.0) -> None:
         self.max_bytes = int(max_bytes)
         self.max_age = float(max_age)
         self._lock = threading.Lock()

@@ -31,6 +31,7 @@ from nmbatch.service.engine_host import (
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
+from nmbatch.service.storage.handoff import handoff_bytes
 from nmbatch.service.storage.retained import RetainedLog
 from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
 from nmbatch.service.worker.lease import VERSION_BLOCK, LeaseKeeper
@@ -317,7 +318,10 @@ class Worker(EngineRecovery):
 
             engine = RayEngine(config, s.ray_address, s.ray_shards)
         self.engine = engine
-        self.retention = LogRetention(s, self.retention_size(self.dim), self.retained_log)
+        retained = self.retention_size(self.dim)
+        self.retention = LogRetention(s, retained, self.retained_log)
+        if self.repository.local is not None:  # rows held beyond the retained set: bounded
+            self.repository.local.max_bytes = handoff_bytes(retained, self.dim)
         self.phase = Phase.REPLAYING
         self._publish_stats()
         started = time.perf_counter()

@@ -22,6 +22,7 @@ from nmbatch.service.storage import (
     ModelRepository,
     decode_chunk,
 )
+from nmbatch.service.storage.handoff import MAX_HANDOFF_BYTES, MIN_HANDOFF_BYTES, handoff_bytes
 
 DIM = 4
 
@@ -146,3 +147,12 @@ def test_multi_entry_requests_hand_over_each_entry(
     log_ids, log_X = redis_log(redis_client, model_name)
     assert ids == log_ids and len(ids) == 4
     np.testing.assert_array_equal(X, log_X)
+
+
+def test_the_handoff_is_a_bounded_share_of_the_retained_rows() -> None:
+    """1/64 of the retained rows' bytes, within [8 MiB, 256 MiB]; 256 MiB for ``all``."""
+    assert handoff_bytes(None, 128) == MAX_HANDOFF_BYTES
+    assert handoff_bytes(2_000_000, 128) == 2_000_000 * 512 // 64  # 16 MB: a soak's window
+    assert handoff_bytes(1000, 128) == MIN_HANDOFF_BYTES
+    assert handoff_bytes(10**9, 128) == MAX_HANDOFF_BYTES
+

@@ -16,6 +16,7 @@ from service_helpers import post_npy
 
 from nmbatch.service.config import Settings
 from nmbatch.service.main import create_app
+from nmbatch.service.storage.handoff import MIN_HANDOFF_BYTES, handoff_bytes
 from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.worker import retention as worker_retention
 from tests.testkit import SettingsFactory, TestClient, blobs, logged_samples, wait_until
@@ -106,6 +107,8 @@ def test_window_keeps_the_last_samples_trims_the_log_and_restarts_exactly(
         rows = _retained(client)[1]
         assert np.array_equal(rows, X[-W:])  # ids count from the log's first entry
         assert client.app.state.context.worker.engine._algo.swap  # swaps follow the window
+        local = client.app.state.context.worker.repository.local  # bounded by the window
+        assert local is not None and local.max_bytes == handoff_bytes(W, D) == MIN_HANDOFF_BYTES
         _assert_centroids_are_cell_means(doc, rows)
         logged = logged_samples(redis_client, model_name)
         assert logged.shape[0] == W and np.array_equal(logged, X[-W:])  # whole entries trimmed
