@@ -94,7 +94,8 @@ swap_clusters : {"auto"} or bool, default="auto"
     ``backend="ray"`` makes no swaps.
 catch_up : {"auto"} or int, default="auto"
     Further iterations ``partial_fit`` may run after the chunk's own, each only while
-    the one before reassigned more than 1% of the batch: after the stream changes, the
+    the one before reassigned more than 1% of the batch (cluster swaps included) or
+    relocated an empty cluster: after the stream changes, the
     model catches up with the k-means of what it retains within a few chunks, then runs
     one iteration per chunk again. ``"auto"``: 3 with ``retention`` ``"window"`` or
     ``"age"``, 0 otherwise (one iteration per call).
@@ -447,7 +448,8 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
         self, X: object, y: object = None, *, now: float | None = None
     ) -> NestedMiniBatchKMeans:
         """Offer ``X`` (shape ``(m, d)``) to the retention policy, then run one iteration
-        (and up to ``catch_up`` more while each reassigns over 1% of the batch).
+        (and up to ``catch_up`` more while each reassigns over 1% of the batch or
+        relocates).
 
         The policy retires what leaves (votes taken back exactly) and appends what enters
         (``now``: the chunk's time in seconds, for ``retention="age"``; default
@@ -492,6 +494,6 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
             self._publish(algo, stats, store, X32)
             if self.callback is not None:
                 self.callback(stats, algo.state(stats))
-            if not wants_catch_up(stats.n_changed, stats.batch_size):
+            if not wants_catch_up(stats.n_changed, stats.batch_size, stats.n_relocated):
                 break
         return self

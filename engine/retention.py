@@ -334,8 +334,9 @@ def catch_up_steps(catch_up: int | str, retention: str) -> int:
     ``"auto"`` :data:`CATCH_UP_STEPS` under ``window`` and ``age`` (a model of a stream
     that forgets) and 0 under ``all`` and ``reservoir`` (one iteration per chunk).
 
-    Each further iteration runs only while the one before reassigned more than
-    :data:`CATCH_UP_CHANGED` of its batch: a model the stream has left behind (the
+    Each further iteration runs only while the one before calls for it
+    (:func:`wants_catch_up`: it moved more than :data:`CATCH_UP_CHANGED` of its batch, or
+    relocated an empty cluster): a model the stream has left behind (the
     distribution changed) takes a few iterations per chunk until it is near the k-means
     of what it retains again, then one per chunk. Measured on MNIST in drifting order
     (docs/bench/drift).
@@ -345,7 +346,9 @@ def catch_up_steps(catch_up: int | str, retention: str) -> int:
     return int(catch_up)
 
 
-def wants_catch_up(n_changed: int, batch_size: int) -> bool:
-    """Whether an iteration that reassigned ``n_changed`` of ``batch_size`` samples calls
-    for another (:data:`CATCH_UP_CHANGED`)."""
-    return n_changed > CATCH_UP_CHANGED * batch_size
+def wants_catch_up(n_changed: int, batch_size: int, n_relocated: int = 0) -> bool:
+    """Whether an iteration that reassigned ``n_changed`` of ``batch_size`` samples and
+    relocated ``n_relocated`` empty clusters calls for another: it moved more than
+    :data:`CATCH_UP_CHANGED` of the batch, or it put a centroid on a lone sample (the
+    next iteration gives that cluster its share)."""
+    return n_changed > CATCH_UP_CHANGED * batch_size or n_relocated > 0

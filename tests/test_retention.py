@@ -446,6 +446,7 @@ def test_catch_up_is_on_where_the_model_forgets_and_is_checked():
         0, CATCH_UP_STEPS, CATCH_UP_STEPS, 0]  # fmt: skip
     assert catch_up_steps(0, "window") == 0 and catch_up_steps(5, "all") == 5
     assert wants_catch_up(11, 1000) and not wants_catch_up(10, 1000)
+    assert wants_catch_up(0, 1000, n_relocated=1)  # a centroid on a lone sample
     for bad in (-1, 1.5, True, "always", None):
         with pytest.raises(ValueError, match="catch_up must be"):
             NestedMiniBatchKMeans(catch_up=bad).partial_fit(blobs(50, 2, 2, seed=0))
@@ -463,7 +464,7 @@ class _Record:
 
 def test_partial_fit_catches_up_after_a_change_and_then_runs_one_iteration():
     """A window whose distribution jumps: the chunk after the jump takes further iterations
-    while each reassigns more than 1% of the batch (each seen by the callback, each
+    while each reassigns more than 1% of the batch or relocates (each seen by the callback, each
     leaving a model whose sums are its batch's), at most ``catch_up``; a settled window
     takes one; ``catch_up=0`` always one."""
     k, W = 4, 400
@@ -491,10 +492,10 @@ def test_partial_fit_catches_up_after_a_change_and_then_runs_one_iteration():
     done = 0
     for n in per_call:  # each further iteration follows one that reassigned over 1%
         for it in steps[done : done + n - 1]:
-            assert wants_catch_up(it.n_changed, it.batch_size)
+            assert wants_catch_up(it.n_changed, it.batch_size, it.n_relocated)
         last = steps[done + n - 1]
         if n < 1 + CATCH_UP_STEPS:  # stopped early: the last one did not
-            assert not wants_catch_up(last.n_changed, last.batch_size)
+            assert not wants_catch_up(last.n_changed, last.batch_size, last.n_relocated)
         done += n
     assert runs[0][0] == [1] * 12
     assert max(runs[1][0]) == 2 and runs[1][0] != runs["auto"][0]
