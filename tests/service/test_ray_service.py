@@ -6,11 +6,16 @@ redis-server, and the real app (``TestClient(create_app(settings))``): its worke
 the cluster by address (``ray.init`` in the worker thread of this process), runs the
 coordinator and puts its shard actors on the nodes. Tested: ingest -> /centroids (the
 blob means) -> /assign; a restart rebuilds from the Redis log; a shard actor killed
-mid-run is replaced and nothing logged is lost; retention ``window`` on the cluster
+mid-run is replaced and nothing logged is lost; a node removed mid-stream (the same,
+with the API answering throughout); retention ``window`` on the cluster
 (the default model and a named one) serves the last samples only.
 """
 
 from __future__ import annotations
+
+import functools
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -28,8 +33,8 @@ STORE = 80 * 2**20
 
 
 @pytest.fixture(scope="module")
-def ray_address():
-    """The address of a two-node local Ray cluster, shut down after the module."""
+def ray_cluster():
+    """A two-node local Ray cluster, shut down after the module."""
     if ray.is_initialized():  # another module's connection: the engine must join ours
         ray.shutdown()
     c = Cluster(
@@ -39,16 +44,32 @@ def ray_address():
     c.add_node(num_cpus=1, object_store_memory=STORE)
     c.wait_for_nodes()
     try:
-        yield c.address
+        yield c
     finally:
         if ray.is_initialized():
             ray.shutdown()
         c.shutdown()
 
 
+@pytest.fixture(scope="module")
+def ray_address(ray_cluster) -> str:
+    return ray_cluster.address
+
+
 def shard_names() -> list[str]:
     """Names of the live shard actors (this process is the engine's Ray driver)."""
     return sorted(a for a in ray.util.list_named_actors() if a.startswith("nmbatch-shard-"))
+
+
+def engine_on_ray(client: TestClient) -> bool:
+    """The worker has joined Ray and its engine has converged on the log."""
+    return ray.is_initialized() and client.get("/stats").json()["phase"] == "converged"
+
+
+def three_shards() -> list[str] | None:
+    """The live shard actors' names, once there are three."""
+    names = shard_names()
+    return names if len(names) == 3 else None
 
 
 def check_blobs(client: TestClient, X: np.ndarray, blob: np.ndarray) -> dict:
@@ -115,6 +136,74 @@ def test_a_killed_shard_is_replaced_and_nothing_is_lost(
         ids = np.concatenate([p[0] for p in parts])
         np.testing.assert_array_equal(np.sort(ids), np.arange(len(X)))
         assert all((p[2] >= 0).all() for p in parts)
+
+
+def test_a_node_lost_mid_stream_loses_nothing_and_the_service_keeps_answering(
+    make_settings: SettingsFactory, ray_cluster
+) -> None:
+    """A third node joins, holds a shard, and is removed (its raylet and workers stopped,
+    as when a machine goes away) while samples keep arriving: the coordinator takes back
+    that shard's votes and a new shard on a surviving node rebuilds its rows, unvoted;
+    ``/centroids`` and ``/assign`` answer 200 throughout, and every logged sample ends in
+    exactly one shard, voted, in a model of all of them."""
+    rng = np.random.default_rng(5)
+    X, blob = blobs_around(rng, MEANS, per_blob=300)
+    half = len(X) // 2
+    extra = ray_cluster.add_node(num_cpus=1, object_store_memory=STORE)
+    ray_cluster.wait_for_nodes()
+    settings = make_settings(batch_size=48, ray_address=ray_cluster.address, ray_shards=3)
+    # Shards go round robin over the nodes with a soft affinity: Ray may place one
+    # elsewhere while a new node's resources are not yet known to the scheduler. The
+    # test needs one on the node it removes: a restart (new shards, the log replayed),
+    # a few times at most.
+    for attempt in range(5):
+        client = TestClient(create_app(settings)).__enter__()
+        if attempt == 0:
+            for part in np.array_split(np.arange(half), 3):
+                assert post_npy(client, X[part]).status_code == 202
+        wait_converged(client, half, timeout=40.0)
+        # Ray joined by the worker (a restart serves the snapshot before) and the log
+        # replayed into its shards: only then may this thread ask Ray.
+        wait_until(functools.partial(engine_on_ray, client), 40.0, "the worker's shards")
+        names = shard_names()
+        nodes = {n: ray.get(ray.get_actor(n).node_id.remote()) for n in names}
+        lost = sorted(n for n, node in nodes.items() if node == extra.node_id)
+        if len(names) == 3 and len(lost) == 1:
+            break
+        client.__exit__(None, None, None)
+    assert len(names) == 3 and len(lost) == 1, nodes  # one shard per node
+    try:
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def keep_asking() -> None:
+            while not stop.is_set():
+                statuses.append(client.get("/centroids").status_code)
+                statuses.append(post_npy(client, X[:5], "/assign").status_code)
+                time.sleep(0.02)
+
+        asker = threading.Thread(target=keep_asking)
+        asker.start()
+        try:
+            ray_cluster.remove_node(extra)
+            for part in np.array_split(np.arange(half, len(X)), 3):
+                assert post_npy(client, X[part]).status_code == 202
+            check_blobs(client, X, blob)
+        finally:
+            stop.set()
+            asker.join()
+        assert len(statuses) > 10 and set(statuses) == {200}
+        # Replaced, a new generation (listed once Ray has placed it).
+        now = wait_until(three_shards, 30.0, "a shard for each lost one")
+        assert lost[0] not in now
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        assert all(ray.get(ray.get_actor(n).node_id.remote()) in alive for n in now)
+        parts = ray.get([ray.get_actor(name).assignments.remote() for name in now])
+        ids = np.concatenate([p[0] for p in parts])
+        np.testing.assert_array_equal(np.sort(ids), np.arange(len(X)))
+        assert all((p[2] >= 0).all() for p in parts)
+    finally:
+        client.__exit__(None, None, None)
 
 
 def test_a_sliding_window_on_the_cluster_serves_the_recent_samples(
