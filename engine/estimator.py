@@ -197,6 +197,7 @@ from nmbatch.engine._estimator_checks import (
     seed_sequence,
     spawn_seeds,
 )
+from nmbatch.engine._estimator_pickle import PicklingMixin
 from nmbatch.engine._estimator_use import ModelUseMixin
 from nmbatch.engine.algorithms import IterationStats, make_algorithm
 from nmbatch.engine.algorithms.swap import swap_wanted
@@ -218,7 +219,7 @@ __all__ = ["Callback", "NestedMiniBatchKMeans"]
 Callback = Callable[[IterationStats, ModelState], bool | None]
 
 
-class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
+class NestedMiniBatchKMeans(ModelUseMixin, PicklingMixin, ParamsMixin):
     """K-means clustering by Nested Mini-Batch K-Means (``nmbatch``).
 
     See the module docstring for the idea, every parameter, the fitted attributes and an
@@ -287,23 +288,6 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "cluster_centers_")
-
-    # -- pickling ---------------------------------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        # The store holds a lock and the algorithm holds the store; keep the samples in
-        # insertion order instead and rebuild both on the next partial_fit (the restart
-        # path of the engine: same centroids, same b, one exact pass over the prefix).
-        state = self.__dict__.copy()
-        store = state.pop("_store", None)
-        state.pop("_algorithm", None)
-        if store is not None:
-            samples, ids = store.samples(), store.ids()
-            order = np.argsort(ids, kind="stable")
-            state["_pickled_samples"], state["_pickled_ids"] = samples[order], ids[order]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
     # -- validation -------------------------------------------------------------------
     def _check_X(self, X: object, *, reset: bool) -> np.ndarray:
@@ -421,27 +405,6 @@ class NestedMiniBatchKMeans(ModelUseMixin, ParamsMixin):
             self.swap_clusters,
             self.bounds,
         )
-
-    def _resume_after_unpickling(self) -> None:
-        """Rebuild the store and algorithm dropped by pickling (see ``__getstate__``)."""
-        samples = self.__dict__.pop("_pickled_samples")
-        ids = self.__dict__.pop("_pickled_ids", None)
-        store_seed, algo_seed = spawn_seeds(np.random.SeedSequence(self._algo_seed), 2)
-        store = NestedBatchStore(samples.shape[1], seed=store_seed, capacity=len(samples))
-        store.append(samples, ids=ids)
-        fitted = hasattr(self, "cluster_centers_")
-        init = (
-            self.cluster_centers_
-            if fitted
-            else check_init(self.init, self.n_clusters, samples.shape[1])
-        )
-        algo = self._make_algorithm(store, init, algo_seed)
-        if fitted and hasattr(algo, "restore"):
-            algo.restore(self.cluster_centers_, self.batch_size_, self.n_iter_)
-        elif fitted:
-            # No restore for this algorithm: it restarts from the centroids; keep the count.
-            algo.iteration = int(self.n_iter_)
-        self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
 
     @with_kernel_threads
     def partial_fit(

@@ -41,7 +41,6 @@ import os
 import signal
 import struct
 import sys
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
@@ -52,6 +51,7 @@ from nmbatch.engine import NestedBatchStore, make_algorithm
 from nmbatch.engine.algorithms import KMeansAlgorithm
 from nmbatch.engine.retention import carry_out
 from nmbatch.engine.state import ModelState
+from nmbatch.service.heap import HeapTrimmer
 
 __all__ = [
     "EngineConfig",
@@ -254,33 +254,6 @@ def lower_priority(config: EngineConfig) -> None:
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-class HeapTrimmer:
-    """Gives the C heap's free pages back to the OS (glibc's ``malloc_trim(0)``), at most
-    once every ``every`` seconds.
-
-    Log entries reach the engine as buffers of about 1 MiB, below glibc's dynamic mmap
-    threshold, so they come from the heap; freed between fuller ones, they leave it
-    fragmented, and the pages stay resident (about 40 MB of the engine's memory in the
-    2-million window soak). A trim after a step returns them; it walks the heap, well
-    under a millisecond once a second. Does nothing where there is no glibc.
-    """
-
-    def __init__(self, every: float = 1.0) -> None:
-        self.every = every
-        self._last = time.monotonic()
-        self._trim: Any = None
-        if sys.platform.startswith("linux"):
-            with contextlib.suppress(OSError, AttributeError):
-                self._trim = ctypes.CDLL(None).malloc_trim
-
-    def maybe(self) -> None:
-        """Trim if ``every`` seconds have passed since the last trim."""
-        now = time.monotonic()
-        if self._trim is not None and now - self._last >= self.every:
-            self._last = now
-            self._trim(0)
 
 
 def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:

@@ -14,7 +14,7 @@ import pytest
 from service_helpers import wait_converged
 
 from nmbatch.engine.state import ModelState
-from nmbatch.service import engine_host
+from nmbatch.service import heap
 from nmbatch.service.engine_host import EngineConfig, EngineProcess, EngineProcessError, LocalEngine
 from nmbatch.service.main import create_app
 from tests.testkit import SettingsFactory, TestClient, blobs, wait_until
@@ -263,8 +263,8 @@ def test_feed_in_any_order_restores_a_retained_set() -> None:
 def test_the_heap_trimmer_trims_at_most_once_per_period(monkeypatch) -> None:
     calls: list[int] = []
     clock = [100.0]
-    monkeypatch.setattr(engine_host.time, "monotonic", lambda: clock[0])
-    trimmer = engine_host.HeapTrimmer(every=1.0)
+    monkeypatch.setattr(heap.time, "monotonic", lambda: clock[0])
+    trimmer = heap.HeapTrimmer(every=1.0)
     if trimmer._trim is None:
         pytest.skip("no glibc malloc_trim here")
     real = trimmer._trim
