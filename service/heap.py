@@ -17,9 +17,11 @@ class HeapTrimmer:
 
     Log entries reach the engine as buffers of about 1 MiB, below glibc's dynamic mmap
     threshold, so they come from the heap; freed between fuller ones, they leave it
-    fragmented, and the pages stay resident (about 40 MB of the engine's memory in the
-    2-million window soak). A trim after a step returns them; it walks the heap, well
-    under a millisecond once a second. Does nothing where there is no glibc.
+    fragmented, and the pages stay resident. A trim after a step returns them: the
+    engine's median RSS went from 1.396 to 1.363 GiB in a 25-million-vector soak of a
+    2-million window (d = 128). A call walks the heap and releases what was freed: 0.1 ms
+    to 9 ms in a microbenchmark (more when more was freed), once a second, in the engine
+    process (not the server's). Does nothing where there is no glibc.
     """
 
     def __init__(self, every: float = 1.0) -> None:

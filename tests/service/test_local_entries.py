@@ -155,4 +155,3 @@ def test_the_handoff_is_a_bounded_share_of_the_retained_rows() -> None:
     assert handoff_bytes(2_000_000, 128) == 2_000_000 * 512 // 64  # 16 MB: a soak's window
     assert handoff_bytes(1000, 128) == MIN_HANDOFF_BYTES
     assert handoff_bytes(10**9, 128) == MAX_HANDOFF_BYTES
-
