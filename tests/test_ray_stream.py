@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nmbatch.engine.distributed.shard import _distinct, respread
+from nmbatch.engine.distributed.priorities import distinct, respread
 
 ray = pytest.importorskip("ray")
 
@@ -82,7 +82,7 @@ def test_appends_between_rounds_keep_the_prefix_the_lowest_priorities(local_ray)
 
 def test_repeated_priorities_are_raised_in_their_residue_class() -> None:
     priority = np.array([7, 4, 7, 10, 7, 13], dtype=np.int64)
-    out = _distinct(priority, 3)
+    out = distinct(priority, 3)
     assert np.unique(out).shape[0] == out.shape[0]
     assert out[0] == 7 and out[1] == 4  # rows before any repeat keep their value
     assert ((out - priority) % 3 == 0).all() and (out >= priority).all()

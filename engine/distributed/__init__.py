@@ -1,9 +1,13 @@
-"""nmbatch on a Ray cluster: shard actors and a coordinator (issue 14, phase 1).
+"""nmbatch on a Ray cluster: shard actors and a coordinator (issue 14).
 
 - :mod:`.shard`: one part of the store (rows in priority order, per-row state, the
   ledger ``S_s``, ``v_s``, ``Q_s``) and its part of nmbatch's step; imports no Ray.
 - :mod:`.coordinator`: ``C``, ``S``, ``v``, ``sse``, the prefix threshold ``tau``, one
   round over the shard actors, the doubling rule, fault recovery; imports Ray.
+- :mod:`.source`: rows named by reference (:class:`~.source.SourceRows`), read by the
+  shards from a :class:`~.source.RowSource` (the service's Redis log); imports no Ray.
+- :mod:`.stream`, :mod:`.host`: the streaming coordinator and the service worker's
+  engine over it.
 - :mod:`.fit`: ``NestedMiniBatchKMeans(backend="ray").fit`` (priorities, round-robin
   partitions, the Ray session).
 

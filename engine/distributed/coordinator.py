@@ -66,11 +66,15 @@ from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.state import IterationStats, ModelState
 
 from .shard import ShardState, Votes
+from .source import RowSource
 
-__all__ = ["PRIORITY_LIMIT", "Coordinator", "Partition", "shard_options"]
+__all__ = ["MAX_LOSSES_IN_A_ROW", "PRIORITY_LIMIT", "Coordinator", "Partition", "shard_options"]
 
 _SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
 _SEARCH_WAYS = 64  # thresholds per round trip of the tau search
+MAX_LOSSES_IN_A_ROW = 5
+"""A shard lost more often than this without answering once between (an actor that dies
+as it starts: its node cannot import or unpickle it) stops the run with RuntimeError."""
 PRIORITY_LIMIT = 1 << 62
 """Priorities are distinct int64 in ``[0, PRIORITY_LIMIT)``."""
 
@@ -112,6 +116,9 @@ class Coordinator:
     n_threads : int or None
         Threads of each shard's kernels (:class:`~.shard.ShardState`); None: all its
         node's cores.
+    source : RowSource or None
+        Given to every shard actor: where it reads rows appended by reference
+        (:mod:`.source`, :meth:`~.stream.StreamCoordinator.append`).
     """
 
     name = "nmbatch"
@@ -129,8 +136,10 @@ class Coordinator:
         bound_mode: str = "auto",
         random_state: int | None = None,
         n_threads: int | None = None,
+        source: RowSource | None = None,
     ) -> None:
         self.partitions = list(partitions)
+        self.source = source
         self.n_threads = n_threads
         self.n_clusters, self.dim = int(n_clusters), int(dim)
         self.n_samples = int(sum(len(ids) for _, ids, _ in self.partitions))
@@ -161,6 +170,7 @@ class Coordinator:
         self.n_retired = 0  # rows retired since the start
         self.run_id = uuid.uuid4().hex[:12]
         self.generation = [0] * P
+        self._losses = [0] * P  # per shard: losses since its last answer
         self.shards = [self._start_shard(s) for s in range(P)]
 
     # -- shards ----------------------------------------------------------------------------
@@ -168,7 +178,7 @@ class Coordinator:
         rows, ids, priority = self.partitions[s]
         name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
         return ShardActor.options(**shard_options(s, name)).remote(
-            rows, ids, priority, self.n_clusters, self.bound_mode, self.n_threads
+            rows, ids, priority, self.n_clusters, self.bound_mode, self.n_threads, self.source
         )
 
     def shard_name(self, s: int) -> str:
@@ -199,7 +209,12 @@ class Coordinator:
         for s, ref in enumerate(refs):
             try:
                 out.append(ray.get(ref))
-            except RayActorError:
+                self._losses[s] = 0
+            except RayActorError as exc:
+                self._losses[s] += 1
+                if self._losses[s] > MAX_LOSSES_IN_A_ROW:  # it cannot even start: give up
+                    raise RuntimeError(f"shard {s} was lost {self._losses[s]} times in a row "
+                                       f"without answering: {exc}") from exc  # fmt: skip
                 out.append(None)
                 self._lose(s)
         return out

@@ -12,7 +12,7 @@
   each shard takes back the votes of its own retired rows; a window or an age limit is
   one id threshold for all shards, global in acceptance order) and one
   :meth:`~.stream.StreamCoordinator.append`: the entry's rows go to the next shard in
-  turn;
+  turn (by reference, with a ``source``: the shard reads the rows from the log itself);
 - ``step`` is one distributed round, ``restore`` rebuilds the votes from the centroids
   of the last snapshot after a replay; the :class:`ModelState` they return is published
   by the worker as a local engine's (same ``/centroids``, ``/assign``, ``/stats``).
@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from nmbatch.engine.state import ModelState
+
+from .source import RowSource, SourceRows
 
 __all__ = ["RayEngine"]
 
@@ -67,9 +70,14 @@ class RayEngine:
         A Ray address, as ``ray.init`` takes it (the head's ``"host:port"``, ``"auto"``).
     n_shards : int
         ``P >= 1``: shard actors, spread over the nodes.
+    source : RowSource or None
+        Where the shards read rows fed by reference (:class:`~.source.SourceRows`: the
+        service's Redis log); None: only arrays are fed, through the object store.
     """
 
-    def __init__(self, config: Any, address: str, n_shards: int) -> None:
+    def __init__(
+        self, config: Any, address: str, n_shards: int, source: RowSource | None = None
+    ) -> None:
         import ray
 
         from .stream import StreamCoordinator
@@ -80,7 +88,7 @@ class RayEngine:
         try:
             self.coordinator = StreamCoordinator(
                 n_shards, config.k, config.dim, seed=config.seed, init=config.init,
-                rho=config.rho, batch_size=config.batch_size,
+                rho=config.rho, batch_size=config.batch_size, source=source,
             )  # fmt: skip
         except BaseException:
             self._leave()
@@ -94,7 +102,7 @@ class RayEngine:
 
     def feed(
         self,
-        X: np.ndarray,
+        X: np.ndarray | SourceRows,
         ids: np.ndarray,
         *,
         n_after: int,
@@ -104,14 +112,20 @@ class RayEngine:
     ) -> None:
         """Take out the stored rows with ids in ``retire_ids`` or below ``retire_before``
         (each shard takes back its own rows' votes, exactly), then append the rows of
-        ``X`` ``(m, d)`` float32 under stream ``ids`` ``(m,)`` int64 (any order) to the
-        next shard."""
+        ``X`` ``(m, d)`` float32, or those it names (:class:`~.source.SourceRows`, read
+        by the shard), under stream ``ids`` ``(m,)`` int64 (any order) to the next
+        shard."""
         if np.shape(retire_ids)[0] or retire_before > 0:
             self.coordinator.retire(retire_ids, retire_before)
         self.coordinator.append(X, ids)
         if self.store.n_samples != n_after:
             raise RuntimeError(f"the store holds {self.store.n_samples} rows, not {n_after}")
         self.state = dataclasses.replace(self.state, converged=False)
+
+    def rebase(self, rows: Sequence[SourceRows], ids: Sequence[np.ndarray]) -> None:
+        """The stored rows now live where ``rows`` names them, ``ids[e]`` the stream ids
+        of ``rows[e]`` (:meth:`~.stream.StreamCoordinator.rebase`)."""
+        self.coordinator.rebase(rows, ids)
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The stored rows with stream ids ``ids`` ``(m,)`` int64, ``(m, d)`` float32."""

@@ -26,7 +26,9 @@ and wait in a queue; before any read (counts, prefix, step, rows) the queue is m
 the voted rows ``[0, b_s)`` stay where they are (their per-row state is indexed by
 position), the unvoted rows and the queued ones are sorted by priority after them. A
 priority that repeats one already held is raised by ``stride`` (the number of shards,
-keeping it in the shard's residue class) until it is unique. :meth:`ShardState.respread`
+keeping it in the shard's residue class) until it is unique. Rows may also come by
+reference (:meth:`ShardState.append_ref`, :mod:`.source`): the shard reads them from its
+source, all those queued in one call, at the next merge. :meth:`ShardState.respread`
 maps the priorities down when the coordinator asks (see :mod:`.stream`).
 
 This module does not import Ray: the coordinator wraps :class:`ShardState` in an actor.
@@ -43,6 +45,9 @@ from nmbatch.engine.kernels.exact import closer_to, own_sqdist
 from nmbatch.engine.kernels.retire import remove_votes
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.engine.warmup import warm_up
+
+from .priorities import distinct, respread
+from .source import RowSource, SourceRows
 
 __all__ = ["ShardState", "StepResult", "Votes", "votes"]
 
@@ -131,6 +136,8 @@ class ShardState:
     n_threads : int or None
         Threads of the shard's kernels in a step (BLAS on one,
         :func:`~nmbatch.engine.threads.kernel_threads`); None: every core of its node.
+    source : RowSource or None
+        Where :meth:`append_ref` reads the rows it is given by reference.
     """
 
     def __init__(
@@ -141,6 +148,7 @@ class ShardState:
         n_clusters: int,
         bound_mode: str = "full",
         n_threads: int | None = None,
+        source: RowSource | None = None,
     ) -> None:
         order = np.argsort(np.asarray(priority, dtype=np.int64), kind="stable")
         # Copies: arrays from Ray's object store are read-only, and the kernels are
@@ -150,8 +158,11 @@ class ShardState:
         self.priority = np.asarray(priority, dtype=np.int64)[order]
         self.n_clusters, self.bound_mode = int(n_clusters), bound_mode
         self.n_threads = n_threads
-        # Appended chunks not merged yet: (rows (m, d) float32, ids, priority, stride).
+        # Appended chunks not merged yet: (rows (m, d) float32, ids, priority, stride),
+        # and those given by reference, not read yet: (SourceRows, ids, priority, stride).
         self._queue: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
+        self._unread: list[tuple[SourceRows, np.ndarray, np.ndarray, int]] = []
+        self.source = source
         self._start(data)
 
     def _start(self, data: np.ndarray) -> None:
@@ -175,17 +186,50 @@ class ShardState:
         rows = np.asarray(rows, dtype=np.float32).reshape(-1, self.data.shape[1])
         chunk = (rows, np.asarray(ids, np.int64), np.asarray(priority, np.int64), int(stride))
         self._queue.append(chunk)
-        return int(self.ids.shape[0] + sum(c[1].shape[0] for c in self._queue))
+        return self._held()
+
+    def append_ref(
+        self, rows: SourceRows, ids: np.ndarray, priority: np.ndarray, stride: int
+    ) -> int:
+        """:meth:`append` of rows named by reference (:class:`~.source.SourceRows`), read
+        from :attr:`source` at the next merge, with those of other calls. Returns ``n_s``
+        including the queue."""
+        if self.source is None:
+            raise ValueError("rows given by reference to a shard without a source")
+        chunk = (rows, np.asarray(ids, np.int64), np.asarray(priority, np.int64), int(stride))
+        self._unread.append(chunk)
+        return self._held()
+
+    def _held(self) -> int:
+        queued = sum(c[1].shape[0] for c in self._queue) + sum(c[1].shape[0] for c in self._unread)
+        return int(self.ids.shape[0] + queued)
+
+    def _read(self) -> None:
+        """Read the rows given by reference into the queue, in one call of the source (if
+        it raises, nothing is taken from the references: the next merge reads again)."""
+        if not self._unread:
+            return
+        assert self.source is not None
+        arrays = self.source.read([rows.ref for rows, *_ in self._unread])
+        read = []
+        for (rows, ids, priority, stride), X in zip(self._unread, arrays, strict=True):
+            X = np.asarray(X, dtype=np.float32)
+            if X.ndim != 2 or X.shape[1] != rows.dim or rows.offsets.max(initial=-1) >= X.shape[0]:
+                raise ValueError(f"{rows.ref!r} holds {X.shape}, not rows {rows.shape} of it")
+            read.append((X[rows.offsets], ids, priority, stride))
+        self._queue.extend(read)
+        self._unread = []
 
     def _merge(self) -> None:
         """Merge the queue: voted rows ``[0, b_s)`` unmoved, the rest sorted by priority."""
+        self._read()
         if not self._queue:
             return
         queue, self._queue = self._queue, []
         b = self.batch_size
         stride = queue[-1][3]
         # Queued priorities are >= tau > every voted row's: repeats only within the tail.
-        tail_pri = _distinct(np.concatenate([self.priority[b:], *(c[2] for c in queue)]), stride)
+        tail_pri = distinct(np.concatenate([self.priority[b:], *(c[2] for c in queue)]), stride)
         order = np.argsort(tail_pri, kind="stable")
         tail_rows = np.concatenate([self.data[b:], *(c[0] for c in queue)])[order]
         tail_ids = np.concatenate([self.ids[b:], *(c[1] for c in queue)])[order]
@@ -197,8 +241,9 @@ class ShardState:
         self._algo.store = store
 
     def respread(self, tau: int, tau_new: int, levels: int, stride: int) -> None:
-        """Map every priority by :func:`respread` (order kept, weakly, residue kept): the
-        prefix ``{pi < tau}`` becomes ``{pi < tau_new}``, with the room above it restored."""
+        """Map every priority by :func:`~.priorities.respread` (order kept, weakly, residue
+        kept): the prefix ``{pi < tau}`` becomes ``{pi < tau_new}``, with the room above
+        it restored."""
         self._merge()
         self.priority = respread(self.priority, tau, tau_new, levels, stride)
 
@@ -394,38 +439,3 @@ class ShardState:
             closer_to(self._dist2, self.data, self._dist2.shape[0], x)
         return self.relocation_best(v)
 
-
-def _distinct(priority: np.ndarray, stride: int) -> np.ndarray:
-    """``priority`` ``(n,)`` int64 with repeats raised by ``stride`` until none is left:
-    of equal values, the one of lowest index keeps it (a shard's rows come before its
-    queue, and are distinct: they never move). A repeat has a chance of about ``n^2 / 2^63``."""
-    priority = priority.copy()
-    while True:
-        order = np.argsort(priority, kind="stable")
-        ranked = priority[order]
-        repeat = np.flatnonzero(ranked[1:] == ranked[:-1]) + 1
-        if not repeat.shape[0]:
-            return priority
-        priority[order[repeat]] += stride
-
-
-def respread(priority: np.ndarray, tau: int, tau_new: int, levels: int, stride: int) -> np.ndarray:
-    """``priority`` ``(n,)`` int64 mapped so that the prefix ``{p < tau}`` lands in
-    ``[0, levels * stride)`` and the rest keeps its gaps above ``tau_new``.
-
-    ``p < tau``: ``q = p // stride`` scaled to ``floor(q * levels / (tau // stride + 1))``
-    (monotone: float64 rounding is), then ``q' * stride + p % stride``; ``p >= tau``:
-    lowered by ``tau - tau_new`` rounded down to a multiple of ``stride``. Order is kept
-    (prefix rows may tie: they hold their votes, their order no longer matters), every
-    value keeps its residue modulo ``stride``, and ``#{p' < tau_new} = #{p < tau}`` when
-    ``tau_new >= 2 * levels * stride`` (room for the raises of ties by ``stride``).
-    """
-    priority = np.asarray(priority, dtype=np.int64)
-    stride = int(stride)
-    low = priority < tau
-    q = priority[low] // stride
-    scale = levels / float(tau // stride + 1)
-    q_new = np.minimum(np.floor(q.astype(np.float64) * scale).astype(np.int64), levels - 1)
-    out = priority - (int(tau) - int(tau_new)) // stride * stride
-    out[low] = q_new * stride + priority[low] % stride
-    return out

@@ -23,18 +23,27 @@ row is shuffled into a uniformly random place of the *tail* (the rows not in the
 
 Priorities are distinct over the whole store: shard ``s`` of ``P`` draws only values
 ``= s (mod P)`` (no two shards share one), and a shard raises a value repeating one it
-holds by ``P`` (:func:`~.shard._distinct`; a repeat has a chance of about ``n^2 / 2^63``).
+holds by ``P`` (:func:`~.priorities.distinct`; a repeat has a chance of about ``n^2 / 2^63``).
 
 The room for new priorities, ``[tau, PRIORITY_LIMIT)``, shrinks as ``tau`` rises; once
 ``tau`` has used half of it in a round whose prefix holds every row (a converged stream,
 where every round takes in all new rows), :meth:`StreamCoordinator.respread` maps all
 priorities down in order, the prefix to the bottom, and the room is whole again.
 
-Faults: each shard's appended chunks ``(rows ObjectRef, ids, priority)`` are kept by the
-coordinator in order (rows in Ray's object store, owned by this driver; ids and
-priorities, 16 bytes a row, in the driver's memory), so a lost shard is replaced as in
-phase 1 (its ledger subtracted, a new actor given the same chunks in the same order,
-unvoted). A lost driver (the service restarts) rebuilds everything from the Redis log.
+Rows come in one of two ways (:meth:`StreamCoordinator.append`): as an array, put in
+Ray's object store by this driver, or **by reference** (:class:`~.source.SourceRows`:
+with a ``source`` the shards read from, the service's Redis log). By reference, the rows
+never pass through the driver: the shard reads them itself, from its own node.
+
+Faults: each shard's appended chunks ``(rows, ids, priority)`` are kept by the
+coordinator in order (``rows`` an ObjectRef owned by this driver, or the
+:class:`~.source.SourceRows` naming them; ids and priorities, 16 bytes a row, in the
+driver's memory), so a lost shard is replaced as in phase 1 (its ledger subtracted, a
+new actor given the same chunks in the same order, unvoted): by reference, the new actor
+reads its partition from the source again, and no copy of the rows is kept anywhere but
+there. When the source moves rows (the service compacts a reservoir into a new base),
+:meth:`StreamCoordinator.rebase` points the records at their new place. A lost driver
+(the service restarts) rebuilds everything from the Redis log.
 
 Retention (:meth:`StreamCoordinator.retire`): the worker's policy hands over ids below a
 threshold (window, age: global in acceptance order) and single ids (reservoir); every
@@ -45,6 +54,7 @@ holds exactly the retained rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -54,13 +64,15 @@ from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.state import IterationStats
 
 from .coordinator import PRIORITY_LIMIT, Coordinator
-from .shard import respread
+from .priorities import respread
+from .source import SourceRows
 
 __all__ = ["StreamCoordinator"]
 
 _HEADROOM = 1 << 40  # room above the drawn priorities for the raises of repeats
 _LEVELS = 1 << 40  # respread: the prefix's priorities in [0, _LEVELS * P)
 _RESPREAD_AT = PRIORITY_LIMIT // 2  # respread once tau has used half the room
+_NONE = np.empty(0, dtype=np.int64)
 _COMPACT_MIN = 4096
 """A shard's chunk records are rebuilt from what it holds once they carry more retired
 rows than this and than stored ones (the object store keeps a record's rows while any
@@ -112,7 +124,7 @@ class StreamCoordinator(Coordinator):
         if not hasattr(self, "alive"):  # the first actors, from Coordinator.__init__
             return actor
         for chunk in self.chunks[s]:
-            actor.append.remote(*chunk, len(self.partitions))  # calls run in this order
+            _send(actor, chunk, len(self.partitions))  # calls run in this order
         dead = [ids[~alive] for (_, ids, _), alive in zip(self.chunks[s], self.alive[s],
                                                           strict=True)]
         if dead and sum(d.shape[0] for d in dead):
@@ -130,24 +142,30 @@ class StreamCoordinator(Coordinator):
         pri[pri < self.tau] += P
         return pri.astype(np.int64)
 
-    def append(self, X: np.ndarray, ids: np.ndarray) -> int:
-        """Append the rows of one log entry, ``X`` ``(m, d)`` float32 with stream ``ids``
-        ``(m,)`` int64, to the next shard in turn (not waiting for it); returns ``N``."""
-        X = np.ascontiguousarray(X, dtype=np.float32)
+    def append(self, X: np.ndarray | SourceRows, ids: np.ndarray) -> int:
+        """Append the rows of one log entry, ``X`` ``(m, d)`` float32 or the
+        :class:`~.source.SourceRows` naming them (read by the shard from the ``source``),
+        with stream ``ids`` ``(m,)`` int64, to the next shard in turn (not waiting for
+        it); returns ``N``."""
+        if not isinstance(X, SourceRows):
+            X = np.ascontiguousarray(X, dtype=np.float32)
         m = X.shape[0]
-        if X.ndim != 2 or X.shape[1] != self.dim or np.shape(ids) != (m,):
+        if len(X.shape) != 2 or X.shape[1] != self.dim or np.shape(ids) != (m,):
             raise ValueError(f"rows of shape {X.shape} with {np.shape(ids)} ids for dim {self.dim}")
+        if isinstance(X, SourceRows) and self.source is None:
+            raise ValueError("rows by reference need a source")
         if not m:
             return self.n_samples
         s = self._next_shard
         self._next_shard = (s + 1) % len(self.partitions)
-        chunk = (ray.put(X), np.asarray(ids, np.int64).copy(), self.priorities(m, s))
+        rows = X if isinstance(X, SourceRows) else ray.put(X)
+        chunk = (rows, np.asarray(ids, np.int64).copy(), self.priorities(m, s))
         self.chunks[s].append(chunk)
         self.alive[s].append(np.ones(m, dtype=bool))
         self.next_id = max(self.next_id, int(chunk[1].max()) + 1)
         # Not waited for: a dead actor's failure shows at the next round, which replaces
         # it with every chunk, this one included.
-        self.shards[s].append.remote(*chunk, len(self.partitions))
+        _send(self.shards[s], chunk, len(self.partitions))
         self.n_samples += m
         self.converged = False
         return self.n_samples
@@ -194,14 +212,47 @@ class StreamCoordinator(Coordinator):
         return self.n_samples
 
     def _compact_records(self, s: int) -> None:
-        """Shard ``s``'s chunk records become one chunk of the rows it holds (put in the
-        object store by this driver, which owns it); left as they are if it was lost."""
+        """Shard ``s``'s chunk records drop their retired rows: by reference, each names
+        only its stored rows; else they become one chunk of the rows the shard holds (put
+        in the object store by this driver, which owns it; left as they are if the shard
+        was lost)."""
+        if all(isinstance(rows, SourceRows) for rows, _, _ in self.chunks[s]):
+            records = zip(self.chunks[s], self.alive[s], strict=True)
+            self.chunks[s] = [(r[a], ids[a], pri[a]) for (r, ids, pri), a in records]
+            self.alive[s] = [np.ones(ids.shape[0], dtype=bool) for _, ids, _ in self.chunks[s]]
+            return
         holdings = self._gather([self.shards[s].holdings.remote()])[0]
         if holdings is None:
             return
         rows, ids, priority = holdings
         self.chunks[s] = [(ray.put(rows), ids, priority)] if ids.shape[0] else []
         self.alive[s] = [np.ones(ids.shape[0], dtype=bool)] if ids.shape[0] else []
+
+    def rebase(self, rows: Sequence[SourceRows], ids: Sequence[np.ndarray]) -> None:
+        """The stored rows have moved in the source: ``rows[e]`` names the rows with stream
+        ids ``ids[e]`` ``(n_e,)`` int64, and together they hold every stored row once.
+        Every shard's records become references to them (same ids, same priorities), so
+        that a replacement reads them there; the shards themselves are not called."""
+        all_ids = np.concatenate([np.asarray(i, np.int64) for i in ids]) if ids else _NONE
+        if np.unique(all_ids).shape[0] != all_ids.shape[0] or all_ids.shape[0] != self.n_samples:
+            raise ValueError(f"{all_ids.shape[0]} rows named for {self.n_samples} stored ones")
+        new_chunks = []
+        for s, (chunks, alive) in enumerate(zip(self.chunks, self.alive, strict=True)):
+            held = np.concatenate([c[1][a] for c, a in zip(chunks, alive, strict=True)] or [_NONE])
+            pri = np.concatenate([c[2][a] for c, a in zip(chunks, alive, strict=True)] or [_NONE])
+            order = np.argsort(held)
+            held, pri = held[order], pri[order]
+            records = []
+            for named, these in zip(rows, ids, strict=True):
+                at = np.flatnonzero(np.isin(these, held))
+                if at.shape[0]:
+                    mine = np.asarray(these, np.int64)[at]
+                    records.append((named[at], mine, pri[np.searchsorted(held, mine)]))
+            if sum(r[1].shape[0] for r in records) != held.shape[0]:
+                raise ValueError(f"shard {s}: not every stored row is named")
+            new_chunks.append(records)
+        self.chunks = new_chunks  # each shard's records checked: all replaced at once
+        self.alive = [[np.ones(r[1].shape[0], dtype=bool) for r in c] for c in new_chunks]
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The stored rows with stream ids ``ids`` ``(m,)`` int64, in that order, ``(m, d)``
@@ -228,7 +279,7 @@ class StreamCoordinator(Coordinator):
         return stats
 
     def respread(self) -> None:
-        """Give new rows their room back: map every priority down (:func:`~.shard.respread`).
+        """Give new rows their room back: map every priority down (:func:`~.priorities.respread`).
 
         The room ``[tau, PRIORITY_LIMIT)`` new priorities are drawn from shrinks as ``tau``
         rises (fast in a stream the prefix covers whole, where each round raises ``tau``
@@ -275,3 +326,12 @@ class StreamCoordinator(Coordinator):
         self._covered_all = b == self.n_samples
         if self._covered_all and self.tau > _RESPREAD_AT:
             self.respread()
+
+
+def _send(actor: Any, chunk: tuple[Any, np.ndarray, np.ndarray], stride: int) -> None:
+    """Append one chunk record ``(rows, ids, priority)`` to ``actor`` (not waited for)."""
+    rows, ids, priority = chunk
+    if isinstance(rows, SourceRows):
+        actor.append_ref.remote(rows, ids, priority, stride)
+    else:
+        actor.append.remote(rows, ids, priority, stride)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nmbatch.engine.distributed.source import SourceRows
+
 __all__ = [
     "CHUNK_BYTES",
     "LogChunk",
@@ -35,10 +37,11 @@ it)."""
 
 @dataclass(frozen=True)
 class LogChunk:
-    """One decoded log entry: its stream id and rows ``X``, shape ``(n, d)``, float32."""
+    """One decoded log entry: its stream id and rows ``X``, shape ``(n, d)``, float32
+    (or the :class:`~nmbatch.engine.distributed.source.SourceRows` naming them)."""
 
     entry_id: str
-    X: np.ndarray
+    X: np.ndarray | SourceRows
 
 
 def encode_chunks(X: np.ndarray) -> list[dict[str, bytes | int]]:

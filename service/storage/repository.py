@@ -11,6 +11,7 @@ import time
 import redis
 
 from nmbatch.service.storage.codec import LogChunk, as_str, decode_chunk
+from nmbatch.service.storage.entries import read_heads
 from nmbatch.service.storage.errors import LeaseLostError, ModelConfigError
 from nmbatch.service.storage.handoff import LocalEntries
 from nmbatch.service.storage.keys import ModelKeys
@@ -74,12 +75,20 @@ class ModelRepository:
         raw = self.client.hget(self.keys.meta, "n_samples")
         return int(raw) if raw is not None else 0
 
-    def read_log(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
+    def read_log(
+        self, after_id: str, max_entries: int = 256, by_reference: bool = False
+    ) -> list[LogChunk]:
         """Up to ``max_entries`` log entries after ``after_id`` (``"0-0"``: from the start).
 
         The entries come in log order, with no gap after ``after_id``: from
         :attr:`local` when Redis confirms the next ones are those, else from Redis.
+        ``by_reference``: only their heads are read, each chunk's ``X`` the
+        :class:`~nmbatch.engine.distributed.source.SourceRows` naming its rows
+        (:mod:`~nmbatch.service.storage.entries`).
         """
+        if by_reference:
+            heads = read_heads(self.client, self.keys.log, after_id, max_entries)
+            return [LogChunk(head.entry_id, head.rows) for head in heads]
         if self.local is not None:
             chunks = self._read_local(after_id, max_entries)
             if chunks:

@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 import redis
 
+from nmbatch.engine.distributed.source import SourceRows
 from nmbatch.service.storage.codec import CHUNK_BYTES, as_str, decode_chunk, id_key, next_id
+from nmbatch.service.storage.entries import EntryHead, read_heads
 from nmbatch.service.storage.errors import LeaseLostError
 from nmbatch.service.storage.keys import ModelKeys
 
@@ -130,12 +132,19 @@ class Base:
         Rows in the base.
     policy : dict
         JSON-able state of the retention policy as of ``last_id`` (opaque here).
+    entries : tuple of str
+        The ids of its entries, in order, when this process wrote it (:meth:`RetainedLog.
+        compact`; ``()`` when read from the meta hash).
+    rows_per_entry : int
+        Rows of each of those entries but the last (0 when read).
     """
 
     generation: int
     last_id: str
     n_rows: int
     policy: dict[str, Any]
+    entries: tuple[str, ...] = ()
+    rows_per_entry: int = 0
 
 
 def encode_base_entries(
@@ -225,6 +234,39 @@ class RetainedLog:
                 f"base generation {base.generation} gave {seen} rows, not {base.n_rows}: "
                 "a newer compaction replaced it while it was read"
             )
+
+    def base_heads(self, base: Base, page: int = 256) -> Iterator[EntryHead]:
+        """The heads of the entries of ``base`` in the stored order, with their stream ids
+        (:func:`~nmbatch.service.storage.entries.read_heads`; the rows stay in Redis).
+        Raises :class:`BaseChangedError` as :meth:`base_rows`."""
+        key = self.keys.base(base.generation)
+        after, seen = None, 0
+        while True:
+            heads = read_heads(self.client, key, after, page, with_ids=True)
+            yield from heads
+            seen += sum(len(head.rows) for head in heads)
+            if len(heads) < page:
+                break
+            after = heads[-1].entry_id
+        if seen != base.n_rows:
+            raise BaseChangedError(
+                f"base generation {base.generation} gave {seen} rows, not {base.n_rows}: "
+                "a newer compaction replaced it while it was read"
+            )
+
+    def base_layout(
+        self, base: Base, ids: np.ndarray, dim: int
+    ) -> tuple[list[SourceRows], list[np.ndarray]]:
+        """Where the rows of ``base``, just written by :meth:`compact` from stream ids
+        ``ids`` ``(n,)`` int64 in that order (``dim`` columns), are: the
+        :class:`SourceRows` naming each entry and the ids of its rows."""
+        key, step = self.keys.base(base.generation), max(1, base.rows_per_entry)
+        if -(-int(ids.shape[0]) // step) != len(base.entries):
+            raise ValueError(f"{ids.shape[0]} rows for {len(base.entries)} entries of {step}")
+        parts = [np.asarray(ids[e * step : (e + 1) * step], np.int64)
+                 for e in range(len(base.entries))]  # fmt: skip
+        return [SourceRows.whole((key, entry), part.shape[0], dim)
+                for entry, part in zip(base.entries, parts, strict=True)], parts  # fmt: skip
 
     def log_bytes(self) -> int | None:
         """Redis's memory of the log and the current base (``MEMORY USAGE``, which
@@ -354,7 +396,8 @@ class RetainedLog:
             "(%d log entries trimmed)", n, last_id, g + 1, value,
         )  # fmt: skip
         step("committed")
-        return Base(g + 1, last_id, n, json.loads(policy_json))
+        entries = tuple(f"{nonce}-{e}" for e in range(1, m + 1))
+        return Base(g + 1, last_id, n, json.loads(policy_json), entries, rows_per_entry)
 
     # -- helpers ---------------------------------------------------------------------------
     def _generation(self) -> int:

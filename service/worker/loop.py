@@ -31,6 +31,7 @@ from nmbatch.service.engine_host import (
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
+from nmbatch.service.storage.entries import RedisRows
 from nmbatch.service.storage.handoff import handoff_bytes
 from nmbatch.service.storage.retained import RetainedLog
 from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
@@ -93,8 +94,11 @@ class Worker(EngineRecovery):
         dim: int | None = None,
         engine_nice: int = 0,
         retention_size: Callable[[int], int | None] | None = None,
+        redis_url: str | None = None,
     ) -> None:
         self.settings = settings
+        self.redis_url = redis_url  # for the shards of a Ray engine, which read the log
+        self._by_reference = False  # the engine is fed log entries by reference
         self.repository = repository
         self.board = board
         self.metrics = metrics
@@ -316,10 +320,13 @@ class Worker(EngineRecovery):
         else:  # on a Ray cluster (nmbatch[ray]): imported only then
             from nmbatch.engine.distributed.host import RayEngine
 
-            engine = RayEngine(config, s.ray_address, s.ray_shards)
+            source = RedisRows(self.redis_url) if self.redis_url is not None else None
+            engine = RayEngine(config, s.ray_address, s.ray_shards, source)
         self.engine = engine
+        self._by_reference = s.ray_address is not None and self.redis_url is not None
         retained = self.retention_size(self.dim)
-        self.retention = LogRetention(s, retained, self.retained_log)
+        self.retention = LogRetention(s, retained, self.retained_log,
+                                      by_reference=self._by_reference)  # fmt: skip
         if self.repository.local is not None:  # rows held beyond the retained set: bounded
             self.repository.local.max_bytes = handoff_bytes(retained, self.dim)
         self.phase = Phase.REPLAYING
@@ -427,7 +434,9 @@ class Worker(EngineRecovery):
         """Read one page of new log entries into the store; True if a full page was read."""
         assert self.engine is not None and self.retention is not None
         store = self.engine.store
-        chunks = self.backoff.call(self.repository.read_log, self.last_id, _LOG_PAGE)
+        chunks = self.backoff.call(
+            self.repository.read_log, self.last_id, _LOG_PAGE, self._by_reference
+        )
         if not chunks:
             return False
         for chunk in chunks:

@@ -31,17 +31,19 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterator
 
 import numpy as np
 import redis
 
+from nmbatch.engine.distributed.source import SourceRows
 from nmbatch.engine.retention import ReservoirRetention, RetentionPolicy, make_retention
 from nmbatch.service.config import Settings
 from nmbatch.service.engine_host import EngineHost
 from nmbatch.service.storage.capacity import plan_capacity
 from nmbatch.service.storage.codec import id_key, next_id
 from nmbatch.service.storage.errors import redis_oom
-from nmbatch.service.storage.retained import RetainedLog
+from nmbatch.service.storage.retained import Base, RetainedLog
 
 __all__ = ["MIN_COMPACTION", "REDIS_SAMPLES", "LogRetention", "retention_size"]
 
@@ -87,6 +89,10 @@ class LogRetention:
         capacity is enforced where samples are appended).
     storage : RetainedLog
         The model's log and base in Redis (synchronous client).
+    by_reference : bool
+        The engine is fed rows by reference (the Ray engine, whose shards read them from
+        Redis): a base is read by its entries' heads, and a new base is named to the
+        engine (``engine.rebase``) once committed.
 
     Attributes
     ----------
@@ -97,9 +103,17 @@ class LogRetention:
         Reservoir bases written by this object.
     """
 
-    def __init__(self, settings: Settings, max_samples: int | None, storage: RetainedLog) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        max_samples: int | None,
+        storage: RetainedLog,
+        *,
+        by_reference: bool = False,
+    ) -> None:
         self.name = settings.retention
         self.storage = storage
+        self.by_reference = by_reference
         self.policy: RetentionPolicy = make_retention(
             self.name,
             n_clusters=settings.k,
@@ -135,7 +149,7 @@ class LogRetention:
         if base is None:
             return "0-0"
         pages: list[np.ndarray] = []
-        for ids, X in storage.base_rows(base):
+        for ids, X in self._base_pages(base):
             if isinstance(self.policy, ReservoirRetention):
                 pages.append(ids)
                 engine.feed(X, ids, n_after=engine.store.n_samples + X.shape[0], any_order=True)
@@ -148,9 +162,20 @@ class LogRetention:
                  base.n_rows, base.last_id)  # fmt: skip
         return base.last_id
 
-    def offer(self, engine: EngineHost, X: np.ndarray, entry_id: str | None) -> None:
-        """Offer the rows of one log entry (``(n, d)`` float32) to the policy at the
-        entry's time and carry out its answer on ``engine``."""
+    def _base_pages(self, base: Base) -> Iterator[tuple[np.ndarray, np.ndarray | SourceRows]]:
+        """``(ids, rows)`` of the base, page by page (by reference: entry by entry, the
+        rows named, not read)."""
+        if not self.by_reference:
+            yield from self.storage.base_rows(base)
+            return
+        for head in self.storage.base_heads(base):
+            assert head.ids is not None
+            yield head.ids, head.rows
+
+    def offer(self, engine: EngineHost, X: np.ndarray | SourceRows, entry_id: str | None) -> None:
+        """Offer the rows of one log entry (``(n, d)`` float32, or the
+        :class:`SourceRows` naming them) to the policy at the entry's time and carry out
+        its answer on ``engine``."""
         now = id_key(entry_id)[0] / 1000.0 if entry_id is not None else None
         adm = self.policy.admit(X.shape[0], now)
         rows = X if adm.keep.shape[0] == X.shape[0] else X[adm.keep]
@@ -229,6 +254,9 @@ class LogRetention:
         X = engine.rows_of(slots)
         base = self.storage.compact(slots, X, last_id=last_id, policy=self.policy.state_dict(),
                                lease_token=lease_token)  # fmt: skip
+        if self.by_reference:  # the log entries of the reservoir's rows are gone
+            rebase = engine.rebase  # type: ignore[attr-defined]  # engines fed by reference
+            rebase(*self.storage.base_layout(base, slots, engine.store.dim))
         self._since_base = 0
         self.compactions += 1
         log.info("reservoir compacted: base %d, %d samples up to entry %s", base.generation,
