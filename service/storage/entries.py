@@ -107,9 +107,10 @@ class RedisRows:
                 return self._read(refs)
             except (redis.ConnectionError, redis.TimeoutError):
                 self._client = None
-                if time.monotonic() + pause > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise
-                time.sleep(pause)
+                time.sleep(min(pause, remaining))
                 pause = min(2 * pause, 1.0)
 
     def _read(self, refs: Sequence[tuple[str, str]]) -> list[np.ndarray]:

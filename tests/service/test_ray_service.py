@@ -8,7 +8,8 @@ coordinator and puts its shard actors on the nodes. Tested: ingest -> /centroids
 blob means) -> /assign; a restart rebuilds from the Redis log; a shard actor killed
 mid-run is replaced and nothing logged is lost; a node removed mid-stream (the same,
 with the API answering throughout); retention ``window`` on the cluster
-(the default model and a named one) serves the last samples only.
+(the default model and a named one) serves the last samples only; a ``reservoir`` is
+read by the shards from Redis, from its base after a compaction, also by a replacement.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ import numpy as np
 import pytest
 from service_helpers import post_npy, wait_converged
 
+from nmbatch.engine.distributed.source import SourceRows
 from nmbatch.service.main import create_app
+from nmbatch.service.storage.keys import ModelKeys
+from nmbatch.service.worker import retention as worker_retention
 from tests.testkit import SettingsFactory, TestClient, blobs_around, wait_until
 
 ray = pytest.importorskip("ray")
@@ -263,3 +267,58 @@ def test_a_named_model_with_a_window_runs_on_the_cluster(
         for j, c in enumerate(np.array(doc["centroids"])):
             np.testing.assert_allclose(c, last[mine == j].mean(axis=0), atol=1e-4)
 
+
+
+def test_a_reservoir_on_the_cluster_is_read_by_the_shards_from_redis(
+    make_settings: SettingsFactory, ray_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention ``reservoir`` on the cluster, the rows fed by reference: the worker
+    reads only the log entries' heads (nothing handed over in memory), the shards read
+    the rows from Redis. After a compaction the coordinator's records name the new
+    base's entries (the log entries the rows came from are trimmed), and a shard killed
+    then is rebuilt by reading them there: the shards hold exactly the reservoir, each
+    row the one posted under its id, and the centroids are its cells' means."""
+    M = 300
+    monkeypatch.setattr(worker_retention, "MIN_COMPACTION", 0)  # compact at every M samples
+    rng = np.random.default_rng(21)
+    X, _ = blobs_around(rng, MEANS, per_blob=300)
+    settings = make_settings(batch_size=48, ray_address=ray_address, ray_shards=2,
+                             retention="reservoir", max_samples=M)  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        worker = client.app.state.context.worker
+        assert worker.repository.local is None
+        posted = 0
+
+        def caught_up() -> dict | None:
+            assert worker.error is None, f"the worker failed: {worker.error!r}"
+            doc = client.get("/centroids").json() if engine_on_ray(client) else {}
+            done = doc.get("n_ingested") == posted and doc.get("n_samples") == min(posted, M)
+            return doc if done and doc["converged"] else None
+
+        parts = np.array_split(np.arange(len(X)), 6)
+        for part in parts[:4]:
+            assert post_npy(client, X[part]).status_code == 202
+            posted += len(part)
+            wait_until(caught_up, 40.0, f"the reservoir of {posted} samples")
+        assert worker.retention.compactions >= 2
+        coord = worker.engine.coordinator
+        base = worker.retained_log.read_base()
+        named = [rows for chunks in coord.chunks for rows, _, _ in chunks]
+        assert all(isinstance(rows, SourceRows) for rows in named)
+        assert {rows.ref[0] for rows in named} <= {ModelKeys(settings.model).base(base.generation),
+                                                   ModelKeys(settings.model).log}  # fmt: skip
+        doomed = coord.shards[0]
+        ray.kill(doomed)
+        for part in parts[4:]:
+            assert post_npy(client, X[part]).status_code == 202
+            posted += len(part)
+            doc = wait_until(caught_up, 40.0, f"the reservoir of {posted} samples")
+        assert coord.n_lost >= 1
+        slots = np.sort(worker.retention.policy.slots[:M])
+        parts_held = ray.get([shard.assignments.remote() for shard in coord.shards])
+        np.testing.assert_array_equal(np.sort(np.concatenate([p[0] for p in parts_held])), slots)
+        np.testing.assert_array_equal(worker.engine.rows_of(slots), X[slots])
+        C, rows = np.array(doc["centroids"]), X[slots].astype(np.float64)
+        nearest = np.argmin(((rows[:, None, :] - C[None]) ** 2).sum(axis=2), axis=1)
+        for j in range(C.shape[0]):
+            np.testing.assert_allclose(C[j], rows[nearest == j].mean(axis=0), atol=1e-4)
