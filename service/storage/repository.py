@@ -75,20 +75,19 @@ class ModelRepository:
         raw = self.client.hget(self.keys.meta, "n_samples")
         return int(raw) if raw is not None else 0
 
-    def read_log(
-        self, after_id: str, max_entries: int = 256, by_reference: bool = False
-    ) -> list[LogChunk]:
+    def read_log_heads(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
+        """:meth:`read_log` by reference: only the entries' heads are read from Redis, each
+        chunk's ``X`` the :class:`~nmbatch.engine.distributed.source.SourceRows` naming
+        its rows (:mod:`~nmbatch.service.storage.entries`)."""
+        heads = read_heads(self.client, self.keys.log, after_id, max_entries)
+        return [LogChunk(head.entry_id, head.rows) for head in heads]
+
+    def read_log(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
         """Up to ``max_entries`` log entries after ``after_id`` (``"0-0"``: from the start).
 
         The entries come in log order, with no gap after ``after_id``: from
         :attr:`local` when Redis confirms the next ones are those, else from Redis.
-        ``by_reference``: only their heads are read, each chunk's ``X`` the
-        :class:`~nmbatch.engine.distributed.source.SourceRows` naming its rows
-        (:mod:`~nmbatch.service.storage.entries`).
         """
-        if by_reference:
-            heads = read_heads(self.client, self.keys.log, after_id, max_entries)
-            return [LogChunk(head.entry_id, head.rows) for head in heads]
         if self.local is not None:
             chunks = self._read_local(after_id, max_entries)
             if chunks:

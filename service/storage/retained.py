@@ -40,7 +40,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -143,8 +143,8 @@ class Base:
     last_id: str
     n_rows: int
     policy: dict[str, Any]
-    entries: tuple[str, ...] = ()
-    rows_per_entry: int = 0
+    entries: tuple[str, ...] = field(default=(), compare=False)
+    rows_per_entry: int = field(default=0, compare=False)
 
 
 def encode_base_entries(

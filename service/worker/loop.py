@@ -434,9 +434,9 @@ class Worker(EngineRecovery):
         """Read one page of new log entries into the store; True if a full page was read."""
         assert self.engine is not None and self.retention is not None
         store = self.engine.store
-        chunks = self.backoff.call(
-            self.repository.read_log, self.last_id, _LOG_PAGE, self._by_reference
-        )
+        repository = self.repository
+        read = repository.read_log_heads if self._by_reference else repository.read_log
+        chunks = self.backoff.call(read, self.last_id, _LOG_PAGE)
         if not chunks:
             return False
         for chunk in chunks:

@@ -9,7 +9,8 @@ blob means) -> /assign; a restart rebuilds from the Redis log; a shard actor kil
 mid-run is replaced and nothing logged is lost; a node removed mid-stream (the same,
 with the API answering throughout); retention ``window`` on the cluster
 (the default model and a named one) serves the last samples only; a ``reservoir`` is
-read by the shards from Redis, from its base after a compaction, also by a replacement.
+read by the shards from Redis, from its base after a compaction, also by a replacement
+and after a restart.
 """
 
 from __future__ import annotations
@@ -322,3 +323,12 @@ def test_a_reservoir_on_the_cluster_is_read_by_the_shards_from_redis(
         nearest = np.argmin(((rows[:, None, :] - C[None]) ** 2).sum(axis=2), axis=1)
         for j in range(C.shape[0]):
             np.testing.assert_allclose(C[j], rows[nearest == j].mean(axis=0), atol=1e-4)
+    # A restart: the new worker names the base's entries and the log's after it to new
+    # shards, which read them from Redis: the same reservoir.
+    with TestClient(create_app(settings)) as client:
+        worker = client.app.state.context.worker
+        wait_until(caught_up, 40.0, "the rebuilt reservoir")
+        coord = worker.engine.coordinator
+        parts_held = ray.get([shard.assignments.remote() for shard in coord.shards])
+        np.testing.assert_array_equal(np.sort(np.concatenate([p[0] for p in parts_held])), slots)
+        np.testing.assert_array_equal(worker.engine.rows_of(slots), X[slots])

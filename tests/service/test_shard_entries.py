@@ -40,8 +40,8 @@ def test_heads_name_the_entries_and_a_shard_reads_their_rows(
     X = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
     entry_ids = logged(redis_client, keys.log, X, 7)
     repository = ModelRepository(redis_client, model_name)
-    first = repository.read_log("0-0", 4, True)
-    rest = repository.read_log(first[-1].entry_id, 100, True)
+    first = repository.read_log_heads("0-0", 4)
+    rest = repository.read_log_heads(first[-1].entry_id, 100)
     chunks = first + rest
     assert [c.entry_id for c in chunks] == entry_ids
     assert all(isinstance(c.X, SourceRows) and c.X.shape == (len(c.X), 3) for c in chunks)
