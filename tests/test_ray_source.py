@@ -130,6 +130,14 @@ def test_a_rebase_names_the_moved_rows_and_a_replacement_reads_them_there(local_
         before = [list(c) for c in coord.chunks]
         with pytest.raises(ValueError, match="rows named"):
             coord.rebase(moved[:-1], parts[:-1])  # not every stored row: nothing changes
+        twice = [p.copy() for p in parts]
+        twice[0][0] = twice[0][1]  # one row named twice, one not at all
+        with pytest.raises(ValueError, match="rows named"):
+            coord.rebase(moved, twice)
+        stranger = [p.copy() for p in parts]
+        stranger[-1][-1] = 10_000  # a row that is not stored named instead of one that is
+        with pytest.raises(ValueError, match="not every stored row"):
+            coord.rebase(moved, stranger)
         assert all(len(a) == len(b) for a, b in zip(coord.chunks, before, strict=True))
         coord.source.arrays = {f"base{e}": X[p] for e, p in enumerate(parts)}  # old ones gone
         coord.rebase(moved, parts)

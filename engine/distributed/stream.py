@@ -74,9 +74,9 @@ _LEVELS = 1 << 40  # respread: the prefix's priorities in [0, _LEVELS * P)
 _RESPREAD_AT = PRIORITY_LIMIT // 2  # respread once tau has used half the room
 _NONE = np.empty(0, dtype=np.int64)
 _COMPACT_MIN = 4096
-"""A shard's chunk records are rebuilt from what it holds once they carry more retired
-rows than this and than stored ones (the object store keeps a record's rows while any
-of them is stored)."""
+"""A shard's chunk records are compacted (:meth:`StreamCoordinator._compact_records`)
+once they carry more retired rows than this and than stored ones (the object store keeps
+a record's rows while any of them is stored)."""
 
 
 class StreamCoordinator(Coordinator):
@@ -232,25 +232,32 @@ class StreamCoordinator(Coordinator):
         """The stored rows have moved in the source: ``rows[e]`` names the rows with stream
         ids ``ids[e]`` ``(n_e,)`` int64, and together they hold every stored row once.
         Every shard's records become references to them (same ids, same priorities), so
-        that a replacement reads them there; the shards themselves are not called."""
-        all_ids = np.concatenate([np.asarray(i, np.int64) for i in ids]) if ids else _NONE
-        if np.unique(all_ids).shape[0] != all_ids.shape[0] or all_ids.shape[0] != self.n_samples:
-            raise ValueError(f"{all_ids.shape[0]} rows named for {self.n_samples} stored ones")
+        that a replacement reads them there; the shards themselves are not called. Raises
+        ``ValueError`` and changes nothing unless every stored row is named once."""
+        sizes = [np.shape(these)[0] for these in ids]
+        named = np.concatenate([np.asarray(these, np.int64) for these in ids] or [_NONE])
+        entry = np.repeat(np.arange(len(sizes)), sizes)
+        offset = np.concatenate([np.arange(n) for n in sizes] or [_NONE])
+        order = np.argsort(named, kind="stable")
+        ranked = named[order]
+        if named.shape[0] != self.n_samples or np.any(ranked[1:] == ranked[:-1]):
+            raise ValueError(f"{named.shape[0]} rows named for {self.n_samples} stored ones")
         new_chunks = []
         for s, (chunks, alive) in enumerate(zip(self.chunks, self.alive, strict=True)):
             held = np.concatenate([c[1][a] for c, a in zip(chunks, alive, strict=True)] or [_NONE])
             pri = np.concatenate([c[2][a] for c, a in zip(chunks, alive, strict=True)] or [_NONE])
-            order = np.argsort(held)
-            held, pri = held[order], pri[order]
-            records = []
-            for named, these in zip(rows, ids, strict=True):
-                at = np.flatnonzero(np.isin(these, held))
-                if at.shape[0]:
-                    mine = np.asarray(these, np.int64)[at]
-                    records.append((named[at], mine, pri[np.searchsorted(held, mine)]))
-            if sum(r[1].shape[0] for r in records) != held.shape[0]:
+            at = np.minimum(np.searchsorted(ranked, held), max(ranked.shape[0] - 1, 0))
+            if held.shape[0] and not np.array_equal(ranked[at], held):
                 raise ValueError(f"shard {s}: not every stored row is named")
-            new_chunks.append(records)
+            where = order[at]  # the held rows' places among the named ones
+            by_place = np.argsort(where, kind="stable")
+            where, held, pri = where[by_place], held[by_place], pri[by_place]
+            cuts = np.flatnonzero(np.diff(entry[where])) + 1
+            new_chunks.append([
+                (rows[int(entry[w[0]])][offset[w]], h, p)
+                for w, h, p in zip(np.split(where, cuts), np.split(held, cuts),
+                                   np.split(pri, cuts), strict=True) if w.shape[0]
+            ])  # fmt: skip
         self.chunks = new_chunks  # each shard's records checked: all replaced at once
         self.alive = [[np.ones(r[1].shape[0], dtype=bool) for r in c] for c in new_chunks]
 

@@ -17,24 +17,17 @@ import threading
 import time
 from collections.abc import Callable
 
-from nmbatch.engine.algorithms.swap import swap_wanted
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.service.config import Settings
-from nmbatch.service.engine_host import (
-    EngineConfig,
-    EngineHost,
-    EngineProcess,
-    EngineProcessError,
-    LocalEngine,
-)
+from nmbatch.service.engine_host import EngineHost, EngineProcessError
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
-from nmbatch.service.storage.entries import RedisRows
 from nmbatch.service.storage.handoff import handoff_bytes
 from nmbatch.service.storage.retained import RetainedLog
 from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
+from nmbatch.service.worker.engines import build_engine
 from nmbatch.service.worker.lease import VERSION_BLOCK, LeaseKeeper
 from nmbatch.service.worker.publisher import Publisher
 from nmbatch.service.worker.recovery import EngineRecovery
@@ -308,22 +301,11 @@ class Worker(EngineRecovery):
                 self.wake.wait(self.settings.poll_seconds)
                 self.wake.clear()
         s = self.settings
-        config = EngineConfig(self.dim, s.k, s.init, s.rho, s.batch_size, s.seed,
-                              threads=s.worker_threads, nice=self.engine_nice,
-                              idle=self.engine_nice > 0,
-                              swap=swap_wanted("auto", s.retention, n_clusters=s.k,
-                                               batch_size=s.batch_size))  # fmt: skip
         self._close_engine()
         self.phase = Phase.STARTING_ENGINE
-        if s.ray_address is None:
-            engine: EngineHost = EngineProcess(config) if s.worker_process else LocalEngine(config)
-        else:  # on a Ray cluster (nmbatch[ray]): imported only then
-            from nmbatch.engine.distributed.host import RayEngine
-
-            source = RedisRows(self.redis_url) if self.redis_url is not None else None
-            engine = RayEngine(config, s.ray_address, s.ray_shards, source)
+        engine, self._by_reference = build_engine(s, self.dim, nice=self.engine_nice,
+                                                  redis_url=self.redis_url)  # fmt: skip
         self.engine = engine
-        self._by_reference = s.ray_address is not None and self.redis_url is not None
         retained = self.retention_size(self.dim)
         self.retention = LogRetention(s, retained, self.retained_log,
                                       by_reference=self._by_reference)  # fmt: skip

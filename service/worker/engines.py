@@ -1,0 +1,39 @@
+"""The engine a worker drives: in a child process, in its own thread, or on a Ray cluster.
+
+:func:`build_engine` makes it from the settings; the worker drives each through the same
+interface (:class:`~nmbatch.service.engine_host.EngineHost`).
+"""
+
+from __future__ import annotations
+
+from nmbatch.engine.algorithms.swap import swap_wanted
+from nmbatch.service.config import Settings
+from nmbatch.service.engine_host import EngineConfig, EngineHost, EngineProcess, LocalEngine
+from nmbatch.service.storage.entries import RedisRows
+
+__all__ = ["build_engine"]
+
+
+def build_engine(
+    settings: Settings, dim: int, *, nice: int, redis_url: str | None
+) -> tuple[EngineHost, bool]:
+    """The engine of a model of dimension ``dim`` (``nice``: the child's priority), and
+    whether it is fed log entries by reference.
+
+    - ``NMBATCH_RAY_ADDRESS`` unset: the single-machine engine, in a child process
+      (``worker_process``) or in the worker thread;
+    - set: the Ray engine (``nmbatch[ray]``, imported only then), whose shards read the
+      rows of the log from the Redis at ``redis_url`` themselves (by reference); with no
+      ``redis_url``, the worker's rows go to them through Ray's object store.
+    """
+    s = settings
+    config = EngineConfig(dim, s.k, s.init, s.rho, s.batch_size, s.seed,
+                          threads=s.worker_threads, nice=nice, idle=nice > 0,
+                          swap=swap_wanted("auto", s.retention, n_clusters=s.k,
+                                           batch_size=s.batch_size))  # fmt: skip
+    if s.ray_address is None:
+        return (EngineProcess(config) if s.worker_process else LocalEngine(config)), False
+    from nmbatch.engine.distributed.host import RayEngine
+
+    source = RedisRows(redis_url) if redis_url is not None else None
+    return RayEngine(config, s.ray_address, s.ray_shards, source), source is not None
