@@ -5,8 +5,8 @@ Instead of passing every row through the coordinator, the coordinator can hand a
 *references*: :class:`SourceRows` names rows ``offsets`` of the array a
 :class:`RowSource` returns for ``ref``, and the shard reads them itself, from its own
 node (:meth:`~.shard.ShardState.append_ref`). The coordinator keeps only the
-references, the stream ids and the priorities (about 16 bytes a row), so a lost shard is
-rebuilt by a new actor reading the same references again.
+references, the stream ids and the priorities (17 bytes a row with a retired flag), so
+a lost shard is rebuilt by a new actor reading the same references again.
 
 This module knows nothing of where the rows are: the service provides the source (its
 log reader) and the references (log entry ids).
