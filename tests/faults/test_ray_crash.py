@@ -60,11 +60,11 @@ def shard_actors() -> list[tuple[str, str]]:
 
 
 def test_kill_9_of_the_coordinator_loses_nothing_and_new_shards_read_the_log(
-    ray_cluster: Cluster,
-    start_redis: Callable[..., EmbeddedRedis],
     start_service: Callable[..., ServiceProcess],
+    start_redis: Callable[..., EmbeddedRedis],
+    ray_cluster: Cluster,
 ) -> None:
-    url = start_redis(appendfsync="everysec").url
+    url = start_redis().url  # appendonly, fsync every second
     settings = dict(model=MODEL, k=3, batch_size=256, snapshot_seconds=1, poll_seconds=0.1,
                     worker_lock_seconds=30, redis_url=url, ray_address=ray_cluster.address,
                     ray_shards=2)  # fmt: skip
