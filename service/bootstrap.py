@@ -161,9 +161,8 @@ async def start_model(
         raise _unusable(url, exc) from None
     stack.callback(lease_client.close)
 
-    # Entries appended here reach this process's worker in memory (see LocalEntries);
-    # not on a Ray cluster, where the shards read the rows from Redis themselves.
-    local_entries = LocalEntries() if settings.ray_address is None else None
+    # Entries appended here reach this process's worker in memory (see LocalEntries).
+    local_entries = LocalEntries()
     repository = ModelRepository(sync_client, settings.model, local_entries)
     try:
         dim = await run_in_threadpool(repository.check_meta, settings.k, settings.dim)

@@ -1,12 +1,21 @@
 """Log entries by reference: their heads for the worker, their rows for the shards.
 
-On a Ray cluster (``NMBATCH_RAY_ADDRESS``) the rows of the log do not pass through the
-worker. The worker reads only each entry's *head* (its id, ``n``, ``d`` and, in a base,
-its stream ids; :func:`read_heads`, one script per page that leaves the rows in Redis)
-and hands the engine :class:`~nmbatch.engine.distributed.source.SourceRows` naming the
-entry by ``(stream key, entry id)``. Each shard actor reads the entries of its own
-partition (the ones the coordinator sent it) with :class:`RedisRows`, from its own
-node, and a shard that replaces a lost one reads the same entries again.
+On a Ray cluster (``NMBATCH_RAY_ADDRESS``) the rows of the log do not go through the
+worker to the shards. The worker learns each entry's *head* (its id, ``n``, ``d`` and,
+in a base, its stream ids: :func:`read_heads`, or
+:meth:`~nmbatch.service.storage.ModelRepository.read_log_heads`) and hands the engine
+:class:`~nmbatch.engine.distributed.source.SourceRows` naming the entry by ``(stream
+key, entry id)``. Each shard actor reads the entries of its own partition (the ones the
+coordinator sent it) with :class:`RedisRows`, from its own node, and a shard that
+replaces a lost one reads the same entries again.
+
+Entries this process appended reach its worker in memory (the hand-off of
+:class:`~nmbatch.service.storage.LocalEntries`: Redis only confirms there is no gap).
+Others are read whole and their rows dropped at once: Redis streams have no read of
+some fields only. A server-side script that returned the heads alone was measured and
+rejected: Redis builds every entry, rows included, into the script's memory, which kept
+it busy about 3 ms an entry of 1 MiB against 0.3-0.4 ms to send the entry
+(``tools/log_read_bytes.py``), and a script blocks every other client meanwhile.
 """
 
 from __future__ import annotations
@@ -21,26 +30,11 @@ import redis
 from nmbatch.engine.distributed.source import SourceRows
 from nmbatch.service.storage.codec import as_str, decode_chunk
 
-__all__ = ["HEADS", "EntryHead", "RedisRows", "read_heads"]
+__all__ = ["PIPELINE_ENTRIES", "EntryHead", "RedisRows", "read_heads"]
 
-HEADS = """
--- KEYS[1] a stream of entries (the log, a base); ARGV[1] XRANGE start ('-', '(<id>'),
--- ARGV[2] most entries, ARGV[3] '1': also the field 'ids' (a base's stream ids).
--- Per entry: {id, n, d, ids or false}; the rows (field x) stay in Redis.
-local entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
-local out = {}
-for i, entry in ipairs(entries) do
-  local f = entry[2]
-  local n, d, ids = false, false, false
-  for j = 1, #f, 2 do
-    if f[j] == 'n' then n = f[j + 1]
-    elseif f[j] == 'd' then d = f[j + 1]
-    elseif f[j] == 'ids' and ARGV[3] == '1' then ids = f[j + 1] end
-  end
-  out[i] = {entry[1], n, d, ids}
-end
-return out
-"""
+PIPELINE_ENTRIES = 16
+"""Entries a shard asks for per round trip: Redis holds the replies of a round trip in
+its output buffer at once (up to 16 MiB here), not those of a whole replay."""
 
 
 class EntryHead:
@@ -59,18 +53,19 @@ def read_heads(
     client: redis.Redis, key: str, after: str | None, count: int, *, with_ids: bool = False
 ) -> list[EntryHead]:
     """Up to ``count`` heads of the entries of stream ``key`` after entry id ``after``
-    (None: from the first), in order. Raises ``ValueError`` for an entry without ``n``
-    and ``d`` (not a log or base entry) or whose ``ids`` do not match ``n``."""
+    (None: from the first), in order; ``with_ids``: with a base's stream ids. Raises
+    ``ValueError`` for an entry without ``n`` and ``d`` (not a log or base entry) or
+    whose ``ids`` do not match ``n``."""
     start = "-" if after is None else f"({after}"
-    reply = client.eval(HEADS, 1, key, start, int(count), "1" if with_ids else "0")
     heads = []
-    for raw_id, n, d, ids in reply:
+    for raw_id, fields in client.xrange(key, start, "+", count=int(count)):
         entry_id = as_str(raw_id)
+        n, d = fields.get(b"n"), fields.get(b"d")
         if n is None or d is None:
             raise ValueError(f"entry {entry_id} of {key} has no n and d fields")
         stream_ids = None
         if with_ids:
-            stream_ids = np.frombuffer(ids or b"", dtype="<i8").astype(np.int64)
+            stream_ids = np.frombuffer(fields.get(b"ids", b""), dtype="<i8").astype(np.int64)
             if stream_ids.shape[0] != int(n):
                 raise ValueError(f"entry {entry_id} of {key}: {stream_ids.shape[0]} ids, n={n}")
         heads.append(EntryHead(key, entry_id, int(n), int(d), stream_ids))
@@ -99,7 +94,8 @@ class RedisRows:
         self.__init__(state["url"], retry_seconds=state["retry_seconds"])  # type: ignore[misc]
 
     def read(self, refs: Sequence[tuple[str, str]]) -> list[np.ndarray]:
-        """The rows of each entry ``(key, entry id)`` of ``refs``, one pipeline."""
+        """The rows of each entry ``(key, entry id)`` of ``refs``, pipelined
+        :data:`PIPELINE_ENTRIES` at a time."""
         deadline = time.monotonic() + self.retry_seconds
         pause = 0.05
         while True:
@@ -116,10 +112,12 @@ class RedisRows:
     def _read(self, refs: Sequence[tuple[str, str]]) -> list[np.ndarray]:
         if self._client is None:
             self._client = redis.Redis.from_url(self.url, socket_timeout=30.0)
-        with self._client.pipeline(transaction=False) as pipe:
-            for key, entry_id in refs:
-                pipe.xrange(key, entry_id, entry_id, count=1)
-            replies = pipe.execute()
+        replies = []
+        for start in range(0, len(refs), PIPELINE_ENTRIES):
+            with self._client.pipeline(transaction=False) as pipe:
+                for key, entry_id in refs[start : start + PIPELINE_ENTRIES]:
+                    pipe.xrange(key, entry_id, entry_id, count=1)
+                replies += pipe.execute()
         out = []
         for (key, entry_id), entries in zip(refs, replies, strict=True):
             if not entries:

@@ -10,8 +10,8 @@ import time
 
 import redis
 
+from nmbatch.engine.distributed.source import SourceRows
 from nmbatch.service.storage.codec import LogChunk, as_str, decode_chunk
-from nmbatch.service.storage.entries import read_heads
 from nmbatch.service.storage.errors import LeaseLostError, ModelConfigError
 from nmbatch.service.storage.handoff import LocalEntries
 from nmbatch.service.storage.keys import ModelKeys
@@ -76,11 +76,14 @@ class ModelRepository:
         return int(raw) if raw is not None else 0
 
     def read_log_heads(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
-        """:meth:`read_log` by reference: only the entries' heads are read from Redis, each
-        chunk's ``X`` the :class:`~nmbatch.engine.distributed.source.SourceRows` naming
-        its rows (:mod:`~nmbatch.service.storage.entries`)."""
-        heads = read_heads(self.client, self.keys.log, after_id, max_entries)
-        return [LogChunk(head.entry_id, head.rows) for head in heads]
+        """:meth:`read_log` by reference: each chunk's ``X`` is the
+        :class:`~nmbatch.engine.distributed.source.SourceRows` naming the entry's rows in
+        the log (:mod:`~nmbatch.service.storage.entries`), the rows read dropped."""
+        log = self.keys.log
+        return [
+            LogChunk(c.entry_id, SourceRows.whole((log, c.entry_id), c.X.shape[0], c.X.shape[1]))
+            for c in self.read_log(after_id, max_entries)
+        ]
 
     def read_log(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
         """Up to ``max_entries`` log entries after ``after_id`` (``"0-0"``: from the start).
