@@ -281,14 +281,14 @@ def test_nmbatch_strict_is_nmbatch_with_the_papers_doubling_test() -> None:
     ds = datasets.make_blobs(n_train=4000, n_test=100, dim=6, centers=40, seed=2)
     problem = protocol.shuffled_problem(ds.train, 2, 60, batch_size=300)  # 20 k > 300
 
-    def direct(tolerance: float | None) -> np.ndarray:
+    def direct(strict: bool) -> np.ndarray:
         store = NestedBatchStore(problem.train.shape[1], seed=problem.seed)
         store.append(problem.train)
         algo = make_algorithm("nmbatch", store, problem.k, init=problem.init,
                               rho=problem.rho, batch_size=problem.batch_size,
                               random_state=problem.seed)
-        if tolerance is not None:
-            algo.doubling_tolerance = tolerance
+        if strict:
+            algo.doubling_tolerance, algo.large_k_rho = 0.0, float("inf")
         for _ in range(40):
             if algo.step().converged:
                 break
@@ -296,8 +296,8 @@ def test_nmbatch_strict_is_nmbatch_with_the_papers_doubling_test() -> None:
 
     strict = _final_centroids(run_ours("nmbatch.strict"), problem)
     tolerant = _final_centroids(run_ours("nmbatch"), problem)
-    assert np.array_equal(strict, direct(0.0))
-    assert np.array_equal(tolerant, direct(None))
+    assert np.array_equal(strict, direct(True))
+    assert np.array_equal(tolerant, direct(False))
     assert not np.array_equal(strict, tolerant)  # the tolerance changed the run
 
 

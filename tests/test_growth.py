@@ -16,7 +16,9 @@ from nmbatch.engine import make_algorithm
 from nmbatch.engine.algorithms.growth import (
     B0_PER_CLUSTER,
     DOUBLING_TOLERANCE,
+    LARGE_K_RHO,
     doubling_allowance,
+    doubling_rho,
     first_batch_size,
 )
 from tests.engine_helpers import check_step_invariants, filled_store, snapshot
@@ -77,7 +79,7 @@ def test_invariants_hold_at_a_k_that_raises_the_first_batch() -> None:
 
 def test_doubling_allowance_is_floor_q_k_only_where_b0_is_sized_to_k() -> None:
     q = DOUBLING_TOLERANCE
-    assert 0.0 < q < 0.5
+    assert 0.0 < q <= 0.5
     assert doubling_allowance(5000, 50) == 0  # c * 50 <= 5000: the paper's test
     assert doubling_allowance(5000, 250) == 0
     assert doubling_allowance(5000, 251) == int(q * 251)
@@ -88,6 +90,20 @@ def test_doubling_allowance_is_floor_q_k_only_where_b0_is_sized_to_k() -> None:
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="tolerance"):
             doubling_allowance(100, 10, tolerance=bad)
+
+
+def test_doubling_rho_is_lowered_only_where_b0_is_sized_to_k() -> None:
+    r = LARGE_K_RHO
+    assert 0.0 < r < 100.0
+    assert doubling_rho(100.0, 5000, 50) == 100.0  # c * 50 <= 5000: the paper's rho
+    assert doubling_rho(100.0, 5000, 250) == 100.0
+    assert doubling_rho(100.0, 5000, 251) == r
+    assert doubling_rho(100.0, 5000, 4096, per_cluster=0) == 100.0  # the paper's protocol
+    assert doubling_rho(0.5, 5000, 1024) == min(0.5, r)  # a lower rho is kept
+    assert doubling_rho(100.0, 100, 10, per_cluster=20, large_k_rho=3.0) == 3.0
+    assert doubling_rho(100.0, 5000, 1024, large_k_rho=float("inf")) == 100.0
+    with pytest.raises(ValueError, match="large_k_rho"):
+        doubling_rho(100.0, 5000, 1024, large_k_rho=0.0)
 
 
 def _failing(algo, rho: float) -> int:
@@ -107,12 +123,13 @@ def test_tolerant_doubling_decides_by_the_count_of_failing_clusters() -> None:
                           batch_size=100, rho=100.0, random_state=0)
     allowed = int(DOUBLING_TOLERANCE * k)
     assert algo._doubling_allowance() == allowed > 0
+    assert algo._doubling_rho() == min(algo.rho, LARGE_K_RHO)
     tolerated = 0
     for _ in range(200):
         before = snapshot(algo)
         stats = algo.step()
         check_step_invariants(algo, before)
-        failing = _failing(algo, algo.rho)
+        failing = _failing(algo, min(algo.rho, LARGE_K_RHO))
         assert stats.doubled == (failing <= allowed)
         tolerated += stats.doubled and failing > 0
         if stats.converged:

@@ -17,7 +17,9 @@ from nmbatch.engine.algorithms.bounds import make_bounds
 from nmbatch.engine.algorithms.growth import (
     B0_PER_CLUSTER,
     DOUBLING_TOLERANCE,
+    LARGE_K_RHO,
     doubling_allowance,
+    doubling_rho,
     first_batch_size,
 )
 from nmbatch.engine.algorithms.relocation import relocate_empty
@@ -79,6 +81,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.dense_revisit_fraction: float | None = None
         self.b0_per_cluster = B0_PER_CLUSTER  # b_0 >= this times k (.growth)
         self.doubling_tolerance = DOUBLING_TOLERANCE  # with b_0 sized to k (.growth)
+        self.large_k_rho = LARGE_K_RHO  # the test's rho with b_0 sized to k (.growth)
         self.name = "elkan" if full else ("nmbatch" if bounds else "nmbatch.deact")
         self._sse_from_sums_on_update = True
         self._grow = False
@@ -179,6 +182,12 @@ class NestedMiniBatch(KMeansAlgorithm):
         ``k``, else none (:func:`.growth.doubling_allowance`)."""
         return doubling_allowance(self.initial_batch_size, self.n_clusters,
                                   self.b0_per_cluster, self.doubling_tolerance)
+
+    def _doubling_rho(self) -> float:
+        """The doubling test's ``rho``: at most ``large_k_rho`` when ``b_0`` is sized to
+        ``k``, else ``rho`` (:func:`.growth.doubling_rho`)."""
+        return doubling_rho(self.rho, self.initial_batch_size, self.n_clusters,
+                            self.b0_per_cluster, self.large_k_rho)
 
     def _relocate(self, data: np.ndarray, b: int, C_prev: np.ndarray) -> int:
         """Empty clusters take the batch's farthest samples (:mod:`.relocation`)."""
@@ -306,7 +315,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         # update moved no centroid (after restore() the labels are those of the given
         # centroids, which need not be the means of their samples: p > 0 then).
         self.converged = b == n_now and b == b_old and n_changed == 0 and not self.p.any()
-        self._grow = (not self.full) and self._doubling_test(self.rho)
+        self._grow = (not self.full) and self._doubling_test(self._doubling_rho())
         self._covered_all = b == n_now
         self._regrow_to = 0
         next_b = min(2 * b, n_now) if self._grow else b

@@ -28,11 +28,12 @@ OURS = (
     "nmbatch.swap", "nmbatch.noswap",
 )
 # Bench-only variants: (algorithm, attributes set on it). nmbatch.strict: the paper's
-# doubling test, every moved cluster must pass (.growth.doubling_allowance: none).
+# doubling test, every moved cluster must pass (.growth.doubling_allowance: none) with the
+# problem's rho (.growth.doubling_rho: no lower rho at large k).
 # nmbatch.swap / nmbatch.noswap: nmbatch with cluster swaps on / off (.algorithms.swap;
 # nmbatch's default turns them on when the first batch is sized to k).
 VARIANTS = {
-    "nmbatch.strict": ("nmbatch", {"doubling_tolerance": 0.0}),
+    "nmbatch.strict": ("nmbatch", {"doubling_tolerance": 0.0, "large_k_rho": float("inf")}),
     "nmbatch.swap": ("nmbatch", {"swap": True}),
     "nmbatch.noswap": ("nmbatch", {"swap": False}),
 }

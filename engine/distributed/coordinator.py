@@ -59,6 +59,7 @@ from nmbatch.engine.algorithms.base import KMeansAlgorithm
 from nmbatch.engine.algorithms.growth import (
     B0_PER_CLUSTER,
     doubling_allowance,
+    doubling_rho,
     first_batch_size,
 )
 from nmbatch.engine.init import initial_centroids
@@ -339,7 +340,8 @@ class Coordinator:
             b == n_now and n_new == 0 and not lost and n_changed == 0 and not self.p.any()
         )
         allowed = doubling_allowance(self.initial_batch_size, self.n_clusters)
-        self._grow = KMeansAlgorithm._doubling_test(self, self.rho, allowed)  # the same rule
+        rho = doubling_rho(self.rho, self.initial_batch_size, self.n_clusters)
+        self._grow = KMeansAlgorithm._doubling_test(self, rho, allowed)  # the same rule
         self._covered_all = b == n_now
         self._regrow_to = 0
         n_possible = b * self.n_clusters
