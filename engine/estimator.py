@@ -32,9 +32,10 @@ n_clusters : int, default=8
 rho : float, default=100.0
     Doubling threshold: the nested batch doubles (``b <- min(2b, N)``) when, for every
     cluster, the standard error of its centroid is more than ``rho`` times the distance
-    the centroid just moved (where the first batch is raised to ``20 k``, for all but
-    5% of the clusters). Large values (the paper uses 100) keep the batch small for
-    longer. Used by ``nmbatch`` and ``nmbatch.deact``.
+    the centroid just moved. Where the first batch is raised to ``20 k`` the test
+    takes ``min(rho, 1)`` and half of the clusters need to pass (the median moved
+    cluster decides; ``engine/algorithms/growth.py``). Large values (the paper uses
+    100) keep the batch small for longer. Used by ``nmbatch`` and ``nmbatch.deact``.
 batch_size : int, default=5000
     Initial batch size ``b_0`` (nested algorithms: at least ``20 k``) or the fixed
     mini-batch size (``mbatch``, ``mbatch.remove``). Capped at the number of samples.
