@@ -8,11 +8,12 @@ repository root on ``sys.path``, from any test folder, and a subprocess started 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import subprocess
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -183,3 +184,30 @@ def stop_process(
     if killed and fail_on_kill:
         pytest.fail(f"process {proc.pid} did not exit within {timeout:g} s of SIGTERM")
     return proc.returncode
+
+
+@contextlib.contextmanager
+def two_node_ray_cluster(store_bytes: int = 80 * 2**20) -> Iterator[Any]:
+    """A local Ray cluster of two nodes (one CPU each, object stores of ``store_bytes``,
+    no dashboard) that this process is not connected to: a connection open on entry is
+    closed first. On exit any connection is closed and the cluster shut down. Ray is
+    imported here, since it is an optional extra."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1, "object_store_memory": store_bytes, "include_dashboard": False,
+        },
+    )
+    cluster.add_node(num_cpus=1, object_store_memory=store_bytes)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()

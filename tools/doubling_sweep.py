@@ -21,15 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+# The held-out energy as the benchmark measures it (mean squared distance to the nearest).
+from nmbatch.engine.assign import energy as validation_energy
+
 LEVELS = (5.0, 2.0, 1.0, 0.5)
-
-
-def validation_energy(V: np.ndarray, C: np.ndarray) -> float:
-    """Mean squared distance of the rows of ``V`` ((m, d)) to their nearest row of ``C``
-    ((k, d)), in float64."""
-    V64, C64 = V.astype(np.float64), C.astype(np.float64)
-    d2 = (V64 * V64).sum(1)[:, None] - 2.0 * V64 @ C64.T + (C64 * C64).sum(1)[None, :]
-    return float(np.maximum(d2.min(axis=1), 0.0).mean())
 
 
 def run_setting(

@@ -20,7 +20,7 @@ from fault_helpers import Ingestor, Ledger, ServiceProcess, check_log_against_le
 
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.storage import ModelKeys
-from tests.testkit import wait_until
+from tests.testkit import two_node_ray_cluster, wait_until
 
 ray = pytest.importorskip("ray")
 
@@ -35,20 +35,8 @@ STORE = 80 * 2**20
 @pytest.fixture
 def ray_cluster() -> Iterator[Cluster]:
     """A two-node local Ray cluster this process is not connected to."""
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "object_store_memory": STORE, "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=1, object_store_memory=STORE)
-    cluster.wait_for_nodes()
-    try:
+    with two_node_ray_cluster(STORE) as cluster:
         yield cluster
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster.shutdown()
 
 
 def shard_actors() -> list[tuple[str, str]]:

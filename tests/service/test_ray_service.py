@@ -27,11 +27,15 @@ from nmbatch.engine.distributed.source import SourceRows
 from nmbatch.service.main import create_app
 from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.worker import retention as worker_retention
-from tests.testkit import SettingsFactory, TestClient, blobs_around, wait_until
+from tests.testkit import (
+    SettingsFactory,
+    TestClient,
+    blobs_around,
+    two_node_ray_cluster,
+    wait_until,
+)
 
 ray = pytest.importorskip("ray")
-
-from ray.cluster_utils import Cluster  # noqa: E402
 
 MEANS = np.array([[0.0, 0.0, 0.0, 0.0], [20.0, 0.0, 5.0, 0.0], [0.0, 20.0, 0.0, -5.0]])
 STORE = 80 * 2**20
@@ -39,21 +43,10 @@ STORE = 80 * 2**20
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A two-node local Ray cluster, shut down after the module."""
-    if ray.is_initialized():  # another module's connection: the engine must join ours
-        ray.shutdown()
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "object_store_memory": STORE, "include_dashboard": False},
-    )
-    c.add_node(num_cpus=1, object_store_memory=STORE)
-    c.wait_for_nodes()
-    try:
-        yield c
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        c.shutdown()
+    """A two-node local Ray cluster, shut down after the module (another module's
+    connection is closed first: the engine must join this one)."""
+    with two_node_ray_cluster(STORE) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
