@@ -174,10 +174,16 @@ def test_settle_assigned_grouped_is_the_numpy_formula(seed):
     assert n_open == int(pairs[is_open.any(axis=1)].sum())
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("overflow", [False, True])
 @pytest.mark.parametrize("integer", [True, False])
 @pytest.mark.parametrize(("seed", "G"), [(0, 1), (1, 3), (2, 9), (3, 20)])
-def test_assign_dense_grouped_is_the_group_minimum_of_the_full_bounds(seed, G, integer):
+def test_assign_dense_grouped_is_the_group_minimum_of_the_full_bounds(seed, G, integer, overflow):
+    """``overflow``: some rows' float32 products overflow (their estimates are unknown)."""
     X, C = data(seed, 300, 20, 6, integer)
+    if overflow:
+        X[:5] *= np.float32(3e37)
+        assert not np.isfinite(X[:5] @ C.T).all()
     group_of, *_ = grouping(20, G, seed)
     st, lower, upper = dense_state(X, C, group_of, G)
     # The full dense pass on the same input, reduced to groups in numpy.

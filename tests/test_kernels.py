@@ -26,6 +26,7 @@ import math
 import warnings
 from fractions import Fraction
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -50,6 +51,7 @@ from nmbatch.engine.kernels import (
     sqdist_safe,
     sqnorms32,
 )
+from nmbatch.engine.kernels.common import gemm_estimates
 from tests.engine_helpers import brute_nearest, sqdist64_ref
 from tests.testkit import blobs
 
@@ -248,6 +250,49 @@ def test_nearest_on_float_data_is_the_float64_argmin(seed, n, k, d):
         np.testing.assert_array_equal(labels, ref_labels)
         np.testing.assert_allclose(sqd, numpy_sqd[np.arange(n), labels], rtol=1e-12)
         np.testing.assert_array_equal(sqd, ref_sqd)
+
+
+@numba.njit
+def _gemm_estimates(xx, dots, cc, g_gemm, d):
+    """``gemm_estimates`` over every row of ``dots``: ``(low, top)``."""
+    m, k = dots.shape
+    low = np.empty((m, k), dtype=np.float64)
+    top = np.empty(m, dtype=np.float64)
+    high = np.empty(k, dtype=np.float64)
+    norm_c = np.sqrt(cc)
+    for q in range(m):
+        top[q] = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low[q], high)
+    return low, top
+
+
+@pytest.mark.parametrize("k", [1, 7, 8, 13, 64, 1001])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gemm_estimates_are_the_numpy_formula_bit_for_bit(seed, k):
+    """The vectorised estimates and their smallest upper value are the float64 formula's,
+    evaluated in numpy in the same order; a row with a non-finite product (overflow, NaN)
+    takes the per-centroid path, where that product's estimate is unknown (-inf)."""
+    rng = np.random.default_rng(seed)
+    d = 37
+    X = rng.normal(size=(6, d)).astype(np.float32) * 10
+    C = rng.normal(size=(k, d)).astype(np.float32) * 10
+    dots = X @ C.T
+    dots[4, k // 2] = np.inf
+    dots[5, k - 1] = np.nan
+    xx = (X.astype(np.float64) ** 2).sum(1)
+    cc = (C.astype(np.float64) ** 2).sum(1)
+    g = gemm_error(d)
+    low, top = _gemm_estimates(xx, dots, cc, g, d)
+    dot64 = dots.astype(np.float64)
+    est = xx[:, None] + cc[None, :] - 2.0 * dot64
+    nx, nc = np.sqrt(xx), np.sqrt(cc)
+    err = 2.0 * g * nx[:, None] * nc[None, :] + (d + 8) * 2.0**-53 * (xx[:, None] + cc[None, :])
+    err = err + (d + 1) * 2.0**-148
+    unknown = ~np.isfinite(dot64)
+    est[unknown], err[unknown] = 0.0, np.inf
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(low, est - err)
+        np.testing.assert_array_equal(top, (est + err).min(axis=1))
+    assert (low[unknown] == -np.inf).all()
 
 
 def test_nearest_spans_several_chunks_and_accepts_other_dtypes():

@@ -82,22 +82,24 @@ def run_ours(name: str, rho: float | None = None) -> Runner:
 
 def jit_warmup(train: np.ndarray, k: int, names: tuple[str, ...] = OURS) -> float:
     """Run each of ``names`` once on a small problem (2,000 rows of ``train``, initial
-    batch 200, up to 8 steps; nmbatch also with each revisit path forced) so numba
-    compiles every kernel, and compute one energy; returns the wall time of it all, in
-    seconds."""
+    batch 200, up to 8 steps; nmbatch also with each revisit path forced, with full and
+    with group bounds, since ``auto`` picks groups at a large ``k``) so numba compiles
+    every kernel, and compute one energy; returns the wall time of it all, in seconds."""
     from nmbatch.engine import NestedBatchStore, energy, make_algorithm
     from nmbatch.engine.kernels.exact import closer_to, own_sqdist
 
     t0 = time.perf_counter()
     X = np.ascontiguousarray(train[: max(2000, 4 * k)], dtype=np.float32)
     bases = tuple(dict.fromkeys(VARIANTS.get(n, (n,))[0] for n in names))
-    runs = [(name, None) for name in bases]
+    runs = [(name, None, "auto") for name in bases]
     if "nmbatch" in bases:  # both paths of the bounded revisit, whichever the data picks
-        runs += [("nmbatch", -1.0), ("nmbatch", np.inf)]
-    for name, fraction in runs:
+        runs += [("nmbatch", f, b) for b in ("full", "group") for f in (-1.0, np.inf)]
+    for name, fraction, bounds in runs:
         store = NestedBatchStore(X.shape[1], seed=0, capacity=X.shape[0])
         store.append(X)
-        algo = make_algorithm(name, store, k, init=X[:k].copy(), batch_size=200, random_state=0)
+        options = {"bounds": bounds} if name == "nmbatch" else {}
+        algo = make_algorithm(name, store, k, init=X[:k].copy(), batch_size=200,
+                              random_state=0, **options)
         if fraction is not None:
             algo.dense_revisit_fraction = fraction
         for _ in range(8):

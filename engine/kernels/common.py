@@ -41,12 +41,14 @@ __all__ = [
     "UP",
     "UP32",
     "add_vote",
+    "all_finite32",
     "bound_factors",
     "down32",
     "exact_argmin",
     "gemm_error",
     "gemm_estimates",
     "list_row",
+    "min8",
     "move_vote",
     "open_pairs",
     "prefetch_row",
@@ -226,8 +228,41 @@ def push_candidate(j, s_j, cand, cand_s, nc, best, best_s):
     return nc + 1, best, best_s
 
 
+@numba.njit(cache=True, nogil=True)
+def all_finite32(a: np.ndarray) -> bool:
+    """True when every value of the ``(k,)`` float32 array ``a`` is finite (vectorised:
+    a count, no branch)."""
+    flt_max = np.float32(FLT_MAX)
+    n_finite = 0
+    for j in range(a.shape[0]):
+        n_finite += np.int64(abs(a[j]) <= flt_max)  # False for inf and NaN
+    return n_finite == a.shape[0]
+
+
 @numba.njit(inline="always")
-def gemm_estimates(xx_q, dots_q, cc, norm_c, g_gemm, d, low):
+def min8(a):
+    """The smallest value of a ``(k,)`` float64 array with no NaN (``inf`` if empty):
+    eight running minima, so the loop is not one chain of dependent comparisons."""
+    k = a.shape[0]
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.inf
+    n8 = k - k % 8
+    for j in range(0, n8, 8):
+        m0 = min(m0, a[j])
+        m1 = min(m1, a[j + 1])
+        m2 = min(m2, a[j + 2])
+        m3 = min(m3, a[j + 3])
+        m4 = min(m4, a[j + 4])
+        m5 = min(m5, a[j + 5])
+        m6 = min(m6, a[j + 6])
+        m7 = min(m7, a[j + 7])
+    m = min(min(min(m0, m1), min(m2, m3)), min(min(m4, m5), min(m6, m7)))
+    for j in range(n8, k):
+        m = min(m, a[j])
+    return m
+
+
+@numba.njit(inline="always")
+def gemm_estimates(xx_q, dots_q, cc, norm_c, g_gemm, d, low, high):
     """Lower estimates of a row's squared distance to every centroid, from a BLAS product.
 
     xx_q   : float                 ``||x||^2``
@@ -235,18 +270,34 @@ def gemm_estimates(xx_q, dots_q, cc, norm_c, g_gemm, d, low):
     cc     : (k,) float64          ``||C[j]||^2``; ``norm_c`` its square root
     g_gemm : float                 ``gemm_error(d)``, ``d`` the dimension
     low    : (k,) float64   OUT    ``est - err`` of :func:`gemm_estimate`
+    high   : (k,) float64   SCRATCH  ``est + err``
 
     Returns the smallest upper estimate ``min_j est + err``: a centroid with
     ``low[j] > top`` cannot be the nearest.
+
+    When every product is finite (the usual case) the estimates are computed in one
+    branch-free loop, which the compiler vectorises, and their minimum by :func:`min8`;
+    the values are those of :func:`gemm_estimate`, bit for bit (the same operations in
+    the same order, no contraction). Otherwise each goes through :func:`gemm_estimate`.
     """
     nx = math.sqrt(xx_q)
-    top = np.inf
-    for j in range(cc.shape[0]):
-        est, err = gemm_estimate(xx_q, cc[j], dots_q[j], nx, norm_c[j], g_gemm, d)
+    if not all_finite32(dots_q):
+        top = np.inf
+        for j in range(cc.shape[0]):
+            est, err = gemm_estimate(xx_q, cc[j], dots_q[j], nx, norm_c[j], g_gemm, d)
+            low[j] = est - err
+            if est + err < top:
+                top = est + err
+        return top
+    scale = 2.0 * g_gemm * nx
+    rounding = (d + 8) * F64_ULP
+    underflow = (d + 1) * 2.0**-148
+    for j in range(cc.shape[0]):  # gemm_estimate's formula, vectorised
+        est = xx_q + cc[j] - 2.0 * np.float64(dots_q[j])
+        err = scale * norm_c[j] + rounding * (xx_q + cc[j]) + underflow
         low[j] = est - err
-        if est + err < top:
-            top = est + err
-    return top
+        high[j] = est + err
+    return min8(high)
 
 
 # -- bounds ---------------------------------------------------------------------------

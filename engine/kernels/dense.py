@@ -60,6 +60,7 @@ def _dense_range(
     cand = np.empty(k, dtype=np.int64)
     cand_s = np.empty(k, dtype=np.float64)
     low = np.empty(k, dtype=np.float64)
+    high = np.empty(k, dtype=np.float64)  # scratch of gemm_estimates
     norm_c = np.sqrt(cc)
     n_changed = 0
     for q in range(lo, hi):
@@ -67,7 +68,7 @@ def _dense_range(
         x = X[i]
         if fill_xx:
             xx[q] = sqnorm(x)
-        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low)
+        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low, high)
         # Candidates whose lower estimate does not exceed the best upper estimate.
         nc = 0
         best = -1

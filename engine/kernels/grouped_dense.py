@@ -58,16 +58,23 @@ def _dense_range(
     cand = np.empty(k, dtype=np.int64)
     cand_s = np.empty(k, dtype=np.float64)
     low = np.empty(k, dtype=np.float64)
-    lo32 = np.empty(k, dtype=np.float32)
+    high = np.empty(k, dtype=np.float64)  # scratch of gemm_estimates
+    low_g = np.empty(G, dtype=np.float64)  # smallest estimate per group
     norm_c = np.sqrt(cc)
-    flt_max = np.float32(FLT_MAX)
     n_changed = 0
     for q in range(lo, hi):
         i = rows[q]
         x = X[i]
         if fill_xx:
             xx[q] = sqnorm(x)
-        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low)
+        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low, high)
+        # One pass: a centroid whose estimate does not rule it out is a candidate, its
+        # distance computed directly; the others' estimates give their group's bound.
+        # The float32 bound of an estimate, f(l) = float32(min(sqrt(max(l, 0)) DOWN,
+        # FLT_MAX)), is nondecreasing in l, so the smallest over a group is f of the
+        # group's smallest estimate: one square root per group, not per centroid.
+        for g_i in range(G):
+            low_g[g_i] = np.inf
         nc = 0
         best = -1
         best_s = np.inf
@@ -75,18 +82,18 @@ def _dense_range(
             if low[j] <= top:
                 s_j = sqdist_safe(x, C[j])
                 nc, best, best_s = push_candidate(j, s_j, cand, cand_s, nc, best, best_s)
+            else:
+                g_j = group_of[j]
+                low_g[g_j] = min(low_g[g_j], low[j])
         best, s_new = exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
-        for j in range(k):  # branch-free down32 (vectorised)
-            lo32[j] = np.float32(min(math.sqrt(max(low[j], 0.0)) * DOWN, FLT_MAX))
-        for q2 in range(nc):
-            lo32[cand[q2]] = down32(math.sqrt(cand_s[q2] * g_lo))
         lg = lower[i]
-        for gi in range(G):
-            lg[gi] = flt_max
-        for j in range(k):
+        for g_i in range(G):
+            lg[g_i] = np.float32(min(math.sqrt(max(low_g[g_i], 0.0)) * DOWN, FLT_MAX))
+        for q2 in range(nc):  # the candidates' bounds; the label (one of them) has none
+            j = cand[q2]
             if j != best:
-                gj = group_of[j]
-                lg[gj] = min(lg[gj], lo32[j])
+                g_j = group_of[j]
+                lg[g_j] = min(lg[g_j], down32(math.sqrt(cand_s[q2] * g_lo)))
         upper[i] = math.sqrt(s_new * g_hi) * UP
         old = labels[i]
         if old >= 0 and old != best:

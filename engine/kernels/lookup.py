@@ -22,9 +22,10 @@ def _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, lo, hi):
     k = C.shape[0]
     d = X.shape[1]
     low = np.empty(k, dtype=np.float64)
+    high = np.empty(k, dtype=np.float64)  # scratch of gemm_estimates
     norm_c = np.sqrt(cc)
     for q in range(lo, hi):
-        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low)
+        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low, high)
         x = X[q]
         best = -1
         best_e = np.inf
