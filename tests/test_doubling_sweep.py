@@ -37,3 +37,16 @@ def test_the_rule_changes_when_the_batch_doubles_at_a_k_sized_first_batch() -> N
     for run in (paper, median):
         assert run["converged"] and run["batch_size"][-1] == len(train)
         assert len(run["seconds"]) == len(run["energy"]) == len(run["batch_size"])
+
+
+def test_bound_mode_and_dense_fraction_change_the_speed_not_the_run() -> None:
+    """Every bound mode and revisit path decides the same nearest centroids: the same
+    batches and held-out energies, bit for bit."""
+    X = blobs(6_000, 5, 80, seed=2, spread=2.5)
+    train, test = X[:5_000], X[5_000:]
+    kw = dict(max_steps=12, max_seconds=60.0, batch_size=300)
+    base = run_setting(train, test, 80, 1.0, 0.5, **kw)
+    for bounds, fraction in (("group", 0.0), ("group", 1.0), ("full", 0.0), ("hamerly", None)):
+        run = run_setting(train, test, 80, 1.0, 0.5, bounds=bounds, dense_fraction=fraction, **kw)
+        assert run["batch_size"] == base["batch_size"]
+        assert run["energy"] == base["energy"]

@@ -1,4 +1,5 @@
-"""Seconds to each level of held-out energy under several doubling rules (issue 16).
+"""Seconds to each level of held-out energy under several doubling rules (issue 16), or
+under other revisit settings (``--bounds``, ``--dense-fraction``).
 
 Runs nmbatch from the benchmark's start (the seed's shuffle, the first ``k`` rows as
 centroids) once per setting of the doubling test, ``rho`` (the test's threshold where the
@@ -9,6 +10,10 @@ outside the clock. ``E*`` is the benchmark's ``E*_s`` when ``--estar`` names its
 
     python -m tools.doubling_sweep --dataset mnist --data data/mnist.npz --k 1024 \\
         --setting 100,0.05 --setting 1,0.5 --estar docs/bench/large-k/mnist-k1024/curves.json
+
+``--bounds`` (a bound mode) and ``--dense-fraction`` (the share of open pairs past which
+a revisit goes through BLAS) apply to every setting: they change how fast a step runs,
+not what it computes.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ LEVELS = (5.0, 2.0, 1.0, 0.5)
 def run_setting(
     train: np.ndarray, test: np.ndarray, k: int, rho: float, q: float, *,
     seed: int = 0, max_steps: int = 400, max_seconds: float = 16.0, batch_size: int = 5000,
+    bounds: str = "auto", dense_fraction: float | None = None,
 ) -> dict:
-    """One nmbatch run with ``large_k_rho = rho`` and ``doubling_tolerance = q``: per step
-    the cumulated step seconds, the batch size and the held-out energy."""
+    """One nmbatch run with ``large_k_rho = rho`` and ``doubling_tolerance = q`` (and the
+    bound mode ``bounds``, the revisit's ``dense_revisit_fraction``: None, the default):
+    per step the cumulated step seconds, the batch size and the held-out energy."""
     import numba
 
     from nmbatch.engine import NestedBatchStore, make_algorithm
@@ -43,8 +50,9 @@ def run_setting(
     store = NestedBatchStore(train.shape[1], seed=seed, capacity=train.shape[0])
     store.append(problem.train)
     algo = make_algorithm("nmbatch", store, k, init=problem.init, rho=problem.rho,
-                          batch_size=batch_size, random_state=seed)
+                          batch_size=batch_size, random_state=seed, bounds=bounds)
     algo.large_k_rho, algo.doubling_tolerance = float(rho), float(q)
+    algo.dense_revisit_fraction = dense_fraction
     seconds, sizes, energy = [], [], []
     total = 0.0
     with kernel_threads(numba.get_num_threads()):
@@ -81,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setting", action="append", required=True,
                         help="rho,q (repeatable)")
     parser.add_argument("--estar", help="the benchmark's curves.json (E*_s of seed 0)")
+    parser.add_argument("--bounds", default="auto", help="nmbatch's bound mode")
+    parser.add_argument("--dense-fraction", type=float,
+                        help="dense_revisit_fraction (default: the engine's)")
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--max-seconds", type=float, default=16.0)
     parser.add_argument("--out", help="write every run's curve here (JSON)")
@@ -101,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     for setting in args.setting:
         rho, q = (float(x) for x in setting.split(","))
         runs.append(run_setting(ds.train, ds.test, args.k, rho, q,
-                                max_steps=args.max_steps, max_seconds=args.max_seconds))
+                                max_steps=args.max_steps, max_seconds=args.max_seconds,
+                                bounds=args.bounds, dense_fraction=args.dense_fraction))
     if args.estar:
         estar = float(json.loads(Path(args.estar).read_text())["estar_per_seed"]["0"])
     else:
@@ -109,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         r["levels"] = levels(r, estar)
         print(json.dumps({"dataset": args.dataset, "k": args.k, "rho": r["rho"], "q": r["q"],
+                          "bounds": args.bounds, "dense_fraction": args.dense_fraction,
                           "steps": len(r["seconds"]), **r["levels"]}))
     if args.out:
         Path(args.out).write_text(json.dumps({"estar": estar, "runs": runs}, indent=1))

@@ -34,12 +34,12 @@ __all__ = ["DENSE_REVISIT_FRACTION", "DENSE_REVISIT_FRACTION_GROUPED", "NestedMi
 # A bounded revisit goes through BLAS when the bounds leave open more than this fraction
 # of the listed rows' (row, centroid) pairs (measured: see NestedMiniBatch._revisit_bounded).
 DENSE_REVISIT_FRACTION = 0.45
-# The same with group bounds (and Hamerly's): measured on image patches (d = 108) at
-# k = 4,096 (group bounds by auto), nmbatch reached 1% of the best energy in 17.7 s with
-# 0.45, 17.9 s (0.2), 11.1 s (0.1), 10.5 s (0.06), 14.6 s (0.03); with group bounds at
-# k = 1,024 in 18.6 s (0.45) and 8.8 s (0.06) on patches, 8.1 s and 7.3 s on MNIST
-# (seed 0, one thread, held-out energy outside the clock).
-DENSE_REVISIT_FRACTION_GROUPED = 0.06
+# The same with group bounds (and Hamerly's). Measured on image patches (d = 108), seed 0,
+# one thread, seconds to 1% of the best held-out energy (python -m tools.doubling_sweep
+# --dataset patches --k <k> --setting 1,0.5 --dense-fraction <f>): at k = 4,096 (group
+# bounds by auto) 16.1 s with 0.06, 14.3 s (0.1), 14.5 s (0.15); at k = 1,024 (with
+# --bounds group) 7.1 s (0.06), 6.3 s (0.1).
+DENSE_REVISIT_FRACTION_GROUPED = 0.1
 
 
 class NestedMiniBatch(KMeansAlgorithm):
@@ -236,7 +236,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         read once, for its distance to ``a(i)`` and to the open centroids. When they are
         more than a fraction of the listed rows' pairs (the first revisits, after big
         centroid moves; the fraction is ``dense_revisit_fraction``, by default 45% with
-        full bounds and 6% with group bounds, measured above), the exact distance to
+        full bounds and 10% with group bounds, measured above), the exact distance to
         ``a(i)`` first settles some rows and tightens the others' bounds; if the pairs
         still open remain more than that fraction, one BLAS product computes them faster
         than a scalar distance per pair (and leaves every bound tight).
