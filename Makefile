@@ -23,11 +23,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 serve: $(RUN_STAMP)
 	$(BIN)/python -m nmbatch
 
-## Lint and run the whole test suite (the dashboard's browser tests fail, not skip,
-## without chromium).
+## Lint, build the documentation site (broken links fail it) and run the whole test
+## suite (the dashboard's browser tests fail, not skip, without chromium).
 test: $(STAMP)
 	NMBATCH_REQUIRE_BROWSER=1 bash tools/ensure_chromium.sh
 	$(BIN)/ruff check nmbatch engine service tests tools
+	$(BIN)/mkdocs build --strict --site-dir site
 	NMBATCH_REQUIRE_BROWSER=1 $(BIN)/python -m pytest
 
 lint: $(STAMP)
@@ -41,4 +42,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python -m nmbatch.engine.bench --quick --out bench-results/quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info
