@@ -125,11 +125,6 @@ def python_blocks(page: Path) -> list[str]:
 _BENCHMARK_FALLBACK = (REPO / "engine" / "bench", REPO / "tools")
 
 
-def _candidates(base: Path, parts: list[str]) -> list[Path]:
-    target = base.joinpath(*parts) if parts else base
-    return [target.with_suffix(".py"), target / "__init__.py"] if parts else [base / "__init__.py"]
-
-
 def resolve_module(name: str) -> Path | None:
     """The file (``x.py``) or package folder that ``python -m name`` runs, or None."""
     parts = name.split(".")
@@ -144,9 +139,11 @@ def resolve_module(name: str) -> Path | None:
     else:
         roots = [(REPO / parts[0], parts[1:])]
     for base, rest in roots:
-        for candidate in _candidates(base, rest):
-            if candidate.is_file():
-                return candidate.parent if candidate.name == "__init__.py" else candidate
+        target = base.joinpath(*rest)
+        if rest and target.with_suffix(".py").is_file():
+            return target.with_suffix(".py")
+        if any((target / name).is_file() for name in ("__init__.py", "__main__.py")):
+            return target
     return None
 
 
