@@ -2,11 +2,14 @@
 
 ``ModelUseMixin`` needs from its class ``cluster_centers_`` (``(k, d)`` float32),
 ``_check_fitted()`` and ``_check_X(X, reset=False)`` (``(n, d)`` float32), and ``fit``.
+The output names (``get_feature_names_out``) are scikit-learn's
+``ClassNamePrefixFeaturesOutMixin``'s: ``nestedminibatchkmeans0`` ... ``{k-1}``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from sklearn.base import ClassNamePrefixFeaturesOutMixin
 
 from nmbatch.engine.assign import nearest
 from nmbatch.engine.threads import with_threads
@@ -17,7 +20,7 @@ __all__ = ["ModelUseMixin"]
 _TRANSFORM_BLOCK = 1 << 20
 
 
-class ModelUseMixin:
+class ModelUseMixin(ClassNamePrefixFeaturesOutMixin):
     """``predict``, ``fit_predict``, ``transform``, ``fit_transform``, ``score`` and
     ``get_feature_names_out`` of a fitted k-means model."""
 
@@ -64,9 +67,7 @@ class ModelUseMixin:
         _, sqdist = nearest(self._check_X(X, reset=False), self.cluster_centers_)
         return -float(np.sum(sqdist))
 
-    def get_feature_names_out(self, input_features: object = None) -> np.ndarray:
-        """Names of the ``transform`` outputs: ``nestedminibatchkmeans0`` ... ``{k-1}``."""
-        self._check_fitted()
-        prefix = type(self).__name__.lower()
-        k = self.cluster_centers_.shape[0]
-        return np.asarray([f"{prefix}{j}" for j in range(k)], dtype=object)
+    @property
+    def _n_features_out(self) -> int:
+        """Number of ``transform`` outputs, ``k`` (an ``AttributeError`` before the fit)."""
+        return int(self.cluster_centers_.shape[0])
