@@ -1,7 +1,8 @@
 """What a fitted ``NestedMiniBatchKMeans`` answers: ``predict``, ``transform``, ``score``.
 
-``ModelUseMixin`` needs from its class ``cluster_centers_`` (``(k, d)`` float32),
-``_check_fitted()`` and ``_check_X(X, reset=False)`` (``(n, d)`` float32), and ``fit``.
+``ModelUseMixin`` needs from its class ``cluster_centers_`` (``(k, d)`` float32) and
+``n_features_in_`` once fitted, and ``fit``; it checks inputs (``_check_X``) and the fit
+(``_check_fitted``, scikit-learn's ``NotFittedError``).
 The output names (``get_feature_names_out``) are scikit-learn's
 ``ClassNamePrefixFeaturesOutMixin``'s: ``nestedminibatchkmeans0`` ... ``{k-1}``.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.base import ClassNamePrefixFeaturesOutMixin
+from sklearn.utils.validation import check_is_fitted
 
+from nmbatch.engine._estimator_checks import check_X
 from nmbatch.engine.assign import nearest
 from nmbatch.engine.threads import with_threads
 
@@ -26,6 +29,24 @@ class ModelUseMixin(ClassNamePrefixFeaturesOutMixin):
 
     cluster_centers_: np.ndarray
     labels_: np.ndarray
+    n_features_in_: int
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "cluster_centers_")
+
+    # -- validation -------------------------------------------------------------------
+    def _check_X(self, X: object, *, reset: bool) -> np.ndarray:
+        """``X`` as a C-contiguous ``(n, d)`` float32 array; ``reset=False`` also checks ``d``."""
+        n_features = None if reset else self.n_features_in_
+        return check_X(X, n_features=n_features, estimator=type(self).__name__)
+
+    def _check_fitted(self) -> None:
+        """scikit-learn's ``NotFittedError`` (a ``ValueError``) before the first fit."""
+        check_is_fitted(
+            self,
+            msg="This %(name)s instance is not fitted yet. Call 'fit' or 'partial_fit' "
+            "with enough samples before using this estimator.",
+        )
 
     @with_threads
     def predict(self, X: object) -> np.ndarray:

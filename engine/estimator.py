@@ -21,16 +21,11 @@ the same interface.
 Symbols of the paper used here: ``b`` (the nested batch size, ``batch_size_``), ``rho``
 (the doubling threshold), ``k`` (``n_clusters``), ``N`` (``n_samples_seen_``).
 
-The estimator is a scikit-learn ``BaseEstimator`` (``ClusterMixin``, ``TransformerMixin``):
-``get_params``/``set_params``, ``clone``, ``__repr__``, the tags and the parameter
-validation (``_parameter_constraints`` checked by ``_fit_context``) are scikit-learn's.
-The service never imports this module (``nmbatch.engine`` loads it on first use), so
-only the estimator's users load scikit-learn.
-
-The parameters, in the class docstring, come in groups: the k-means ones every user
-sets (``n_clusters``, ``init``, ``max_iter``, ``batch_size``, ``random_state``, ``rho``,
-``callback``), the algorithm's, the stream's and where the fit runs (``backend``: one
-value, ``"local"`` or a ``RayBackend`` holding every setting of the Ray fit).
+It is a scikit-learn ``BaseEstimator`` (``ClusterMixin``, ``TransformerMixin``): its
+parameters, ``clone``, ``repr``, tags and parameter validation (``_parameter_constraints``
+checked by ``_fit_context``) are scikit-learn's; the service never imports this module.
+The class docstring lists the parameters in groups: k-means (``n_clusters`` ...
+``callback``), the algorithm, the stream, and where it runs (``n_threads``, ``backend``).
 """
 
 
@@ -41,14 +36,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin, _fit_context
-from sklearn.utils.validation import check_is_fitted
 
 from nmbatch.engine._estimator_checks import (
     PARAMETER_CONSTRAINTS,
     check_callback,
     check_init,
     check_param_combinations,
-    check_X,
     seed_sequence,
     spawn_seeds,
 )
@@ -283,23 +276,6 @@ class NestedMiniBatchKMeans(
         tags = super().__sklearn_tags__()
         tags.transformer_tags.preserves_dtype = ["float64"]
         return tags
-
-    def __sklearn_is_fitted__(self) -> bool:
-        return hasattr(self, "cluster_centers_")
-
-    # -- validation -------------------------------------------------------------------
-    def _check_X(self, X: object, *, reset: bool) -> np.ndarray:
-        """``X`` as a C-contiguous ``(n, d)`` float32 array; ``reset=False`` also checks ``d``."""
-        n_features = None if reset else self.n_features_in_
-        return check_X(X, n_features=n_features, estimator=type(self).__name__)
-
-    def _check_fitted(self) -> None:
-        """scikit-learn's ``NotFittedError`` (a ``ValueError``) before the first fit."""
-        check_is_fitted(
-            self,
-            msg="This %(name)s instance is not fitted yet. Call 'fit' or 'partial_fit' "
-            "with enough samples before using this estimator.",
-        )
 
     # -- fitting ----------------------------------------------------------------------
     def _make_algorithm(self, store: NestedBatchStore, init: str | np.ndarray, seed: int) -> Any:
