@@ -144,7 +144,9 @@ def test_estimator_contract_with_the_ray_backend(cluster):
     with pytest.raises(ValueError, match="backend='ray'"):
         NestedMiniBatchKMeans(n_clusters=4, backend="ray", algorithm="lloyd").fit(X)
     with pytest.raises(ValueError, match="backend='ray'"):
-        NestedMiniBatchKMeans(n_clusters=4, backend=RayBackend(), retention="window").fit(X)
+        NestedMiniBatchKMeans(
+            n_clusters=4, backend=RayBackend(), retention="window", max_samples=100
+        ).fit(X)
     with pytest.raises(ValueError, match="n_shards"):
         RayBackend(n_shards=0)
 
