@@ -12,6 +12,7 @@ from nmbatch.engine.algorithms import (
     make_algorithm,
 )
 from nmbatch.engine.assign import energy, nearest
+from nmbatch.engine.backend import RayBackend
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.store import NestedBatchStore
 
@@ -23,6 +24,7 @@ __all__ = [
     "NestedBatchStore",
     "NestedMiniBatch",
     "NestedMiniBatchKMeans",
+    "RayBackend",
     "energy",
     "make_algorithm",
     "nearest",

@@ -1,37 +1,36 @@
-"""Parameters, parameter and input checks and seeding of ``NestedMiniBatchKMeans``.
+"""Parameter constraints, parameter and input checks and seeding of ``NestedMiniBatchKMeans``.
 
-``ParamsMixin`` is scikit-learn's ``BaseEstimator`` parameter protocol (``get_params``,
-``set_params``, ``__repr__``), written here so the engine does not import scikit-learn.
-
-The estimator (``engine/estimator.py``) calls these before it touches its store, so a
-``ValueError`` leaves it exactly as it was. The messages follow scikit-learn's, so its
-estimator checks recognise them; nothing here imports scikit-learn.
+``PARAMETER_CONSTRAINTS`` is the estimator's ``_parameter_constraints``: scikit-learn's
+``_fit_context`` checks every parameter against it (``InvalidParameterError``, a
+``ValueError`` and ``TypeError``, with scikit-learn's message) before ``fit`` or a first
+``partial_fit`` touches the store. ``check_param_combinations`` then checks what one
+parameter's constraint cannot see: the retention settings against ``n_clusters``, the
+algorithms each retention and each backend can run. So a ``ValueError`` leaves the
+estimator exactly as it was.
 """
 
 from __future__ import annotations
 
-import inspect
 import numbers
-import sys
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms import ALGORITHMS
-from nmbatch.engine.algorithms.bounds import check_bound_mode
-from nmbatch.engine.retention import check_catch_up, check_retention
-from nmbatch.engine.threads import check_threads
+from nmbatch.engine.algorithms.bounds import BOUND_MODES
+from nmbatch.engine.backend import BACKEND_NAMES, RayBackend, ray_backend
+from nmbatch.engine.retention import RETENTIONS, check_retention
 
 __all__ = [
     "INIT_METHODS",
-    "ParamsMixin",
+    "PARAMETER_CONSTRAINTS",
     "check_X",
-    "check_backend",
     "check_callback",
     "check_init",
-    "check_params",
-    "not_fitted_error",
+    "check_param_combinations",
     "seed_sequence",
     "spawn_seeds",
 ]
@@ -39,68 +38,54 @@ __all__ = [
 INIT_METHODS = ("k-means++", "first")
 
 
-class _NotFittedError(ValueError, AttributeError):
-    """Raised by ``predict``, ``transform`` and ``score`` before the model is fitted.
+class _Ints(Interval):
+    """``Interval(Integral, ...)`` without ``bool`` (``True`` is not a count of 1)."""
 
-    Used when scikit-learn is not loaded; otherwise scikit-learn's ``NotFittedError``
-    (also a ``ValueError`` and ``AttributeError``) is raised, which is what its checks
-    and its users catch.
-    """
+    def is_satisfied_by(self, val: object) -> bool:
+        return not isinstance(val, bool | np.bool_) and super().is_satisfied_by(val)
 
 
-class ParamsMixin:
-    """``get_params``, ``set_params`` and ``__repr__`` from the ``__init__`` signature."""
+def _at_least(low: int) -> _Ints:
+    return _Ints(Integral, low, None, closed="left")
 
-    @classmethod
-    def _get_param_names(cls) -> list[str]:
-        signature = inspect.signature(cls.__init__)
-        return sorted(
-            name
-            for name, p in signature.parameters.items()
-            if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+
+PARAMETER_CONSTRAINTS: dict[str, list[Any]] = {
+    "n_clusters": [_at_least(1)],
+    "init": [StrOptions(set(INIT_METHODS)), "array-like"],
+    "max_iter": [_at_least(1)],
+    "batch_size": [_at_least(1)],
+    # Any int >= 0 (a SeedSequence entropy), a RandomState or a Generator.
+    "random_state": [_at_least(0), np.random.RandomState, np.random.Generator, None],
+    "rho": [Interval(Real, 0, None, closed="neither")],
+    "callback": [callable, None],
+    "algorithm": [StrOptions(set(ALGORITHMS))],
+    "bounds": [StrOptions(set(BOUND_MODES))],
+    "relocate_empty": ["boolean"],
+    "swap_clusters": [StrOptions({"auto"}), "boolean"],
+    "retention": [StrOptions(set(RETENTIONS))],
+    "max_samples": [_at_least(1), None],
+    "max_age_seconds": [Interval(Real, 0, None, closed="neither"), None],
+    "catch_up": [StrOptions({"auto"}), _at_least(0)],
+    "n_threads": [_at_least(1), None],
+    "backend": [StrOptions(set(BACKEND_NAMES)), RayBackend, None],
+}
+"""The estimator's ``_parameter_constraints`` (scikit-learn's format)."""
+
+
+def check_param_combinations(params: dict[str, Any]) -> None:
+    """Raise ``ValueError`` for parameters that pass their constraints one by one but
+    not together. ``params`` is the estimator's ``get_params()``."""
+    k, algorithm, retention = params["n_clusters"], params["algorithm"], params["retention"]
+    check_retention(retention, params["max_samples"], params["max_age_seconds"], k)
+    if retention != "all" and algorithm == "mbatch":
+        raise ValueError(
+            f"retention {retention!r} needs an algorithm that forgets exactly; "
+            "mbatch keeps running averages of every assignment (use mbatch.remove)"
         )
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """Parameters of the estimator by name (``deep`` is accepted; none are estimators)."""
-        return {name: getattr(self, name) for name in self._get_param_names()}
-
-    def set_params(self, **params: Any) -> Any:
-        """Set parameters by name and return ``self``; values are checked by ``fit``."""
-        valid = self._get_param_names()
-        for name in params:
-            if name not in valid:
-                raise ValueError(
-                    f"Invalid parameter {name!r} for estimator {type(self).__name__}. "
-                    f"Valid parameters are: {valid!r}."
-                )
-        for name, value in params.items():
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self) -> str:
-        defaults = {
-            name: p.default
-            for name, p in inspect.signature(type(self).__init__).parameters.items()
-            if name != "self"
-        }
-        shown = []
-        for name, value in self.get_params().items():
-            default = defaults[name]
-            is_default = (
-                not isinstance(value, np.ndarray)
-                and type(value) is type(default)
-                and value == default
-            )
-            if not is_default:
-                shown.append(f"{name}={value!r}")
-        return f"{type(self).__name__}({', '.join(shown)})"
-
-
-def not_fitted_error(message: str) -> Exception:
-    """scikit-learn's ``NotFittedError(message)`` if it is loaded, else ``_NotFittedError``."""
-    exceptions = sys.modules.get("sklearn.exceptions")
-    cls = getattr(exceptions, "NotFittedError", None) or _NotFittedError
-    return cls(message)
+    if ray_backend(params["backend"]) is not None and (
+        algorithm != "nmbatch" or retention != "all"
+    ):
+        raise ValueError("backend='ray' runs algorithm='nmbatch' with retention='all' only")
 
 
 def _is_sparse(X: object) -> bool:
@@ -134,70 +119,6 @@ def seed_sequence(random_state: object) -> np.random.SeedSequence:
 def spawn_seeds(seq: np.random.SeedSequence, n: int) -> list[int]:
     """``n`` independent 63-bit integer seeds derived from ``seq``."""
     return [int(child.generate_state(1, np.uint64)[0] >> 1) for child in seq.spawn(n)]
-
-
-def _is_int_at_least_1(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
-
-
-def check_params(params: dict[str, Any]) -> None:
-    """Raise ``ValueError`` for a parameter value ``fit`` cannot use.
-
-    ``params`` is the estimator's ``get_params()``.
-    """
-    k = params["n_clusters"]
-    if not _is_int_at_least_1(k):
-        raise ValueError(f"n_clusters must be an int >= 1, got {k!r}")
-    rho = params["rho"]
-    if (
-        not isinstance(rho, numbers.Real)
-        or isinstance(rho, bool)
-        or not np.isfinite(rho)
-        or rho <= 0
-    ):
-        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
-    for name in ("batch_size", "max_iter"):
-        if not _is_int_at_least_1(params[name]):
-            raise ValueError(f"{name} must be an int >= 1, got {params[name]!r}")
-    if not isinstance(params.get("relocate_empty", True), bool):
-        raise ValueError(f"relocate_empty must be a bool, got {params['relocate_empty']!r}")
-    swap = params.get("swap_clusters", "auto")
-    if not (isinstance(swap, bool) or swap == "auto"):
-        raise ValueError(f'swap_clusters must be "auto" or a bool, got {swap!r}')
-    check_catch_up(params.get("catch_up", "auto"))
-    check_bound_mode(params.get("bounds", "auto"))
-    check_threads(params.get("n_threads"))
-    check_backend(params)
-    algorithm = params["algorithm"]
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    init = params["init"]
-    if isinstance(init, str) and init not in INIT_METHODS:
-        raise ValueError(
-            f"init must be one of {INIT_METHODS} or an array of shape "
-            f"(n_clusters, n_features), got {init!r}"
-        )
-    check_callback(params["callback"])
-    check_retention(params["retention"], params["max_samples"], params["max_age_seconds"], k)
-    if params["retention"] != "all" and algorithm == "mbatch":
-        raise ValueError(
-            f"retention {params['retention']!r} needs an algorithm that forgets exactly; "
-            "mbatch keeps running averages of every assignment (use mbatch.remove)"
-        )
-
-
-def check_backend(params: dict[str, Any]) -> None:
-    """Raise ``ValueError`` for a bad ``backend``, ``n_shards`` or ``ray_address``."""
-    backend = params.get("backend", "local")
-    if backend not in ("local", "ray"):
-        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
-    if not _is_int_at_least_1(params.get("n_shards", 1)):
-        raise ValueError(f"n_shards must be an int >= 1, got {params['n_shards']!r}")
-    address = params.get("ray_address")
-    if address is not None and not isinstance(address, str):
-        raise ValueError(f"ray_address must be None or a str, got {address!r}")
-    if backend == "ray" and (params["algorithm"] != "nmbatch" or params["retention"] != "all"):
-        raise ValueError("backend='ray' runs algorithm='nmbatch' with retention='all' only")
 
 
 def check_callback(callback: object) -> None:

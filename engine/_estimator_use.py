@@ -1,13 +1,19 @@
 """What a fitted ``NestedMiniBatchKMeans`` answers: ``predict``, ``transform``, ``score``.
 
-``ModelUseMixin`` needs from its class ``cluster_centers_`` (``(k, d)`` float32),
-``_check_fitted()`` and ``_check_X(X, reset=False)`` (``(n, d)`` float32), and ``fit``.
+``ModelUseMixin`` needs from its class ``cluster_centers_`` (``(k, d)`` float32) and
+``n_features_in_`` once fitted, and ``fit``; it checks inputs (``_check_X``) and the fit
+(``_check_fitted``, scikit-learn's ``NotFittedError``).
+The output names (``get_feature_names_out``) are scikit-learn's
+``ClassNamePrefixFeaturesOutMixin``'s: ``nestedminibatchkmeans0`` ... ``{k-1}``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from sklearn.base import ClassNamePrefixFeaturesOutMixin
+from sklearn.utils.validation import check_is_fitted
 
+from nmbatch.engine._estimator_checks import check_X
 from nmbatch.engine.assign import nearest
 from nmbatch.engine.threads import with_threads
 
@@ -17,12 +23,30 @@ __all__ = ["ModelUseMixin"]
 _TRANSFORM_BLOCK = 1 << 20
 
 
-class ModelUseMixin:
+class ModelUseMixin(ClassNamePrefixFeaturesOutMixin):
     """``predict``, ``fit_predict``, ``transform``, ``fit_transform``, ``score`` and
     ``get_feature_names_out`` of a fitted k-means model."""
 
     cluster_centers_: np.ndarray
     labels_: np.ndarray
+    n_features_in_: int
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "cluster_centers_")
+
+    # -- validation -------------------------------------------------------------------
+    def _check_X(self, X: object, *, reset: bool) -> np.ndarray:
+        """``X`` as a C-contiguous ``(n, d)`` float32 array; ``reset=False`` also checks ``d``."""
+        n_features = None if reset else self.n_features_in_
+        return check_X(X, n_features=n_features, estimator=type(self).__name__)
+
+    def _check_fitted(self) -> None:
+        """scikit-learn's ``NotFittedError`` (a ``ValueError``) before the first fit."""
+        check_is_fitted(
+            self,
+            msg="This %(name)s instance is not fitted yet. Call 'fit' or 'partial_fit' "
+            "with enough samples before using this estimator.",
+        )
 
     @with_threads
     def predict(self, X: object) -> np.ndarray:
@@ -64,9 +88,7 @@ class ModelUseMixin:
         _, sqdist = nearest(self._check_X(X, reset=False), self.cluster_centers_)
         return -float(np.sum(sqdist))
 
-    def get_feature_names_out(self, input_features: object = None) -> np.ndarray:
-        """Names of the ``transform`` outputs: ``nestedminibatchkmeans0`` ... ``{k-1}``."""
-        self._check_fitted()
-        prefix = type(self).__name__.lower()
-        k = self.cluster_centers_.shape[0]
-        return np.asarray([f"{prefix}{j}" for j in range(k)], dtype=object)
+    @property
+    def _n_features_out(self) -> int:
+        """Number of ``transform`` outputs, ``k`` (an ``AttributeError`` before the fit)."""
+        return int(self.cluster_centers_.shape[0])

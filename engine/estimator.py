@@ -21,180 +21,27 @@ the same interface.
 Symbols of the paper used here: ``b`` (the nested batch size, ``batch_size_``), ``rho``
 (the doubling threshold), ``k`` (``n_clusters``), ``N`` (``n_samples_seen_``).
 
-The module does not import scikit-learn: it implements ``get_params``/``set_params``,
-``__repr__`` and ``__sklearn_tags__`` itself, and raises scikit-learn's
-``NotFittedError`` only when scikit-learn is already loaded.
-
-Parameters
-----------
-n_clusters : int, default=8
-    Number of centroids ``k``. Must not exceed the number of samples given to ``fit``.
-rho : float, default=100.0
-    Doubling threshold: the nested batch doubles (``b <- min(2b, N)``) when, for every
-    cluster, the standard error of its centroid is more than ``rho`` times the distance
-    the centroid just moved. Where the first batch is raised to ``20 k`` the test
-    takes ``min(rho, 1)`` and half of the clusters need to pass (the median moved
-    cluster decides; ``engine/algorithms/growth.py``). Large values (the paper uses
-    100) keep the batch small for longer. Used by ``nmbatch`` and ``nmbatch.deact``.
-batch_size : int, default=5000
-    Initial batch size ``b_0`` (nested algorithms: at least ``20 k``) or the fixed
-    mini-batch size (``mbatch``, ``mbatch.remove``). Capped at the number of samples.
-init : {"k-means++", "first"} or array of shape (n_clusters, n_features), default="k-means++"
-    Initial centroids: k-means++ seeding on the first batch, the first ``k`` samples of
-    the shuffled data, or the given array.
-max_iter : int, default=300
-    Maximum number of iterations of one ``fit`` call.
-random_state : int, numpy.random.RandomState, numpy.random.Generator or None, default=None
-    Source of all randomness (the shuffle of the store and the seeding). An int makes
-    ``fit`` reproducible.
-algorithm : str, default="nmbatch"
-    One of ``nmbatch.engine.ALGORITHMS``: ``"nmbatch"``, ``"nmbatch.deact"`` (bound test
-    off), ``"mbatch"`` (Sculley's mini-batch k-means), ``"mbatch.remove"`` (mini-batch with
-    removal of old votes), ``"lloyd"`` and ``"elkan"`` (exact full-batch algorithms).
-callback : callable ``callback(stats, state) -> bool | None`` or None, default=None
-    Called after every iteration with what the step did (``IterationStats``: iteration,
-    batch size, assignments changed, distances computed, ...) and the model it left
-    (``ModelState``: centroids ``(k, d)`` float32, counts ``(k,)`` int64, ``b``, ``N``,
-    the energy estimate; read-only, copy an array to keep it). In ``fit`` it runs before
-    the fitted attributes are set; returning ``True`` (exactly ``True``, so a function
-    that returns a count or a string does not stop by accident) ends the fit after that
-    iteration, which then describes the model as it stands, as ``max_iter`` would. In
-    ``partial_fit`` it runs after each iteration, once the fitted attributes are set,
-    and its return value is ignored. An exception it raises propagates. Not part of the
-    model: ``partial_fit`` accepts a new callback. It is pickled with the estimator, so an
-    estimator to pickle needs a module-level function (or None), not a lambda.
-relocate_empty : bool, default=True
-    After each update, a cluster left without samples takes the batch's sample farthest
-    from its own centroid (its vote moved exactly; as scikit-learn relocates empty
-    clusters). False keeps an empty cluster's centroid where it was (the paper's
-    protocol). mbatch and mbatch.remove never relocate.
-retention : {"all", "window", "age", "reservoir"}, default="all"
-    Which samples of the stream ``partial_fit`` keeps (``nmbatch.engine.retention``):
-    all (``max_samples``, if set, is a capacity: a chunk that would pass it raises a
-    ``ValueError``), the last ``max_samples`` (``window``), those given less than
-    ``max_age_seconds`` ago (``age``, optionally also at most ``max_samples``; the time of
-    a chunk is ``partial_fit``'s ``now`` or ``time.time()``), or a uniform random sample of
-    ``max_samples`` of all (``reservoir``, Vitter's algorithm R). The model is then the
-    k-means of the retained samples. ``fit`` clusters all of its ``X``; the policy applies
-    from the end of the fit (its rows are the first of the stream). Not with ``mbatch``,
-    which cannot forget exactly.
-max_samples : int or None, default=None
-    Size of the window or the reservoir, or the capacity; at least ``n_clusters``.
-max_age_seconds : float or None, default=None
-    Age limit of ``retention="age"``.
-swap_clusters : {"auto"} or bool, default="auto"
-    After each update (``nmbatch``), the cluster cheapest to merge into its nearest
-    neighbour leaves its place to split the cluster whose 2-means split gains most, when
-    the gain exceeds the cost, so the batch's energy falls (a local-search swap; votes
-    move exactly; ``nmbatch.engine.algorithms.swap``). It lets a window follow a
-    distribution that moves: clusters of the old one no longer hold centroids while the
-    new one is crowded under too few, and at large ``k`` it leaves the fixed points
-    where the exact peers stop (docs/bench/large-k/). ``"auto"``: on with ``retention``
-    ``"window"`` or ``"age"`` and when ``20 * n_clusters > batch_size`` (the first batch
-    sized to ``k``), off otherwise (the paper's algorithm, as at ``k = 50``).
-    ``backend="ray"`` makes no swaps.
-catch_up : {"auto"} or int, default="auto"
-    Further iterations ``partial_fit`` may run after the chunk's own, each only while
-    the one before reassigned more than 1% of the batch (cluster swaps included) or
-    relocated an empty cluster: after the stream changes, the
-    model catches up with the k-means of what it retains within a few chunks, then runs
-    one iteration per chunk again. ``"auto"``: 3 with ``retention`` ``"window"`` or
-    ``"age"``, 0 otherwise (one iteration per call).
-bounds : {"auto", "full", "group", "hamerly"}, default="auto"
-    Lower bounds each sample keeps (``nmbatch``): one per centroid (4k bytes per sample),
-    one per group of about ten centroids, or one; ``auto``: full while k <= max(d, 256)
-    or the batch's bounds fit in 1 GiB, then group. The centroids are the same; memory
-    and speed differ.
-backend : {"local", "ray"}, default="local"
-    Where ``fit`` runs: here, or on ``n_shards`` Ray actors (``nmbatch[ray]``;
-    ``nmbatch.engine.distributed``): the same model for the same ``random_state``.
-    ``"ray"``: ``algorithm="nmbatch"``, ``retention="all"``; ``partial_fit`` runs locally.
-n_shards : int, default=2
-    Shard actors ``P`` of ``backend="ray"``.
-ray_address : str or None, default=None
-    Ray cluster address (``"auto"``, ``"host:6379"``); None: the Ray already initialised
-    in this process, else a local Ray started for the fit and stopped after.
-n_threads : int or None, default=None
-    Threads of the kernels during ``fit``, ``partial_fit``, ``predict``, ``transform``
-    and ``score``; BLAS gets one while iterating (as in scikit-learn's k-means) and
-    ``n_threads`` otherwise (``nmbatch.engine.threads``). None: every core the process
-    may use (as scikit-learn counts them). The model does not depend on it, bit for bit.
-    With ``backend="ray"``: the threads of each shard's kernels (None: all of its node's).
-
-Attributes
-----------
-cluster_centers_ : ndarray of shape (n_clusters, n_features), float32
-labels_ : ndarray of shape (n_samples,), int64
-    Nearest centroid of each sample of the last ``fit`` (or the last ``partial_fit``
-    chunk), in the order of the input; equal to ``predict`` on the same samples.
-inertia_ : float
-    Sum of squared distances of those samples to their nearest centroid.
-n_iter_ : int
-    Iterations run since the model was started by ``fit`` or the first ``partial_fit``.
-batch_size_ : int
-    Batch size ``b`` of the last iteration: the nested batch (``nmbatch``,
-    ``nmbatch.deact``), the mini-batch (``mbatch``, ``mbatch.remove``) or ``N`` (``lloyd``,
-    ``elkan``).
-n_samples_seen_ : int
-    Samples given to ``fit`` and ``partial_fit`` since the model was started (with
-    ``retention="all"``, the store's ``N``).
-n_samples_retained_ : int
-    Samples the store holds, ``N``.
-n_features_in_ : int
-    Number of features ``d``.
-
-Examples
---------
->>> import numpy as np
->>> from nmbatch.engine import NestedMiniBatchKMeans
->>> rng = np.random.default_rng(0)
->>> means = np.array([[0.0, 0.0], [0.0, 5.0], [5.0, 5.0]])
->>> X = np.concatenate([m + 0.1 * rng.standard_normal((200, 2)) for m in means])
->>> km = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0).fit(X)
->>> centers = km.cluster_centers_[np.lexsort(km.cluster_centers_.T[::-1])]
->>> np.round(centers).astype(int).tolist()
-[[0, 0], [0, 5], [5, 5]]
->>> bool((km.labels_ == km.predict(X)).all()), km.n_samples_seen_
-(True, 600)
-
-The same model built from a stream, one chunk at a time:
-
->>> stream = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0)
->>> for chunk in np.array_split(rng.permutation(X), 6):
-...     stream = stream.partial_fit(chunk)
->>> stream.n_samples_seen_, stream.n_iter_
-(600, 6)
-
-Watching the fit and stopping it early with a callback:
-
->>> seen = []
->>> def watch(stats, state):
-...     seen.append((stats.iteration, state.batch_size))
-...     return stats.iteration == 2
->>> km = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0, callback=watch)
->>> km.fit(X).n_iter_, seen
-(2, [(1, 64), (2, 64)])
-
-References
-----------
-Newling, J. and Fleuret, F. (2016). Nested Mini-Batch K-Means. Advances in Neural
-Information Processing Systems 29 (NIPS 2016), pp. 1352-1360.
+It is a scikit-learn ``BaseEstimator`` (``ClusterMixin``, ``TransformerMixin``): its
+parameters, ``clone``, ``repr``, tags and parameter validation (``_parameter_constraints``
+checked by ``_fit_context``) are scikit-learn's; the service never imports this module.
+The class docstring lists the parameters in groups: k-means (``n_clusters`` ...
+``callback``), the algorithm, the stream, and where it runs (``n_threads``, ``backend``).
 """
+
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin, _fit_context
 
 from nmbatch.engine._estimator_checks import (
-    ParamsMixin,
+    PARAMETER_CONSTRAINTS,
     check_callback,
     check_init,
-    check_params,
-    check_X,
-    not_fitted_error,
+    check_param_combinations,
     seed_sequence,
     spawn_seeds,
 )
@@ -203,6 +50,7 @@ from nmbatch.engine._estimator_use import ModelUseMixin
 from nmbatch.engine.algorithms import IterationStats, make_algorithm
 from nmbatch.engine.algorithms.swap import swap_wanted
 from nmbatch.engine.assign import nearest
+from nmbatch.engine.backend import RayBackend, ray_backend
 from nmbatch.engine.retention import (
     RetentionPolicy,
     catch_up_steps,
@@ -214,94 +62,220 @@ from nmbatch.engine.state import ModelState
 from nmbatch.engine.store import NestedBatchStore
 from nmbatch.engine.threads import with_kernel_threads
 
-__all__ = ["Callback", "NestedMiniBatchKMeans"]
+__all__ = ["Callback", "NestedMiniBatchKMeans", "RayBackend"]
 
 #: ``callback(stats, state)``: called after every iteration; ``True`` stops ``fit``.
 Callback = Callable[[IterationStats, ModelState], bool | None]
 
 
-class NestedMiniBatchKMeans(ModelUseMixin, PicklingMixin, ParamsMixin):
+class NestedMiniBatchKMeans(
+    ModelUseMixin, PicklingMixin, ClusterMixin, TransformerMixin, BaseEstimator
+):
     """K-means clustering by Nested Mini-Batch K-Means (``nmbatch``).
 
-    See the module docstring for the idea, every parameter, the fitted attributes and an
-    example.
+    See the module docstring for the idea.
+
+    Parameters
+    ----------
+    n_clusters : int, default=8
+        Number of centroids ``k``. Must not exceed the number of samples given to ``fit``.
+    init : {"k-means++", "first"} or array of shape (n_clusters, n_features), default="k-means++"
+        Initial centroids: k-means++ seeding on the first batch, the first ``k`` samples of
+        the shuffled data, or the given array.
+    max_iter : int, default=300
+        Maximum number of iterations of one ``fit`` call.
+    batch_size : int, default=5000
+        Initial batch size ``b_0`` (nested algorithms: at least ``20 k``) or the fixed
+        mini-batch size (``mbatch``, ``mbatch.remove``). Capped at the number of samples.
+    random_state : int, numpy.random.RandomState, numpy.random.Generator or None, default=None
+        Source of all randomness (the shuffle of the store and the seeding). An int makes
+        ``fit`` reproducible.
+    rho : float, default=100.0
+        Doubling threshold: the nested batch doubles (``b <- min(2b, N)``) when, for every
+        cluster, the standard error of its centroid is more than ``rho`` times the distance
+        the centroid just moved. Where the first batch is raised to ``20 k`` the test
+        takes ``min(rho, 1)`` and half of the clusters need to pass (the median moved
+        cluster decides; ``engine/algorithms/growth.py``). Large values (the paper uses
+        100) keep the batch small for longer. Used by ``nmbatch`` and ``nmbatch.deact``.
+    callback : callable ``callback(stats, state) -> bool | None`` or None, default=None
+        Called after every iteration with what the step did (``IterationStats``: iteration,
+        batch size, assignments changed, distances computed, ...) and the model it left
+        (``ModelState``: centroids ``(k, d)`` float32, counts ``(k,)`` int64, ``b``, ``N``,
+        the energy estimate; read-only, copy an array to keep it). In ``fit`` it runs before
+        the fitted attributes are set; returning ``True`` (exactly ``True``, so a function
+        that returns a count or a string does not stop by accident) ends the fit after that
+        iteration, which then describes the model as it stands, as ``max_iter`` would. In
+        ``partial_fit`` it runs after each iteration, once the fitted attributes are set,
+        and its return value is ignored. An exception it raises propagates. Not part of the
+        model: ``partial_fit`` accepts a new callback. It is pickled with the estimator, so an
+        estimator to pickle needs a module-level function (or None), not a lambda.
+    algorithm : str, default="nmbatch"
+        One of ``nmbatch.engine.ALGORITHMS``: ``"nmbatch"``, ``"nmbatch.deact"`` (bound test
+        off), ``"mbatch"`` (Sculley's mini-batch k-means), ``"mbatch.remove"`` (mini-batch with
+        removal of old votes), ``"lloyd"`` and ``"elkan"`` (exact full-batch algorithms).
+    bounds : {"auto", "full", "group", "hamerly"}, default="auto"
+        Lower bounds each sample keeps (``nmbatch``): one per centroid (4k bytes per sample),
+        one per group of about ten centroids, or one; ``auto``: full while k <= max(d, 256)
+        or the batch's bounds fit in 1 GiB, then group. The centroids are the same; memory
+        and speed differ.
+    relocate_empty : bool, default=True
+        After each update, a cluster left without samples takes the batch's sample farthest
+        from its own centroid (its vote moved exactly; as scikit-learn relocates empty
+        clusters). False keeps an empty cluster's centroid where it was (the paper's
+        protocol). mbatch and mbatch.remove never relocate.
+    swap_clusters : {"auto"} or bool, default="auto"
+        After each update (``nmbatch``), the cluster cheapest to merge into its nearest
+        neighbour leaves its place to split the cluster whose 2-means split gains most, when
+        the gain exceeds the cost, so the batch's energy falls (a local-search swap; votes
+        move exactly; ``nmbatch.engine.algorithms.swap``). It lets a window follow a
+        distribution that moves: clusters of the old one no longer hold centroids while the
+        new one is crowded under too few, and at large ``k`` it leaves the fixed points
+        where the exact peers stop (docs/bench/large-k/). ``"auto"``: on with ``retention``
+        ``"window"`` or ``"age"`` and when ``20 * n_clusters > batch_size`` (the first batch
+        sized to ``k``), off otherwise (the paper's algorithm, as at ``k = 50``).
+        The Ray backend makes no swaps.
+    retention : {"all", "window", "age", "reservoir"}, default="all"
+        Which samples of the stream ``partial_fit`` keeps (``nmbatch.engine.retention``):
+        all (``max_samples``, if set, is a capacity: a chunk that would pass it raises a
+        ``ValueError``), the last ``max_samples`` (``window``), those given less than
+        ``max_age_seconds`` ago (``age``, optionally also at most ``max_samples``; the time of
+        a chunk is ``partial_fit``'s ``now`` or ``time.time()``), or a uniform random sample of
+        ``max_samples`` of all (``reservoir``, Vitter's algorithm R). The model is then the
+        k-means of the retained samples. ``fit`` clusters all of its ``X``; the policy applies
+        from the end of the fit (its rows are the first of the stream). Not with ``mbatch``,
+        which cannot forget exactly.
+    max_samples : int or None, default=None
+        Size of the window or the reservoir, or the capacity; at least ``n_clusters``.
+    max_age_seconds : float or None, default=None
+        Age limit of ``retention="age"``.
+    catch_up : {"auto"} or int, default="auto"
+        Further iterations ``partial_fit`` may run after the chunk's own, each only while
+        the one before reassigned more than 1% of the batch (cluster swaps included) or
+        relocated an empty cluster: after the stream changes, the
+        model catches up with the k-means of what it retains within a few chunks, then runs
+        one iteration per chunk again. ``"auto"``: 3 with ``retention`` ``"window"`` or
+        ``"age"``, 0 otherwise (one iteration per call).
+    n_threads : int or None, default=None
+        Threads of the kernels during ``fit``, ``partial_fit``, ``predict``, ``transform``
+        and ``score``; BLAS gets one while iterating (as in scikit-learn's k-means) and
+        ``n_threads`` otherwise (``nmbatch.engine.threads``). None: every core the process
+        may use (as scikit-learn counts them). The model does not depend on it, bit for bit.
+        With the Ray backend: the threads of each shard's kernels (None: all of its node's).
+    backend : {"local", "ray"}, RayBackend or None, default="local"
+        Where ``fit`` runs: here (``"local"`` or None), or on Ray actors as the given
+        ``nmbatch.engine.RayBackend(address=..., n_shards=...)`` says (``"ray"``:
+        ``RayBackend()``, two shards on the Ray of this process or a local one;
+        ``nmbatch[ray]``; ``nmbatch.engine.distributed``): the same model for the same
+        ``random_state``. The Ray backend runs ``algorithm="nmbatch"`` with
+        ``retention="all"``; ``partial_fit`` runs locally.
+
+    Attributes
+    ----------
+    cluster_centers_ : ndarray of shape (n_clusters, n_features), float32
+    labels_ : ndarray of shape (n_samples,), int64
+        Nearest centroid of each sample of the last ``fit`` (or the last ``partial_fit``
+        chunk), in the order of the input; equal to ``predict`` on the same samples.
+    inertia_ : float
+        Sum of squared distances of those samples to their nearest centroid.
+    n_iter_ : int
+        Iterations run since the model was started by ``fit`` or the first ``partial_fit``.
+    batch_size_ : int
+        Batch size ``b`` of the last iteration: the nested batch (``nmbatch``,
+        ``nmbatch.deact``), the mini-batch (``mbatch``, ``mbatch.remove``) or ``N`` (``lloyd``,
+        ``elkan``).
+    n_samples_seen_ : int
+        Samples given to ``fit`` and ``partial_fit`` since the model was started (with
+        ``retention="all"``, the store's ``N``).
+    n_samples_retained_ : int
+        Samples the store holds, ``N``.
+    n_features_in_ : int
+        Number of features ``d``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from nmbatch.engine import NestedMiniBatchKMeans
+    >>> rng = np.random.default_rng(0)
+    >>> means = np.array([[0.0, 0.0], [0.0, 5.0], [5.0, 5.0]])
+    >>> X = np.concatenate([m + 0.1 * rng.standard_normal((200, 2)) for m in means])
+    >>> km = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0).fit(X)
+    >>> centers = km.cluster_centers_[np.lexsort(km.cluster_centers_.T[::-1])]
+    >>> np.round(centers).astype(int).tolist()
+    [[0, 0], [0, 5], [5, 5]]
+    >>> bool((km.labels_ == km.predict(X)).all()), km.n_samples_seen_
+    (True, 600)
+
+    The same model built from a stream, one chunk at a time:
+
+    >>> stream = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0)
+    >>> for chunk in np.array_split(rng.permutation(X), 6):
+    ...     stream = stream.partial_fit(chunk)
+    >>> stream.n_samples_seen_, stream.n_iter_
+    (600, 6)
+
+    Watching the fit and stopping it early with a callback:
+
+    >>> seen = []
+    >>> def watch(stats, state):
+    ...     seen.append((stats.iteration, state.batch_size))
+    ...     return stats.iteration == 2
+    >>> km = NestedMiniBatchKMeans(n_clusters=3, batch_size=64, random_state=0, callback=watch)
+    >>> km.fit(X).n_iter_, seen
+    (2, [(1, 64), (2, 64)])
+
+    References
+    ----------
+    Newling, J. and Fleuret, F. (2016). Nested Mini-Batch K-Means. Advances in Neural
+    Information Processing Systems 29 (NIPS 2016), pp. 1352-1360.
     """
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = PARAMETER_CONSTRAINTS
 
     def __init__(
         self,
         n_clusters: int = 8,
         *,
-        rho: float = 100.0,
-        batch_size: int = 5000,
         init: str | np.ndarray = "k-means++",
         max_iter: int = 300,
+        batch_size: int = 5000,
         random_state: int | np.random.RandomState | np.random.Generator | None = None,
-        algorithm: str = "nmbatch",
+        rho: float = 100.0,
         callback: Callback | None = None,
+        algorithm: str = "nmbatch",
+        bounds: str = "auto",
+        relocate_empty: bool = True,
+        swap_clusters: bool | str = "auto",
         retention: str = "all",
         max_samples: int | None = None,
         max_age_seconds: float | None = None,
-        relocate_empty: bool = True,
-        swap_clusters: bool | str = "auto",
         catch_up: int | str = "auto",
-        bounds: str = "auto",
-        backend: str = "local",
-        n_shards: int = 2,
-        ray_address: str | None = None,
         n_threads: int | None = None,
+        backend: str | RayBackend | None = "local",
     ) -> None:
         self.n_clusters = n_clusters
-        self.rho = rho
-        self.batch_size = batch_size
         self.init = init
         self.max_iter = max_iter
+        self.batch_size = batch_size
         self.random_state = random_state
-        self.algorithm = algorithm
+        self.rho = rho
         self.callback = callback
+        self.algorithm = algorithm
+        self.bounds = bounds
+        self.relocate_empty = relocate_empty
+        self.swap_clusters = swap_clusters
         self.retention = retention
         self.max_samples = max_samples
         self.max_age_seconds = max_age_seconds
-        self.relocate_empty = relocate_empty
-        self.swap_clusters = swap_clusters
         self.catch_up = catch_up
-        self.bounds = bounds
-        self.backend = backend
-        self.n_shards = n_shards
-        self.ray_address = ray_address
         self.n_threads = n_threads
+        self.backend = backend
 
     def __sklearn_tags__(self) -> Any:
-        """scikit-learn's tags: an unsupervised clusterer and transformer of dense input.
-
-        Only scikit-learn calls this method, so scikit-learn is imported here and not at
-        module import.
-        """
-        try:
-            from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
-        except ImportError as exc:  # pragma: no cover - only reachable without sklearn
-            raise ImportError("__sklearn_tags__ needs scikit-learn installed") from exc
-        return Tags(
-            estimator_type="clusterer",
-            target_tags=TargetTags(required=False),
-            transformer_tags=TransformerTags(preserves_dtype=["float64"]),
-            input_tags=InputTags(two_d_array=True, sparse=False, allow_nan=False),
-        )
-
-    def __sklearn_is_fitted__(self) -> bool:
-        return hasattr(self, "cluster_centers_")
-
-    # -- validation -------------------------------------------------------------------
-    def _check_X(self, X: object, *, reset: bool) -> np.ndarray:
-        """``X`` as a C-contiguous ``(n, d)`` float32 array; ``reset=False`` also checks ``d``."""
-        n_features = None if reset else self.n_features_in_
-        return check_X(X, n_features=n_features, estimator=type(self).__name__)
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "cluster_centers_"):
-            raise not_fitted_error(
-                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' or "
-                "'partial_fit' with enough samples before using this estimator."
-            )
+        """scikit-learn's tags: an unsupervised clusterer and transformer of dense input
+        whose ``transform`` returns float64."""
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags.preserves_dtype = ["float64"]
+        return tags
 
     # -- fitting ----------------------------------------------------------------------
     def _make_algorithm(self, store: NestedBatchStore, init: str | np.ndarray, seed: int) -> Any:
@@ -345,6 +319,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, PicklingMixin, ParamsMixin):
             seed=seed,
         )
 
+    @_fit_context(prefer_skip_nested_validation=True)
     @with_kernel_threads
     def fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
         """Cluster ``X`` (shape ``(n, d)``, any real dtype); ``y`` is ignored.
@@ -354,7 +329,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, PicklingMixin, ParamsMixin):
         ``n_clusters > n``), or an exception of ``callback``, the estimator is left exactly
         as it was.
         """
-        check_params(self.get_params())
+        check_param_combinations(self.get_params())
         X32 = self._check_X(X, reset=True)
         n, d = X32.shape
         k = int(self.n_clusters)
@@ -364,10 +339,11 @@ class NestedMiniBatchKMeans(ModelUseMixin, PicklingMixin, ParamsMixin):
         store_seed, algo_seed, policy_seed = spawn_seeds(seed_sequence(self.random_state), 3)
         policy = self._make_retention(policy_seed)
         admission = policy.admit(n)  # a capacity below n refuses the fit
-        if self.backend == "ray":  # nmbatch.engine.distributed, imported only here
+        ray = ray_backend(self.backend)
+        if ray is not None:  # nmbatch.engine.distributed, imported only here
             from nmbatch.engine.distributed.fit import fit_estimator
 
-            return fit_estimator(self, X32, init, store_seed, algo_seed, policy)
+            return fit_estimator(self, X32, init, store_seed, algo_seed, policy, ray)
 
         store = NestedBatchStore(d, seed=store_seed, capacity=n)
         store.append(X32)
@@ -407,6 +383,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, PicklingMixin, ParamsMixin):
             self.bounds,
         )
 
+    @_fit_context(prefer_skip_nested_validation=True)
     @with_kernel_threads
     def partial_fit(
         self, X: object, y: object = None, *, now: float | None = None
@@ -425,7 +402,7 @@ class NestedMiniBatchKMeans(ModelUseMixin, PicklingMixin, ParamsMixin):
         """
         started = "_store" in self.__dict__ or "_pickled_samples" in self.__dict__
         if not started:
-            check_params(self.get_params())
+            check_param_combinations(self.get_params())
             X32 = self._check_X(X, reset=True)
             d = X32.shape[1]
             init = check_init(self.init, self.n_clusters, d)

@@ -4,7 +4,7 @@ Two packages live under this namespace: :mod:`nmbatch.engine` (the algorithm, no
 no Redis) and :mod:`nmbatch.service` (the HTTP service around it). The estimator is
 importable from the top::
 
-    from nmbatch import NestedMiniBatchKMeans
+    from nmbatch import NestedMiniBatchKMeans, RayBackend
 
 and so is the client of a running service (:mod:`nmbatch.service.client`)::
 
@@ -15,7 +15,7 @@ and so is the client of a running service (:mod:`nmbatch.service.client`)::
 
 from __future__ import annotations
 
-__all__ = ["AsyncClient", "Client", "NestedMiniBatchKMeans"]
+__all__ = ["AsyncClient", "Client", "NestedMiniBatchKMeans", "RayBackend"]
 
 
 def __getattr__(name: str):
@@ -24,6 +24,10 @@ def __getattr__(name: str):
         from nmbatch.engine.estimator import NestedMiniBatchKMeans
 
         return NestedMiniBatchKMeans
+    if name == "RayBackend":
+        from nmbatch.engine.backend import RayBackend
+
+        return RayBackend
     if name in ("Client", "AsyncClient"):
         from nmbatch.service import client
 

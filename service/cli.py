@@ -4,6 +4,12 @@ The command line (``nmbatch/cli.py``) parses the options (``--host``, ``--port``
 ``--redis-url``, ``--k``, ``--set NAME=VALUE``); this module turns them into
 ``NMBATCH_*`` variables, checked against ``Settings``, and runs ``python -m nmbatch`` in
 this process. Importing it loads neither FastAPI nor numpy.
+
+The service reads its settings from the environment in every way it starts (``python -m
+nmbatch``, Docker, ``nmbatch serve``), so a flag is an environment variable set for this
+run: flag over environment over default. pydantic-settings' CLI source is not used: it
+would import pydantic for every ``nmbatch`` command's parser, name the field ``k``
+``-k`` only, and write its own help (``{int,null}``, ``(default: null)``).
 """
 
 from __future__ import annotations

@@ -359,6 +359,25 @@ def test_serve_options_become_nmbatch_settings() -> None:
         assert name.removeprefix("NMBATCH_").lower() in Settings.model_fields
 
 
+def test_serve_flags_override_the_environment_which_overrides_the_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nmbatch.service.config import Settings
+
+    for name in [key for key in os.environ if key.startswith("NMBATCH_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("NMBATCH_K", "7")
+    monkeypatch.setenv("NMBATCH_RHO", "20")
+    monkeypatch.setenv("NMBATCH_PORT", "8001")
+    args = cli.build_parser().parse_args(["serve", "--k", "5", "--set", "rho=50"])
+    for name, value in serve_cli.serve_environment(args).items():
+        monkeypatch.setenv(name, value)  # what run_serve does before starting the service
+    settings = Settings()
+    assert (settings.k, settings.rho) == (5, 50.0)  # the flags
+    assert settings.port == 8001  # the environment
+    assert settings.batch_size == Settings.model_fields["batch_size"].default  # the default
+
+
 def test_serve_rejects_an_unknown_setting() -> None:
     args = cli.build_parser().parse_args(["serve", "--set", "no_such_setting=1"])
     with pytest.raises(serve_cli.ServeError, match="no_such_setting"):

@@ -1,7 +1,7 @@
 """Tests of ``engine.estimator.NestedMiniBatchKMeans``: scikit-learn's contract and the math.
 
-scikit-learn is a test dependency only: it runs its estimator checks here, while a
-subprocess test proves the estimator itself never imports it.
+The estimator is a scikit-learn ``BaseEstimator``: its estimator checks run here, while a
+subprocess test proves the engine package and the service never import scikit-learn.
 """
 
 from __future__ import annotations
@@ -10,23 +10,24 @@ import doctest
 import pickle
 import subprocess
 import sys
-import warnings
-from functools import partial
 
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
-from sklearn.base import clone
+from sklearn.base import ClusterMixin, TransformerMixin, clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils import get_tags
-from sklearn.utils.estimator_checks import (
-    check_clustering,
-    check_estimators_partial_fit_n_features,
-    parametrize_with_checks,
-)
+from sklearn.utils._param_validation import InvalidParameterError
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import nmbatch.engine.estimator as estimator_module
-from nmbatch.engine import ALGORITHMS, IterationStats, ModelState, NestedMiniBatchKMeans
+from nmbatch.engine import (
+    ALGORITHMS,
+    IterationStats,
+    ModelState,
+    NestedMiniBatchKMeans,
+    RayBackend,
+)
 from tests.testkit import blobs_around
 
 EXACT = ("nmbatch", "nmbatch.deact", "lloyd", "elkan")  # converge to a Lloyd fixed point
@@ -88,11 +89,7 @@ def assert_same_state(est: NestedMiniBatchKMeans, before: dict[str, object]) -> 
 
 
 # -- scikit-learn's estimator checks ---------------------------------------------------
-with warnings.catch_warnings():
-    # The checks warn that the estimator does not inherit from BaseEstimator: on purpose,
-    # scikit-learn is not a runtime dependency.
-    warnings.filterwarnings("ignore", message=".*does not inherit from", category=UserWarning)
-    _sklearn_checks = parametrize_with_checks(CHECKED)
+_sklearn_checks = parametrize_with_checks(CHECKED)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -101,19 +98,21 @@ def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
 
 
-# ClusterMixin would add these checks; the estimator does not inherit from it.
-@pytest.mark.parametrize("estimator", CHECKED, ids=repr)
-@pytest.mark.parametrize(
-    "check",
-    [
-        check_clustering,
-        partial(check_clustering, readonly_memmap=True),
-        check_estimators_partial_fit_n_features,
-    ],
-    ids=["clustering", "clustering_readonly_memmap", "partial_fit_n_features"],
-)
-def test_sklearn_clustering_checks(estimator, check):
-    check(type(estimator).__name__, estimator)
+def test_clustering_checks_are_among_the_estimator_checks():
+    """As a ``ClusterMixin``, every estimator gets scikit-learn's clustering checks (on
+    a read-only memmap too) and the partial_fit feature-count check."""
+    est = NestedMiniBatchKMeans()
+    assert isinstance(est, ClusterMixin) and isinstance(est, TransformerMixin)
+    estimators, checks = zip(*_sklearn_checks.mark.args[1], strict=True)
+    for each in CHECKED:
+        names = [
+            getattr(check, "func", check).__name__
+            for estimator, check in zip(estimators, checks, strict=True)
+            if estimator is each
+        ]
+        assert names.count("check_clustering") == 2, names
+        assert "check_estimators_partial_fit_n_features" in names
+        assert "check_clusterer_compute_labels_predict" in names
 
 
 def test_tags_describe_an_unsupervised_clusterer():
@@ -123,21 +122,19 @@ def test_tags_describe_an_unsupervised_clusterer():
     assert not tags.input_tags.sparse and not tags.input_tags.allow_nan
 
 
-def test_estimator_module_does_not_import_sklearn():
+def test_engine_package_and_service_do_not_import_sklearn():
+    """scikit-learn is the estimator's: ``nmbatch.engine`` loads the estimator on first
+    use, and the service never does."""
     code = (
-        "import sys, numpy as np\n"
-        "from nmbatch.engine import NestedMiniBatchKMeans\n"
-        "est = NestedMiniBatchKMeans(n_clusters=2, random_state=0)\n"
-        "try:\n"
-        "    est.predict(np.zeros((1, 2)))\n"
-        "except ValueError as exc:\n"
-        "    assert 'not fitted' in str(exc)\n"
-        "else:\n"
-        "    raise AssertionError('predict before fit did not raise')\n"
-        "est.fit(np.arange(8.0).reshape(4, 2)).predict(np.zeros((1, 2)))\n"
-        "repr(est); est.get_params()\n"
+        "import sys\n"
+        "import nmbatch, nmbatch.engine, nmbatch.service.main\n"
+        "from nmbatch.engine import RayBackend\n"
+        "RayBackend(n_shards=3)\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn')\n"
         "assert not loaded, loaded\n"
+        "assert 'nmbatch.engine.estimator' not in sys.modules\n"
+        "from nmbatch.engine import NestedMiniBatchKMeans\n"
+        "assert 'sklearn.base' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -163,10 +160,8 @@ def test_get_params_set_params_and_repr():
         "max_iter": 300,
         "max_samples": None,
         "n_clusters": 3,
-        "n_shards": 2,
         "n_threads": None,
         "random_state": 7,
-        "ray_address": None,
         "relocate_empty": True,
         "swap_clusters": "auto",
         "retention": "all",
@@ -178,6 +173,32 @@ def test_get_params_set_params_and_repr():
     assert (est.rho, est.algorithm) == (10.0, "lloyd")
     with pytest.raises(ValueError, match="Invalid parameter 'bogus'"):
         est.set_params(bogus=1)
+
+
+def test_backend_is_one_parameter_holding_the_ray_settings():
+    ray = RayBackend(address="auto", n_shards=3)
+    est = NestedMiniBatchKMeans(n_clusters=3, backend=ray)
+    assert est.get_params()["backend"] is ray
+    assert repr(est) == (
+        "NestedMiniBatchKMeans(backend=RayBackend(address='auto', n_shards=3),\n"
+        "                      n_clusters=3)"
+    )
+    assert clone(est).get_params()["backend"] == ray
+    assert RayBackend() == RayBackend(address=None, n_shards=2)
+    with pytest.raises(AttributeError):
+        ray.n_shards = 4  # frozen: a parameter value, not state
+    for bad in ({"n_shards": 0}, {"n_shards": 2.0}, {"n_shards": True}, {"address": 6379}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            RayBackend(**bad)
+    X = np.zeros((10, 2))
+    for backend in ("dask", RayBackend, {"n_shards": 2}):
+        with pytest.raises(InvalidParameterError, match="'backend' parameter"):
+            NestedMiniBatchKMeans(n_clusters=2, backend=backend).fit(X)
+    for backend in ("ray", RayBackend(n_shards=4)):
+        with pytest.raises(ValueError, match="backend='ray' runs algorithm='nmbatch'"):
+            NestedMiniBatchKMeans(n_clusters=2, backend=backend, algorithm="lloyd").fit(X)
+    local = NestedMiniBatchKMeans(n_clusters=2, random_state=0, backend=None).fit(X + 1)
+    assert local.n_samples_seen_ == 10  # None is the local backend
 
 
 def test_clone_copies_parameters_not_fit():
@@ -612,5 +633,5 @@ def test_relocate_empty_is_a_checked_parameter_that_reaches_the_algorithm():
     np.testing.assert_array_equal(kept.cluster_centers_[2], init[2])  # dead, where it was
     moved = NestedMiniBatchKMeans(3, init=init, random_state=0).fit(X)
     assert np.bincount(moved.labels_, minlength=3).min() > 0  # the far centroid took a sample
-    with pytest.raises(ValueError, match="relocate_empty must be a bool"):
+    with pytest.raises(ValueError, match=r"'relocate_empty' parameter .* instance of 'bool'"):
         NestedMiniBatchKMeans(3, relocate_empty="yes").fit(X)

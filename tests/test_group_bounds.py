@@ -421,7 +421,7 @@ def test_bytes_per_sample_of_each_mode(mode, width):
 
 def test_estimator_checks_bounds_and_every_mode_fits_the_same_model():
     X = blobs(3_000, 4, 12, seed=2)
-    with pytest.raises(ValueError, match="bounds must be one of"):
+    with pytest.raises(ValueError, match=r"'bounds' parameter .* must be a str among"):
         NestedMiniBatchKMeans(12, bounds="yinyang").fit(X)
     fits = [
         NestedMiniBatchKMeans(12, bounds=m, batch_size=200, random_state=0).fit(X)

@@ -29,7 +29,7 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from nmbatch.engine import NestedMiniBatchKMeans, nearest  # noqa: E402
+from nmbatch.engine import NestedMiniBatchKMeans, RayBackend, nearest  # noqa: E402
 from nmbatch.engine.distributed.coordinator import Coordinator  # noqa: E402
 from nmbatch.engine.distributed.fit import partition, priorities  # noqa: E402
 from tests.engine_helpers import assert_sums_are_means, brute_nearest  # noqa: E402
@@ -121,7 +121,7 @@ def test_same_centroids_as_the_single_machine_engine(cluster, bounds):
     local = NestedMiniBatchKMeans(**params).fit(X)
     seen = []
     dist = NestedMiniBatchKMeans(
-        **params, backend="ray", n_shards=3, callback=lambda st, _: seen.append(st)
+        **params, backend=RayBackend(n_shards=3), callback=lambda st, _: seen.append(st)
     ).fit(X)
     np.testing.assert_allclose(dist.cluster_centers_, local.cluster_centers_, rtol=1e-6)
     np.testing.assert_array_equal(dist.labels_, local.labels_)
@@ -143,8 +143,12 @@ def test_estimator_contract_with_the_ray_backend(cluster):
     assert est.n_samples_seen_ == 1600 and est.n_iter_ == again.n_iter_ + 1
     with pytest.raises(ValueError, match="backend='ray'"):
         NestedMiniBatchKMeans(n_clusters=4, backend="ray", algorithm="lloyd").fit(X)
+    with pytest.raises(ValueError, match="backend='ray'"):
+        NestedMiniBatchKMeans(
+            n_clusters=4, backend=RayBackend(), retention="window", max_samples=100
+        ).fit(X)
     with pytest.raises(ValueError, match="n_shards"):
-        NestedMiniBatchKMeans(n_clusters=4, backend="ray", n_shards=0).fit(X)
+        RayBackend(n_shards=0)
 
 
 def test_bytes_per_round_at_k100_d128_do_not_grow_with_b(cluster):

@@ -1,5 +1,5 @@
 """Ray is optional: the single-machine engine, the estimator and the service never
-import it; ``backend="ray"`` with no cluster starts a local Ray for the fit and stops it.
+import it; ``backend=RayBackend()`` with no cluster starts a local Ray for the fit and stops it.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ def test_a_fit_with_no_cluster_starts_a_local_ray_and_stops_it(tmp_path: Path) -
     pytest.importorskip("ray")
     code = (
         "import numpy as np, ray\n"
-        "from nmbatch.engine import NestedMiniBatchKMeans\n"
+        "from nmbatch.engine import NestedMiniBatchKMeans, RayBackend\n"
         "X = np.random.default_rng(0).normal(size=(600, 2))\n"
         "params = dict(n_clusters=3, batch_size=50, random_state=0)\n"
-        "est = NestedMiniBatchKMeans(**params, backend='ray', n_shards=2).fit(X)\n"
+        "est = NestedMiniBatchKMeans(**params, backend=RayBackend(n_shards=2)).fit(X)\n"
         "local = NestedMiniBatchKMeans(**params).fit(X)\n"
         "print(ray.is_initialized(), (est.cluster_centers_ == local.cluster_centers_).all())\n"
     )

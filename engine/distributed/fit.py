@@ -1,4 +1,4 @@
-"""``NestedMiniBatchKMeans.fit`` on a Ray cluster (``backend="ray"``).
+"""``NestedMiniBatchKMeans.fit`` on a Ray cluster (``backend=RayBackend(...)`` or ``"ray"``).
 
 The driver (the process calling ``fit``) holds ``X``. It gives sample ``i`` the
 priority ``pi(i)``: its row in the single-machine store shuffled with the same seed
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from nmbatch.engine.backend import RayBackend
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore
 
@@ -137,17 +138,24 @@ def fit_distributed(
 
 
 def fit_estimator(
-    est: Any, X: np.ndarray, init: str | np.ndarray, store_seed: int, algo_seed: int, policy: Any
+    est: Any,
+    X: np.ndarray,
+    init: str | np.ndarray,
+    store_seed: int,
+    algo_seed: int,
+    policy: Any,
+    backend: RayBackend,
 ) -> Any:
-    """``NestedMiniBatchKMeans.fit`` with ``backend="ray"`` (parameters checked, ``X``
-    ``(n, d)`` float32): run :func:`fit_distributed` and set the fitted attributes.
-    ``partial_fit`` then goes on locally from the fitted centroids (the path of an
-    unpickled model: the samples kept in insertion order). Returns ``est``."""
+    """``NestedMiniBatchKMeans.fit`` on the Ray ``backend`` (its address and shards;
+    parameters checked, ``X`` ``(n, d)`` float32): run :func:`fit_distributed` and set
+    the fitted attributes. ``partial_fit`` then goes on locally from the fitted centroids
+    (the path of an unpickled model: the samples kept in insertion order). Returns
+    ``est``."""
     run = fit_distributed(
         X, n_clusters=int(est.n_clusters), init=init, rho=float(est.rho),
         batch_size=int(est.batch_size), bounds=est.bounds,
         relocate_empty=bool(est.relocate_empty), max_iter=int(est.max_iter),
-        n_shards=int(est.n_shards), ray_address=est.ray_address,
+        n_shards=int(backend.n_shards), ray_address=backend.address,
         store_seed=store_seed, algo_seed=algo_seed, callback=est.callback,
         n_threads=est.n_threads,
     )  # fmt: skip

@@ -29,10 +29,9 @@ from nmbatch.service.client.operations import (
     wait_operation,
 )
 from nmbatch.service.client.results import Assignment, Centroids, PushResult
-from nmbatch.service.client.retry import Retrier, RetryPolicy
+from nmbatch.service.client.retry import RetryPolicy
 from nmbatch.service.client.session import (
     DEFAULT_TIMEOUT,
-    RETRIED_ERRORS,
     client_headers,
     final_answer,
     model_prefix,
@@ -167,23 +166,12 @@ class AsyncClient:
                 error = exc
 
     async def _send(self, call: Call) -> Answer:
-        retrier = Retrier(call.retry or self.retry)
-        while True:
-            retrier.begin()
-            try:
-                response = await self._http.request(
-                    call.method, call.path, headers=call.headers, content=call.content
-                )
-            except RETRIED_ERRORS as exc:
-                wait = retrier.after_failure()
-                if wait is None:
-                    raise no_answer(call, exc, retrier.attempts) from exc
-                await asyncio.sleep(wait)
-                continue
-            except httpx.HTTPError as exc:  # not worth retrying (a bad URL, say)
-                raise no_answer(call, exc, retrier.attempts) from exc
-            wait = retrier.after_answer(response.status_code, response.headers)
-            if wait is None:
-                return final_answer(response, retrier.attempts)
-            await response.aclose()
-            await asyncio.sleep(wait)
+        retrying = (call.retry or self.retry).retrying(asynchronous=True)
+        try:
+            response = await retrying(
+                self._http.request, call.method, call.path, headers=call.headers,
+                content=call.content,
+            )  # fmt: skip
+        except httpx.HTTPError as exc:  # no answer, or not worth retrying (a bad URL, say)
+            raise no_answer(call, exc, retrying.statistics["attempt_number"]) from exc
+        return final_answer(response, retrying.statistics["attempt_number"])

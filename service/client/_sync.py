@@ -32,10 +32,9 @@ from nmbatch.service.client.operations import (
     wait_operation,
 )
 from nmbatch.service.client.results import Assignment, Centroids, PushResult
-from nmbatch.service.client.retry import Retrier, RetryPolicy
+from nmbatch.service.client.retry import RetryPolicy
 from nmbatch.service.client.session import (
     DEFAULT_TIMEOUT,
-    RETRIED_ERRORS,
     client_headers,
     final_answer,
     model_prefix,
@@ -205,23 +204,12 @@ class Client:
                 error = exc
 
     def _send(self, call: Call) -> Answer:
-        retrier = Retrier(call.retry or self.retry)
-        while True:
-            retrier.begin()
-            try:
-                response = self._http.request(
-                    call.method, call.path, headers=call.headers, content=call.content
-                )
-            except RETRIED_ERRORS as exc:
-                wait = retrier.after_failure()
-                if wait is None:
-                    raise no_answer(call, exc, retrier.attempts) from exc
-                time.sleep(wait)
-                continue
-            except httpx.HTTPError as exc:  # not worth retrying (a bad URL, say)
-                raise no_answer(call, exc, retrier.attempts) from exc
-            wait = retrier.after_answer(response.status_code, response.headers)
-            if wait is None:
-                return final_answer(response, retrier.attempts)
-            response.close()
-            time.sleep(wait)
+        retrying = (call.retry or self.retry).retrying()
+        try:
+            response = retrying(
+                self._http.request, call.method, call.path, headers=call.headers,
+                content=call.content,
+            )  # fmt: skip
+        except httpx.HTTPError as exc:  # no answer, or not worth retrying (a bad URL, say)
+            raise no_answer(call, exc, retrying.statistics["attempt_number"]) from exc
+        return final_answer(response, retrying.statistics["attempt_number"])

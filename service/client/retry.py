@@ -11,6 +11,10 @@ scaled by a random factor in ``[1 - jitter, 1]`` (clients that failed together d
 come back together), and never less than the answer's ``Retry-After``. Retries stop
 after ``attempts`` requests in all, or when the next one would start more than
 ``deadline`` seconds after the first; the last failure is then raised.
+
+The retry loop is tenacity's (``Retrying`` for :class:`~service.client.Client`,
+``AsyncRetrying`` for :class:`~service.client.AsyncClient`): :meth:`RetryPolicy.retrying`
+gives it these rules as its ``retry``, ``wait`` and ``stop``.
 """
 
 from __future__ import annotations
@@ -18,11 +22,30 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
+from typing import Any
 
-__all__ = ["RETRY_STATUSES", "Retrier", "RetryPolicy", "retry_after_seconds"]
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+    stop_before_delay,
+)
+
+__all__ = ["RETRIED_ERRORS", "RETRY_STATUSES", "RetryPolicy", "retry_after_seconds"]
+
+RETRIED_ERRORS: tuple[type[Exception], ...] = (
+    httpx.NetworkError,  # connect, read, write, close
+    httpx.TimeoutException,
+    httpx.RemoteProtocolError,  # the server closed the connection mid-answer
+)
+"""Transport errors after which a request is repeated (no answer came)."""
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 """Answers that mean "not now": the request is retried."""
@@ -70,6 +93,52 @@ class RetryPolicy:
         base = min(self.max_backoff, self.backoff * 2.0 ** min(retry - 1, 60))
         return base * (1.0 - self.jitter * rng.random())
 
+    def retrying(
+        self,
+        *,
+        asynchronous: bool = False,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], Any] | None = None,
+    ) -> Retrying | AsyncRetrying:
+        """tenacity's retry loop for one request under this policy.
+
+        ``retrying(request, ...)`` (awaited with ``asynchronous=True``) calls ``request``
+        until it returns an answer that is not in :data:`RETRY_STATUSES` or raises an
+        error other than :data:`RETRIED_ERRORS`; when the attempts or the deadline run out
+        it returns the last answer or raises the last error. ``statistics
+        ["attempt_number"]`` then counts the requests. ``rng`` draws the jitter;
+        ``sleep`` replaces ``time.sleep`` (``asyncio.sleep``) in tests.
+        """
+        rng = rng if rng is not None else random.Random()
+
+        def wait(state: RetryCallState) -> float:
+            seconds = self.backoff_for(state.attempt_number, rng)
+            outcome = state.outcome
+            if outcome is not None and not outcome.failed:
+                after = retry_after_seconds(outcome.result().headers.get("retry-after"))
+                seconds = seconds if after is None else max(seconds, after)
+            return seconds
+
+        options: dict[str, Any] = {
+            "retry": retry_if_exception_type(RETRIED_ERRORS) | retry_if_result(_says_later),
+            "wait": wait,
+            "stop": stop_after_attempt(self.attempts) | stop_before_delay(self.deadline),
+            "retry_error_callback": _last_outcome,
+        }
+        if sleep is not None:
+            options["sleep"] = sleep
+        return AsyncRetrying(**options) if asynchronous else Retrying(**options)
+
+
+def _says_later(response: httpx.Response) -> bool:
+    return response.status_code in RETRY_STATUSES
+
+
+def _last_outcome(state: RetryCallState) -> Any:
+    """Out of attempts or time: the last answer, or the last error raised again."""
+    assert state.outcome is not None
+    return state.outcome.result()
+
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
     """A ``Retry-After`` header as seconds from now: delay-seconds or an HTTP date.
@@ -90,45 +159,3 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
-
-
-@dataclass
-class Retrier:
-    """The retry state of one request: call :meth:`after_failure` or :meth:`after_answer`
-    after each attempt; a number is the wait before the next one, None means stop.
-
-    ``clock`` is monotonic seconds (``time.monotonic``); ``rng`` draws the jitter.
-    """
-
-    policy: RetryPolicy
-    rng: random.Random = field(default_factory=random.Random)
-    clock: Callable[[], float] = time.monotonic
-    attempts: int = 0
-    started: float | None = None
-
-    def begin(self) -> None:
-        """Record the start of an attempt."""
-        if self.started is None:
-            self.started = self.clock()
-        self.attempts += 1
-
-    def after_failure(self) -> float | None:
-        """Wait before retrying after no answer, or None when out of attempts or time."""
-        return self._next(None)
-
-    def after_answer(self, status: int, headers: Mapping[str, str]) -> float | None:
-        """Wait before retrying an answer with ``status``, or None: the answer is final."""
-        if status not in RETRY_STATUSES:
-            return None
-        return self._next(retry_after_seconds(headers.get("retry-after")))
-
-    def _next(self, retry_after: float | None) -> float | None:
-        if self.attempts >= self.policy.attempts:
-            return None
-        wait = self.policy.backoff_for(self.attempts, self.rng)
-        if retry_after is not None:
-            wait = max(wait, retry_after)
-        assert self.started is not None, "begin() was not called"
-        if self.clock() + wait - self.started > self.policy.deadline:
-            return None
-        return wait

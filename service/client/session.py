@@ -10,6 +10,7 @@ import httpx
 
 from nmbatch.service.client.errors import ConnectionFailedError, error_from_answer
 from nmbatch.service.client.operations import Answer, Call
+from nmbatch.service.client.retry import RETRIED_ERRORS
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -23,14 +24,6 @@ __all__ = [
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds for each request's connect, read and write (and pool wait)."""
-
-RETRIED_ERRORS: tuple[type[Exception], ...] = (
-    httpx.NetworkError,  # connect, read, write, close
-    httpx.TimeoutException,
-    httpx.RemoteProtocolError,  # the server closed the connection mid-answer
-)
-"""Transport errors after which a request is repeated (no answer came)."""
-
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 """A model name, as the service checks it: 1 to 64 letters, digits, ``_``, ``.``, ``-``,

@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 import redis
+import tenacity
 
 from nmbatch import AsyncClient, Client
 from nmbatch.service.client import (
@@ -32,7 +33,7 @@ from nmbatch.service.client import (
     WaitTimeoutError,
     WrongDimensionError,
 )
-from nmbatch.service.client.retry import Retrier, retry_after_seconds
+from nmbatch.service.client.retry import retry_after_seconds
 from nmbatch.service.client.session import NAME_PATTERN, model_prefix
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from tests.faults.fault_helpers import ServiceProcess
@@ -382,36 +383,80 @@ def test_from_service_client_is_the_same_client() -> None:
 
 
 # -- backoff, without a server ---------------------------------------------------------------
-class FakeClock:
+class FakeTime:
+    """A monotonic clock that only the recorded sleeps move (replaces tenacity's ``time``)."""
+
     def __init__(self) -> None:
         self.now = 100.0
+        self.sleeps: list[float] = []
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
         return self.now
 
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
 
-def test_backoff_doubles_with_jitter_up_to_its_cap_and_stops_at_the_attempts() -> None:
+
+def answers(*statuses: tuple[int, dict[str, str]]) -> Callable[[], httpx.Response]:
+    """A request that returns the given ``(status, headers)`` answers in turn."""
+    queue = iter(statuses)
+
+    def request() -> httpx.Response:
+        status, headers = next(queue)
+        return httpx.Response(status, headers=headers)
+
+    return request
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap_and_stops_at_the_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeTime()
+    monkeypatch.setattr(tenacity, "time", fake)
     policy = RetryPolicy(attempts=6, deadline=1000, backoff=0.5, max_backoff=3.0, jitter=0.5)
-    retrier = Retrier(policy, rng=random.Random(1), clock=FakeClock())
-    waits = []
-    for _ in range(6):
-        retrier.begin()
-        waits.append(retrier.after_failure())
-    assert waits[-1] is None  # 6 attempts made
-    for n, wait in enumerate(waits[:-1], start=1):
+    retrying = policy.retrying(rng=random.Random(1), sleep=fake.sleep)
+    calls = []
+
+    def refused() -> None:
+        calls.append(fake.now)
+        raise httpx.ConnectError("refused")
+
+    with pytest.raises(httpx.ConnectError, match="refused"):  # the last failure, raised
+        retrying(refused)
+    assert len(calls) == 6 and retrying.statistics["attempt_number"] == 6
+    assert len(fake.sleeps) == 5
+    for n, wait in enumerate(fake.sleeps, start=1):
         ceiling = min(3.0, 0.5 * 2 ** (n - 1))
         assert ceiling * 0.5 <= wait <= ceiling
+    calls.clear()
+
+    def bad_url() -> None:
+        calls.append(fake.now)
+        raise httpx.UnsupportedProtocol("ftp://")
+
+    with pytest.raises(httpx.UnsupportedProtocol):  # not a "no answer": never retried
+        policy.retrying(sleep=fake.sleep)(bad_url)
+    assert len(calls) == 1
+    never = RetryPolicy.never().retrying(sleep=fake.sleep)
+    assert never(answers((503, {}), (200, {}))).status_code == 503
+    assert never.statistics["attempt_number"] == 1
 
 
-def test_retry_after_is_honoured_and_the_deadline_bounds_the_retries() -> None:
-    clock = FakeClock()
-    retrier = Retrier(RetryPolicy(deadline=10.0, backoff=0.1), rng=random.Random(0), clock=clock)
-    retrier.begin()
-    assert retrier.after_answer(503, {"retry-after": "4"}) == 4.0
-    assert retrier.after_answer(422, {"retry-after": "4"}) is None  # final answer
-    clock.now += 4.0
-    retrier.begin()
-    assert retrier.after_answer(503, {"retry-after": "7"}) is None  # past the deadline
+def test_retry_after_is_honoured_and_the_deadline_bounds_the_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeTime()
+    monkeypatch.setattr(tenacity, "time", fake)
+    policy = RetryPolicy(deadline=10.0, backoff=0.1)
+    retrying = policy.retrying(rng=random.Random(0), sleep=fake.sleep)
+    final = retrying(answers((503, {"retry-after": "4"}), (422, {"retry-after": "4"})))
+    assert final.status_code == 422 and fake.sleeps == [4.0]  # a final answer
+    fake.sleeps.clear()
+    retrying = policy.retrying(rng=random.Random(0), sleep=fake.sleep)
+    last = retrying(answers((503, {"retry-after": "4"}), (503, {"retry-after": "7"})))
+    assert last.status_code == 503 and fake.sleeps == [4.0]  # 4 + 7 s: past the deadline
+    assert retrying.statistics["attempt_number"] == 2
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
     assert retry_after_seconds("soon") is None
     assert RetryPolicy.never().attempts == 1
