@@ -40,7 +40,8 @@ from nmbatch.engine.kernels.grouped import (
     settle_assigned_grouped,
 )
 from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
-from nmbatch.engine.retention import WindowRetention, feed
+from nmbatch.engine.hosting import feed
+from nmbatch.engine.retention import WindowRetention
 from tests.engine_helpers import (
     assert_sums_are_means,
     brute_nearest,
