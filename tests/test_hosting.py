@@ -13,8 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmbatch.engine.hosting import EngineConfig, EngineProcess, EngineProcessError, LocalEngine
-from nmbatch.engine.hosting import heap
+from nmbatch.engine.hosting import (
+    EngineConfig,
+    EngineProcess,
+    EngineProcessError,
+    LocalEngine,
+    heap,
+)
 from nmbatch.engine.state import ModelState
 from tests.testkit import blobs, wait_until
 

@@ -64,10 +64,10 @@ from nmbatch.engine.algorithms.growth import (
 )
 from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import centroid_update
+from nmbatch.engine.rows import RowSource
 from nmbatch.engine.state import IterationStats, ModelState
 
 from .shard import ShardState, Votes
-from nmbatch.engine.rows import RowSource
 
 __all__ = ["MAX_LOSSES_IN_A_ROW", "PRIORITY_LIMIT", "Coordinator", "Partition", "shard_options"]
 

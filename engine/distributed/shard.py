@@ -43,11 +43,11 @@ import numpy as np
 from nmbatch.engine.algorithms.nested import NestedMiniBatch
 from nmbatch.engine.kernels.exact import closer_to, own_sqdist
 from nmbatch.engine.kernels.retire import remove_votes
+from nmbatch.engine.rows import RowSource, SourceRows
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.engine.warmup import warm_up
 
 from .priorities import distinct, respread
-from nmbatch.engine.rows import RowSource, SourceRows
 
 __all__ = ["ShardState", "StepResult", "Votes", "votes"]
 

@@ -63,11 +63,11 @@ import numpy as np
 import ray
 
 from nmbatch.engine.kernels import centroid_update
+from nmbatch.engine.rows import SourceRows
 from nmbatch.engine.state import IterationStats
 
 from .coordinator import PRIORITY_LIMIT, Coordinator
 from .priorities import respread
-from nmbatch.engine.rows import SourceRows
 
 __all__ = ["StreamCoordinator"]
 
