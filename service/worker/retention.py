@@ -6,8 +6,8 @@ is offered to the model's retention policy (:mod:`nmbatch.engine.retention`, mad
 of its stream id: Redis's clock when it was accepted), and the policy's answer is
 carried out on the engine by the engine's streaming driver
 (:func:`nmbatch.engine.hosting.offer`: ``EngineHost.feed``, retirements with their
-votes taken back exactly, then the appends). Stream ids count the samples offered since the replay
-began (a reservoir continues the count of its base).
+votes taken back exactly, then the appends). Stream ids count the samples offered
+since the replay began (a reservoir continues the count of its base).
 
 Redis keeps what the model keeps, and no more than a bounded excess
 (:class:`~nmbatch.service.storage.RetainedLog`):
