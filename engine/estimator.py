@@ -51,13 +51,8 @@ from nmbatch.engine.algorithms import IterationStats, make_algorithm
 from nmbatch.engine.algorithms.swap import swap_wanted
 from nmbatch.engine.assign import nearest
 from nmbatch.engine.backend import RayBackend, ray_backend
-from nmbatch.engine.retention import (
-    RetentionPolicy,
-    catch_up_steps,
-    feed,
-    make_retention,
-    wants_catch_up,
-)
+from nmbatch.engine.hosting import LocalEngine, iterate, offer
+from nmbatch.engine.retention import RetentionPolicy, catch_up_steps, make_retention
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.store import NestedBatchStore
 from nmbatch.engine.threads import with_kernel_threads
@@ -410,7 +405,8 @@ class NestedMiniBatchKMeans(
             policy = self._make_retention(policy_seed)
             store = NestedBatchStore(d, seed=store_seed, capacity=max(4096, len(X32)))
             algo = self._make_algorithm(store, init, algo_seed)
-            feed(policy, algo, X32, now)  # a capacity below the chunk: unchanged
+            host = LocalEngine.around(store, algo)
+            offer(policy, host, X32, now)  # a capacity below the chunk: unchanged
             self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
             self._retention = policy
             self._partial_fit_key = self._fit_key()
@@ -426,15 +422,15 @@ class NestedMiniBatchKMeans(
             if "_pickled_samples" in self.__dict__:
                 self._resume_after_unpickling()
             store, algo = self._store, self._algorithm
-            feed(self._retention, algo, X32, now)
+            host = LocalEngine.around(store, algo)
+            offer(self._retention, host, X32, now)
         self._count_samples(store)
-        steps = 1 + catch_up_steps(self.catch_up, self.retention)
-        while steps and algo.ready():
-            steps -= 1
-            stats = algo.step()
-            self._publish(algo, stats, store, X32)
+
+        def publish(state: ModelState) -> None:  # the fitted attributes, then the callback
+            assert state.stats is not None
+            self._publish(algo, state.stats, store, X32)
             if self.callback is not None:
-                self.callback(stats, algo.state(stats))
-            if not wants_catch_up(stats.n_changed, stats.batch_size, stats.n_relocated):
-                break
+                self.callback(state.stats, state)
+
+        iterate(host, publish, catch_up=catch_up_steps(self.catch_up, self.retention))
         return self

@@ -3,10 +3,10 @@
 A policy sees the stream only as batches of new samples (and, for ``age``, the time each
 batch was accepted); for each batch it answers with an :class:`Admission`: which rows of
 the batch enter the store, under which stream ids, and which stored samples leave (every
-id below ``retire_before``, plus ``retire_ids``). :func:`feed` carries an admission out
-on an algorithm: the retirements first (exactly, votes taken back:
-``KMeansAlgorithm.retire``), then the append, so the store never holds more than the
-policy allows.
+id below ``retire_before``, plus ``retire_ids``). The streaming driver
+(:mod:`nmbatch.engine.hosting.driver`) carries an admission out on a model: the
+retirements first (exactly, votes taken back: ``KMeansAlgorithm.retire``), then the
+append, so the store never holds more than the policy allows.
 
 - ``all``: keep everything (``max_samples``: a capacity; a batch that would pass it is
   refused whole with :class:`CapacityError`).
@@ -43,12 +43,9 @@ __all__ = [
     "ReservoirRetention",
     "RetentionPolicy",
     "WindowRetention",
-    "apply",
-    "carry_out",
     "catch_up_steps",
     "check_catch_up",
     "check_retention",
-    "feed",
     "make_retention",
     "wants_catch_up",
 ]
@@ -283,43 +280,6 @@ def make_retention(
     if retention == "reservoir":
         return ReservoirRetention(int(max_samples), seed)  # type: ignore[arg-type]
     return AllRetention(max_samples)
-
-
-def carry_out(
-    algo: Any,
-    rows: np.ndarray,
-    ids: np.ndarray,
-    retire_ids: np.ndarray,
-    retire_before: int,
-    *,
-    any_order: bool = False,
-) -> None:
-    """On ``algo`` (a ``KMeansAlgorithm``): retire the stored samples with ids in
-    ``retire_ids`` (int64) or below ``retire_before`` (votes taken back exactly), then
-    append ``rows`` (``(m, d)`` float32) under ``ids`` (``(m,)`` int64; ``any_order``:
-    not necessarily increasing)."""
-    if retire_before > 0 or retire_ids.shape[0]:
-        algo.retire(ids=retire_ids, before=retire_before)
-    if rows.shape[0]:
-        algo.store.append(rows, ids=ids, any_order=any_order)
-
-
-def apply(adm: Admission, algo: Any, X: np.ndarray) -> None:
-    """Carry out ``adm`` (the admission of the rows of ``X``, ``(m, d)`` float32) on
-    ``algo`` (a ``KMeansAlgorithm``) and its store: retire, then append."""
-    rows = X if adm.keep.shape[0] == X.shape[0] else X[adm.keep]
-    carry_out(algo, rows, adm.ids, adm.retire_ids, adm.retire_before)
-
-
-def feed(policy: RetentionPolicy, algo: Any, X: np.ndarray, now: float | None = None) -> Admission:
-    """Offer the rows of ``X`` (``(m, d)`` float32, checked) to ``policy`` and carry out
-    its answer on ``algo`` (:func:`apply`).
-
-    Returns the :class:`Admission`. A :class:`CapacityError` leaves everything unchanged.
-    """
-    adm = policy.admit(X.shape[0], now)
-    apply(adm, algo, X)
-    return adm
 
 
 def check_catch_up(catch_up: object) -> None:

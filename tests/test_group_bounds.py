@@ -31,6 +31,7 @@ from nmbatch.engine.algorithms.bounds import (
     resolve_bound_mode,
 )
 from nmbatch.engine.bench import bounds_memory
+from nmbatch.engine.hosting import feed
 from nmbatch.engine.kernels import assign_dense, sqdist32_error
 from nmbatch.engine.kernels.common import DOWN32, UP, UP32
 from nmbatch.engine.kernels.grouped import (
@@ -40,7 +41,7 @@ from nmbatch.engine.kernels.grouped import (
     settle_assigned_grouped,
 )
 from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
-from nmbatch.engine.retention import WindowRetention, feed
+from nmbatch.engine.retention import WindowRetention
 from tests.engine_helpers import (
     assert_sums_are_means,
     brute_nearest,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nmbatch.engine.distributed.source import SourceRows
+from nmbatch.engine.rows import SourceRows
 
 ray = pytest.importorskip("ray")
 
@@ -28,7 +28,7 @@ from tests.test_ray_retention import blobs, check, wait_dead  # noqa: E402
 
 
 def array_source(arrays: dict[str, np.ndarray]) -> Any:
-    """A :class:`~nmbatch.engine.distributed.source.RowSource` over named arrays (a class
+    """A :class:`~nmbatch.engine.rows.RowSource` over named arrays (a class
     made here, so that Ray pickles it by value: the actors cannot import this module)."""
 
     class ArraySource:

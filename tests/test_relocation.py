@@ -9,7 +9,8 @@ import pytest
 
 from nmbatch.engine import NestedBatchStore, make_algorithm
 from nmbatch.engine.algorithms.relocation import farthest_first, relocate_empty
-from nmbatch.engine.retention import WindowRetention, feed
+from nmbatch.engine.hosting import feed
+from nmbatch.engine.retention import WindowRetention
 from tests.engine_helpers import check_step_invariants, filled_store, snapshot
 from tests.testkit import blobs
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from nmbatch.engine import NestedBatchStore, NestedMiniBatchKMeans, make_algorithm
+from nmbatch.engine.hosting import feed
 from nmbatch.engine.kernels.retire import compact_rows
 from nmbatch.engine.retention import (
     CATCH_UP_STEPS,
@@ -32,7 +33,6 @@ from nmbatch.engine.retention import (
     ReservoirRetention,
     WindowRetention,
     catch_up_steps,
-    feed,
     make_retention,
     wants_catch_up,
 )

@@ -10,7 +10,8 @@ import pytest
 
 from nmbatch.engine import NestedBatchStore, NestedMiniBatchKMeans, make_algorithm
 from nmbatch.engine.algorithms.swap import MAX_SWAPS, swap_clusters, swap_wanted
-from nmbatch.engine.retention import WindowRetention, feed
+from nmbatch.engine.hosting import feed
+from nmbatch.engine.retention import WindowRetention
 from tests.engine_helpers import assert_sums_are_means, check_step_invariants, snapshot
 from tests.testkit import blobs
 

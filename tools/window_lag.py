@@ -9,7 +9,7 @@ and can be read, when its last row has come, at ``(e + 1) E / R``; its samples a
 with it. The first ``W`` samples (entries arrived before time 0) are fed at once and
 nmbatch runs on them until converged (or ``--warm-seconds``); then, for ``--duration``
 seconds, the loop of the service's worker: feed every complete entry that has arrived, one
-:func:`~nmbatch.engine.retention.feed` per entry (retire, then append), one ``step()``,
+:func:`~nmbatch.engine.hosting.feed` per entry (retire, then append), one ``step()``,
 publish. Nothing else runs (were the model converged on all it holds, the worker would
 wait for the next entry, as the service does). nmbatch is made as the service makes it
 (``init="k-means++"``, ``rho=100``, ``--batch-size``, default 5000).
@@ -51,7 +51,8 @@ import numpy as np
 
 from nmbatch.engine import NestedBatchStore, make_algorithm
 from nmbatch.engine.bench.machine import machine_info
-from nmbatch.engine.retention import WindowRetention, feed
+from nmbatch.engine.hosting import feed
+from nmbatch.engine.retention import WindowRetention
 from nmbatch.service.storage.codec import CHUNK_BYTES
 
 __all__ = ["COLUMNS", "Clock", "MixtureStream", "dump", "lag_at", "main", "run", "summarise"]

@@ -4,10 +4,10 @@
   ledger ``S_s``, ``v_s``, ``Q_s``) and its part of nmbatch's step; imports no Ray.
 - :mod:`.coordinator`: ``C``, ``S``, ``v``, ``sse``, the prefix threshold ``tau``, one
   round over the shard actors, the doubling rule, fault recovery; imports Ray.
-- :mod:`.source`: rows named by reference (:class:`~.source.SourceRows`), read by the
-  shards from a :class:`~.source.RowSource` (the service's Redis log); imports no Ray.
-- :mod:`.stream`, :mod:`.host`: the streaming coordinator and the service worker's
-  engine over it.
+- :mod:`.stream`: the streaming coordinator (rows appended between rounds, retired, or
+  given by reference: :class:`~nmbatch.engine.rows.SourceRows`, read by the shards from
+  a :class:`~nmbatch.engine.rows.RowSource`, the service's Redis log); its host, driven
+  by the service's worker, is :class:`nmbatch.engine.hosting.ray.RayEngine`.
 - :mod:`.fit`: ``NestedMiniBatchKMeans(backend="ray").fit`` (priorities, round-robin
   partitions, the Ray session).
 

@@ -64,10 +64,10 @@ from nmbatch.engine.algorithms.growth import (
 )
 from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import centroid_update
+from nmbatch.engine.rows import RowSource
 from nmbatch.engine.state import IterationStats, ModelState
 
 from .shard import ShardState, Votes
-from .source import RowSource
 
 __all__ = ["MAX_LOSSES_IN_A_ROW", "PRIORITY_LIMIT", "Coordinator", "Partition", "shard_options"]
 
@@ -119,7 +119,7 @@ class Coordinator:
         node's cores.
     source : RowSource or None
         Given to every shard actor: where it reads rows appended by reference
-        (:mod:`.source`, :meth:`~.stream.StreamCoordinator.append`).
+        (:mod:`nmbatch.engine.rows`, :meth:`~.stream.StreamCoordinator.append`).
     """
 
     name = "nmbatch"

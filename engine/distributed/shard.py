@@ -27,7 +27,7 @@ the voted rows ``[0, b_s)`` stay where they are (their per-row state is indexed 
 position), the unvoted rows and the queued ones are sorted by priority after them. A
 priority that repeats one already held is raised by ``stride`` (the number of shards,
 keeping it in the shard's residue class) until it is unique. Rows may also come by
-reference (:meth:`ShardState.append_ref`, :mod:`.source`): the shard reads them from its
+reference (:meth:`ShardState.append_ref`, :mod:`nmbatch.engine.rows`): the shard reads them from its
 source, all those queued in one call, at the next merge. :meth:`ShardState.respread`
 maps the priorities down when the coordinator asks (see :mod:`.stream`).
 
@@ -43,11 +43,11 @@ import numpy as np
 from nmbatch.engine.algorithms.nested import NestedMiniBatch
 from nmbatch.engine.kernels.exact import closer_to, own_sqdist
 from nmbatch.engine.kernels.retire import remove_votes
+from nmbatch.engine.rows import RowSource, SourceRows
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.engine.warmup import warm_up
 
 from .priorities import distinct, respread
-from .source import RowSource, SourceRows
 
 __all__ = ["ShardState", "StepResult", "Votes", "votes"]
 
@@ -191,9 +191,9 @@ class ShardState:
     def append_ref(
         self, rows: SourceRows, ids: np.ndarray, priority: np.ndarray, stride: int
     ) -> int:
-        """:meth:`append` of rows named by reference (:class:`~.source.SourceRows`), read
-        from :attr:`source` at the next merge, with those of other calls. Returns ``n_s``
-        including the queue."""
+        """:meth:`append` of rows named by reference
+        (:class:`~nmbatch.engine.rows.SourceRows`), read from :attr:`source` at the next
+        merge, with those of other calls. Returns ``n_s`` including the queue."""
         if self.source is None:
             raise ValueError("rows given by reference to a shard without a source")
         chunk = (rows, np.asarray(ids, np.int64), np.asarray(priority, np.int64), int(stride))

@@ -31,14 +31,15 @@ where every round takes in all new rows), :meth:`StreamCoordinator.respread` map
 priorities down in order, the prefix to the bottom, and the room is whole again.
 
 Rows come in one of two ways (:meth:`StreamCoordinator.append`): as an array, put in
-Ray's object store by this driver, or **by reference** (:class:`~.source.SourceRows`:
-with a ``source`` the shards read from, the service's Redis log). By reference, the rows
-never pass through the driver: the shard reads them itself, from its own node.
+Ray's object store by this driver, or **by reference**
+(:class:`~nmbatch.engine.rows.SourceRows`: with a ``source`` the shards read from, the
+service's Redis log). By reference, the rows never pass through the driver: the shard
+reads them itself, from its own node.
 
 Faults: each shard's appended chunks ``(rows, ids, priority)`` are kept by the
 coordinator in order (``rows`` an ObjectRef owned by this driver, or the
-:class:`~.source.SourceRows` naming them; ids, priorities and retired flags, 17 bytes a
-row, in the driver's memory), so a lost shard is replaced as the estimator's is (its
+:class:`~nmbatch.engine.rows.SourceRows` naming them; ids, priorities and retired flags,
+17 bytes a row, in the driver's memory), so a lost shard is replaced as the estimator's is (its
 ledger subtracted, a new actor given the same chunks in the same order, unvoted): by
 reference, the new actor reads its partition from the source again, and no copy of the
 rows is kept anywhere but there. When the source moves rows (the service compacts a
@@ -62,11 +63,11 @@ import numpy as np
 import ray
 
 from nmbatch.engine.kernels import centroid_update
+from nmbatch.engine.rows import SourceRows
 from nmbatch.engine.state import IterationStats
 
 from .coordinator import PRIORITY_LIMIT, Coordinator
 from .priorities import respread
-from .source import SourceRows
 
 __all__ = ["StreamCoordinator"]
 
@@ -145,9 +146,9 @@ class StreamCoordinator(Coordinator):
 
     def append(self, X: np.ndarray | SourceRows, ids: np.ndarray) -> int:
         """Append the rows of one log entry, ``X`` ``(m, d)`` float32 or the
-        :class:`~.source.SourceRows` naming them (read by the shard from the ``source``),
-        with stream ``ids`` ``(m,)`` int64, to the next shard in turn (not waiting for
-        it); returns ``N``."""
+        :class:`~nmbatch.engine.rows.SourceRows` naming them (read by the shard from the
+        ``source``), with stream ``ids`` ``(m,)`` int64, to the next shard in turn (not
+        waiting for it); returns ``N``."""
         if not isinstance(X, SourceRows):
             X = np.ascontiguousarray(X, dtype=np.float32)
         m = X.shape[0]

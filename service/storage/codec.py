@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nmbatch.engine.distributed.source import SourceRows
+from nmbatch.engine.rows import SourceRows
 
 __all__ = [
     "CHUNK_BYTES",
@@ -38,7 +38,7 @@ it)."""
 @dataclass(frozen=True)
 class LogChunk:
     """One decoded log entry: its stream id and rows ``X``, shape ``(n, d)``, float32
-    (or the :class:`~nmbatch.engine.distributed.source.SourceRows` naming them)."""
+    (or the :class:`~nmbatch.engine.rows.SourceRows` naming them)."""
 
     entry_id: str
     X: np.ndarray | SourceRows

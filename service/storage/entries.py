@@ -4,7 +4,7 @@ On a Ray cluster (``NMBATCH_RAY_ADDRESS``) the rows of the log do not go through
 worker to the shards. The worker learns each entry's *head* (its id, ``n``, ``d`` and,
 in a base, its stream ids: :func:`read_heads`, or
 :meth:`~nmbatch.service.storage.ModelRepository.read_log_heads`) and hands the engine
-:class:`~nmbatch.engine.distributed.source.SourceRows` naming the entry by ``(stream
+:class:`~nmbatch.engine.rows.SourceRows` naming the entry by ``(stream
 key, entry id)``. Each shard actor reads the entries of its own partition (the ones the
 coordinator sent it) with :class:`RedisRows`, from its own node, and a shard that
 replaces a lost one reads the same entries again.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from nmbatch.engine.distributed.source import SourceRows
+from nmbatch.engine.rows import SourceRows
 from nmbatch.service.storage.codec import as_str, decode_chunk
 
 __all__ = ["PIPELINE_ENTRIES", "EntryHead", "RedisRows", "read_heads"]
@@ -73,7 +73,7 @@ def read_heads(
 
 
 class RedisRows:
-    """The :class:`~nmbatch.engine.distributed.source.RowSource` of the service's Redis:
+    """The :class:`~nmbatch.engine.rows.RowSource` of the service's Redis:
     a reference is ``(stream key, entry id)``, its array the entry's rows ``(n, d)``
     float32.
 

@@ -10,7 +10,7 @@ import time
 
 import redis
 
-from nmbatch.engine.distributed.source import SourceRows
+from nmbatch.engine.rows import SourceRows
 from nmbatch.service.storage.codec import LogChunk, as_str, decode_chunk
 from nmbatch.service.storage.errors import LeaseLostError, ModelConfigError
 from nmbatch.service.storage.handoff import LocalEntries
@@ -77,7 +77,7 @@ class ModelRepository:
 
     def read_log_heads(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
         """:meth:`read_log` by reference: each chunk's ``X`` is the
-        :class:`~nmbatch.engine.distributed.source.SourceRows` naming the entry's rows in
+        :class:`~nmbatch.engine.rows.SourceRows` naming the entry's rows in
         the log (:mod:`~nmbatch.service.storage.entries`), the rows read dropped."""
         log = self.keys.log
         return [

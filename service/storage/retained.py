@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from nmbatch.engine.distributed.source import SourceRows
+from nmbatch.engine.rows import SourceRows
 from nmbatch.service.storage.codec import CHUNK_BYTES, as_str, decode_chunk, id_key, next_id
 from nmbatch.service.storage.entries import EntryHead, read_heads
 from nmbatch.service.storage.errors import LeaseLostError

@@ -12,7 +12,7 @@ Worker role:
    (renumbered above them if the last worker died after the snapshot);
 2. wait until the model's dimension is known (setting, Redis meta, or the first batch);
 3. build the engine's ``NestedBatchStore`` and ``make_algorithm("nmbatch", ...)`` (in a
-   child process unless ``NMBATCH_WORKER_PROCESS=false``: :mod:`nmbatch.service.engine_host`),
+   child process unless ``NMBATCH_WORKER_PROCESS=false``: :mod:`nmbatch.engine.hosting`),
    replay the whole sample log into the store and, if a snapshot exists, call
    ``restore(centroids, b, iteration)`` (one exact assignment pass over the first ``b``
    samples);

@@ -1,14 +1,14 @@
 """The engine a worker drives: in a child process, in its own thread, or on a Ray cluster.
 
 :func:`build_engine` makes it from the settings; the worker drives each through the same
-interface (:class:`~nmbatch.service.engine_host.EngineHost`).
+interface (:class:`~nmbatch.engine.hosting.EngineHost`).
 """
 
 from __future__ import annotations
 
 from nmbatch.engine.algorithms.swap import swap_wanted
+from nmbatch.engine.hosting import EngineConfig, EngineHost, EngineProcess, LocalEngine
 from nmbatch.service.config import Settings
-from nmbatch.service.engine_host import EngineConfig, EngineHost, EngineProcess, LocalEngine
 from nmbatch.service.storage.entries import RedisRows
 
 __all__ = ["build_engine"]
@@ -33,7 +33,7 @@ def build_engine(
                                            batch_size=s.batch_size))  # fmt: skip
     if s.ray_address is None:
         return (EngineProcess(config) if s.worker_process else LocalEngine(config)), False
-    from nmbatch.engine.distributed.host import RayEngine
+    from nmbatch.engine.hosting.ray import RayEngine
 
     source = RedisRows(redis_url) if redis_url is not None else None
     return RayEngine(config, s.ray_address, s.ray_shards, source), source is not None

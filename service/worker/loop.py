@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from nmbatch.engine.hosting import EngineHost, EngineProcessError, iterate, settled
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.service.config import Settings
-from nmbatch.service.engine_host import EngineHost, EngineProcessError
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
@@ -60,7 +60,7 @@ class Worker(EngineRecovery):
         The model's dimension if already known.
     engine_nice : int
         Niceness of the engine's child process (0: unchanged); above 0, the child also
-        runs in Linux's ``SCHED_IDLE`` class (:func:`~nmbatch.service.engine_host.
+        runs in Linux's ``SCHED_IDLE`` class (:func:`~nmbatch.engine.hosting.child.
         lower_priority`).
     retention_size : callable or None
         The retention policy's size for a dimension (:func:`~nmbatch.service.worker.
@@ -355,15 +355,15 @@ class Worker(EngineRecovery):
                     pass  # iterate on what we have; the next pull retries
                 self._retain()
                 last_pull = time.monotonic()
-            state = engine.state
-            idle = state.converged and engine.store.n_samples == state.batch_size
+            idle = settled(engine)
             if engine.ready() and not idle:
                 self.phase = Phase.ITERATING
                 idle_logged = False
                 self._step()
             else:
                 if not idle_logged:
-                    self.phase = Phase.CONVERGED if state.converged else Phase.WAITING_FOR_SAMPLES
+                    converged = engine.state.converged
+                    self.phase = Phase.CONVERGED if converged else Phase.WAITING_FOR_SAMPLES
                     self._publish_stats()
                     idle_logged = True
                 self.wake.wait(max(0.0, poll - (time.monotonic() - last_pull)))
@@ -393,8 +393,11 @@ class Worker(EngineRecovery):
         self.metrics.log_trimmed.inc(retention.trimmed_entries - trimmed)
 
     def _step(self) -> None:
+        """One iteration (the streaming driver's step), counted and published."""
         assert self.engine is not None
-        state = self.engine.step()
+        iterate(self.engine, self._count_and_publish)
+
+    def _count_and_publish(self, state: ModelState) -> None:
         assert state.stats is not None
         self.publisher.count(state.stats)
         self._publish(state)
@@ -423,12 +426,8 @@ class Worker(EngineRecovery):
             return False
         for chunk in chunks:
             if chunk.X.shape[1] != store.dim:
-                log.error(
-                    "log entry %s has dimension %d, the model %d: skipped",
-                    chunk.entry_id,
-                    chunk.X.shape[1],
-                    store.dim,
-                )
+                log.error("log entry %s has dimension %d, the model %d: skipped",
+                          chunk.entry_id, chunk.X.shape[1], store.dim)  # fmt: skip
             else:
                 self.retention.offer(self.engine, chunk.X, chunk.entry_id)
             self.last_id = chunk.entry_id

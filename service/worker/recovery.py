@@ -1,7 +1,7 @@
 """What the worker does when its engine fails: rebuild it from the log.
 
 Two kinds of failure, one remedy. The engine's process died
-(:class:`~nmbatch.service.engine_host.EngineProcessError`: killed, out of memory): wait
+(:class:`~nmbatch.engine.hosting.EngineProcessError`: killed, out of memory): wait
 a second and rebuild. Any other unexpected error of the worker: not ready while it waits
 (1 s, doubling with each failure less than 10 minutes after the previous one, at most
 60 s), then rebuild. Rebuilding is what a restart of the service does: the next
@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 
-from nmbatch.service.engine_host import EngineHost, EngineProcessError
+from nmbatch.engine.hosting import EngineHost, EngineProcessError
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import Snapshot

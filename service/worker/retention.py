@@ -4,9 +4,10 @@
 is offered to the model's retention policy (:mod:`nmbatch.engine.retention`, made from
 ``NMBATCH_RETENTION`` and its sizes) as one batch, at the entry's time (the milliseconds
 of its stream id: Redis's clock when it was accepted), and the policy's answer is
-carried out on the engine (:meth:`EngineHost.feed`: retirements with their votes taken
-back exactly, then the appends). Stream ids count the samples offered since the replay
-began (a reservoir continues the count of its base).
+carried out on the engine by the engine's streaming driver
+(:func:`nmbatch.engine.hosting.offer`: ``EngineHost.feed``, retirements with their
+votes taken back exactly, then the appends). Stream ids count the samples offered
+since the replay began (a reservoir continues the count of its base).
 
 Redis keeps what the model keeps, and no more than a bounded excess
 (:class:`~nmbatch.service.storage.RetainedLog`):
@@ -36,10 +37,10 @@ from collections.abc import Iterator
 import numpy as np
 import redis
 
-from nmbatch.engine.distributed.source import SourceRows
+from nmbatch.engine.hosting import NO_IDS, EngineHost, offer
 from nmbatch.engine.retention import ReservoirRetention, RetentionPolicy, make_retention
+from nmbatch.engine.rows import SourceRows
 from nmbatch.service.config import Settings
-from nmbatch.service.engine_host import EngineHost
 from nmbatch.service.storage.capacity import plan_capacity
 from nmbatch.service.storage.codec import id_key, next_id
 from nmbatch.service.storage.errors import redis_oom
@@ -58,8 +59,6 @@ REDIS_SAMPLES = {"all": 1, "window": 2, "age": 2, "reservoir": 3}
 ``window`` and ``age`` their log plus what arrives before the next trim (at most one
 more size's worth, with a wide margin); ``reservoir`` a base, a log of one size, and the
 next base while a compaction writes it."""
-
-_NO_IDS = np.empty(0, dtype=np.int64)
 
 
 def retention_size(
@@ -156,7 +155,7 @@ class LogRetention:
             else:
                 self.offer(engine, X, None)
         if isinstance(self.policy, ReservoirRetention):
-            slots = np.concatenate(pages) if pages else _NO_IDS
+            slots = np.concatenate(pages) if pages else NO_IDS
             self.policy.load_state(base.policy, slots)
         log.info("base %d of the log: %d retained samples up to entry %s", base.generation,
                  base.n_rows, base.last_id)  # fmt: skip
@@ -177,10 +176,7 @@ class LogRetention:
         :class:`SourceRows` naming them) to the policy at the entry's time and carry out
         its answer on ``engine``."""
         now = id_key(entry_id)[0] / 1000.0 if entry_id is not None else None
-        adm = self.policy.admit(X.shape[0], now)
-        rows = X if adm.keep.shape[0] == X.shape[0] else X[adm.keep]
-        engine.feed(rows, adm.ids, n_after=self.policy.retained, retire_ids=adm.retire_ids,
-                    retire_before=adm.retire_before)  # fmt: skip
+        offer(self.policy, engine, X, now)
         if self.trims and entry_id is not None:
             end = self.policy.n_offered
             groups = self._groups
@@ -197,7 +193,7 @@ class LogRetention:
             return
         adm = self.policy.admit(0, now)
         if adm.retires:
-            engine.feed(np.empty((0, engine.store.dim), np.float32), _NO_IDS,
+            engine.feed(np.empty((0, engine.store.dim), np.float32), NO_IDS,
                         n_after=self.policy.retained, retire_before=adm.retire_before)  # fmt: skip
 
     # -- the log ------------------------------------------------------------------------

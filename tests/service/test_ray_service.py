@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from service_helpers import post_npy, wait_converged
 
-from nmbatch.engine.distributed.source import SourceRows
+from nmbatch.engine.rows import SourceRows
 from nmbatch.service.main import create_app
 from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.worker import retention as worker_retention

@@ -231,7 +231,7 @@ def test_the_trim_point_never_passes_a_retained_sample_and_the_groups_stay_few(
     """Entries of random sizes through a window of 5,120: every entry before the trim
     point holds only retired samples, the entry at it a retained one, and the worker
     remembers at most about 1,024 groups of entries, not one item per entry."""
-    from nmbatch.service.engine_host import EngineConfig, LocalEngine
+    from nmbatch.engine.hosting import EngineConfig, LocalEngine
     from nmbatch.service.storage.retained import RetainedLog
 
     W = 5120

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import redis
 
-from nmbatch.engine.distributed.source import SourceRows
+from nmbatch.engine.rows import SourceRows
 from nmbatch.service.storage.codec import encode_chunks
 from nmbatch.service.storage.entries import RedisRows, read_heads
 from nmbatch.service.storage.keys import ModelKeys

@@ -1,17 +1,20 @@
 """An unexpected error of the worker (a fault injected into its engine's step): the
 service says so on ``/readyz``, waits, rebuilds the engine from the log and goes on,
 with nothing acknowledged lost. Real ``redis-server``, the real app, the engine in the
-worker thread (``worker_process=False``)."""
+worker thread (``worker_process=False``); and an engine process killed: the worker
+rebuilds it the same way."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 
 import pytest
 from service_helpers import post_npy, wait_converged
 
-from nmbatch.service.engine_host import LocalEngine
+from nmbatch.engine.hosting import LocalEngine
 from nmbatch.service.main import create_app
 from nmbatch.service.worker import recovery
 from tests.testkit import SettingsFactory, TestClient, blobs, wait_until
@@ -97,3 +100,24 @@ def test_the_wait_grows_to_a_cap_and_starts_again_after_a_quiet_spell(
     clock["now"] += recovery.FAILURE_MEMORY_SECONDS + 1
     worker._recover(RuntimeError("y"))
     assert waits[-1] == 1
+
+
+def test_the_worker_rebuilds_a_killed_engine_and_goes_on(make_settings: SettingsFactory) -> None:
+    """SIGKILL of the engine process: the service keeps serving, the worker replays the
+    log into a new process, restores the served centroids, versions go on increasing."""
+    settings = make_settings(worker_process=True)
+    with TestClient(create_app(settings)) as client:
+        X = blobs(600, 6, 4, seed=5)[:, :3]
+        assert client.post("/samples", json={"vectors": X[:300].tolist()}).status_code == 202
+        before = wait_converged(client, 300)
+        worker = client.app.state.context.worker
+        old_pid = worker.engine.pid
+        os.kill(old_pid, signal.SIGKILL)
+        # Served from memory meanwhile.
+        assert client.get("/centroids").json()["version"] >= before["version"]
+        assert client.post("/samples", json={"vectors": X[300:].tolist()}).status_code == 202
+        after = wait_converged(client, 600)
+        assert after["version"] > before["version"]
+        assert worker.engine.pid != old_pid and worker.alive()
+        assert client.get("/readyz").json()["ready"] is True
+        assert "nmbatch_engine_restarts_total 1.0" in client.get("/metrics").text

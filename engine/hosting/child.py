@@ -1,33 +1,24 @@
-"""The worker's engine (store and nmbatch), in the worker thread or in a child process.
+"""The model hosted in a child process: :class:`EngineProcess`.
 
-The worker thread drives an engine through one small interface, :class:`EngineHost`:
-``engine.store`` (``dim``, ``n_samples``, ``append``: the engine's ``NestedBatchStore``
-or a view of it), ``engine.feed()`` (a retention policy's admission carried out:
-retirements, then appends with stream ids), ``engine.rows_of()`` (stored rows by id),
-``engine.ready()``, ``engine.step()`` and ``engine.restore()``, the last two answering
-with the model's state as one record (:class:`ModelState`, made by
-``KMeansAlgorithm.state``), which ``engine.state`` keeps. Two hosts provide it:
+The child is a fresh interpreter (``spawn``): nothing of the parent is copied into it.
+It builds the model as :class:`~.local.LocalEngine` does and answers the
+:class:`~.protocol.EngineHost` calls: rows go to it as raw ``float32`` bytes, without
+waiting (the pipe keeps them in order); ``step()``, ``restore()`` and ``rows_of()`` wait
+for its reply, the :class:`ModelState` record as the algorithm made it (pickled).
 
-:class:`LocalEngine`
-    The engine's objects themselves, in the worker thread (``NMBATCH_WORKER_PROCESS=false``).
-:class:`EngineProcess`
-    The engine in a child process (the default). The server's event loop then shares its
-    GIL only with threads that mostly wait (the worker thread waits on a pipe); the
-    child runs at a lower scheduling priority without the risk a low-priority *thread*
-    runs, of being parked by the OS while it holds the GIL the event loop needs; and a
-    child killed by the OOM killer (it holds the store: the biggest process) or crashed
-    leaves the HTTP side up, and the worker rebuilds it from the log. The process costs
-    a copy of each batch through the pipe and a second or two more at start (a fresh
-    interpreter); the ``/assign`` latency with it is in ``docs/bench/load/loadtest.md``.
+Why a process (the service's default, ``NMBATCH_WORKER_PROCESS``): the server's event
+loop then shares its GIL only with threads that mostly wait (the worker thread waits on
+a pipe); the child runs at a lower scheduling priority (:func:`lower_priority`) without
+the risk a low-priority *thread* runs, of being parked by the OS while it holds the GIL
+the event loop needs; and a child killed by the OOM killer (it holds the store: the
+biggest process) or crashed leaves the parent up, to rebuild it. The process costs a
+copy of each batch through the pipe and a second or two more at start (a fresh
+interpreter); the ``/assign`` latency with it is in ``docs/bench/load/loadtest.md``.
 
-The child is a fresh interpreter (``spawn``): nothing of the server is copied into it.
-Rows go to it as raw ``float32`` bytes, without waiting (the pipe keeps them in order);
-``step()`` and ``restore()`` wait for its reply, the :class:`ModelState` record as the
-algorithm made it (pickled). It exits when told to, or when the pipe's other end closes
-(the server is gone), and it asks Linux to kill it if the server dies
-(``PR_SET_PDEATHSIG``). If it dies, the next call raises :class:`EngineProcessError`,
-and the worker starts a new one (it replays the log and restores the centroids it
-served last).
+The child exits when told to, or when the pipe's other end closes (the parent is
+gone), and it asks Linux to kill it if the parent dies (``PR_SET_PDEATHSIG``). If it
+dies, the next call raises :class:`EngineProcessError` (the service's worker then
+starts a new one, replays its log and restores the centroids it served last).
 """
 
 from __future__ import annotations
@@ -41,26 +32,19 @@ import os
 import signal
 import struct
 import sys
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from nmbatch.engine import NestedBatchStore, make_algorithm
-from nmbatch.engine.algorithms import KMeansAlgorithm
-from nmbatch.engine.retention import carry_out
 from nmbatch.engine.state import ModelState
-from nmbatch.service.heap import HeapTrimmer
 
-__all__ = [
-    "EngineConfig",
-    "EngineHost",
-    "EngineProcess",
-    "EngineProcessError",
-    "LocalEngine",
-    "lower_priority",
-]
+from .driver import carry_out
+from .heap import HeapTrimmer
+from .local import build
+from .protocol import NO_IDS, EngineConfig
+
+__all__ = ["START_TIMEOUT", "EngineProcess", "EngineProcessError", "lower_priority"]
 
 log = logging.getLogger(__name__)
 
@@ -73,151 +57,12 @@ _RESTORE_HEADER = struct.Struct("<qqq")  # rows of centroids, batch size, iterat
 # FEED: rows appended, ids retired, retire_before, flags (1: ids in any order); then the
 # appended rows' ids (int64), the retired ids (int64), the appended rows (float32).
 _FEED_HEADER = struct.Struct("<qqqq")
-_NO_IDS = np.empty(0, dtype=np.int64)
 START_TIMEOUT = 120.0
 """Seconds the child may take to start (import numpy and numba, load the kernels)."""
 
 
 class EngineProcessError(RuntimeError):
     """The engine's child process failed or is gone."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """What builds the engine: ``NestedBatchStore(dim, seed)`` and nmbatch on it.
-
-    ``threads`` bounds BLAS and numba in the engine's process; ``nice`` is the
-    niceness of the child process (0: unchanged; unused in the thread); ``idle`` puts
-    the child in Linux's ``SCHED_IDLE`` class (see :func:`lower_priority`); ``swap``
-    turns on nmbatch's cluster swaps (``nmbatch.engine.algorithms.swap``), which the
-    worker asks for with the retentions that follow a moving stream.
-    """
-
-    dim: int
-    k: int
-    init: str
-    rho: float
-    batch_size: int
-    seed: int | None
-    threads: int = 1
-    nice: int = 0
-    idle: bool = False
-    swap: bool = False
-
-
-class StoreView(Protocol):
-    """The store as the worker sees it: its dimension, its size, appending rows."""
-
-    dim: int
-
-    @property
-    def n_samples(self) -> int: ...
-
-    def append(self, X: np.ndarray) -> int: ...
-
-
-class EngineHost(Protocol):
-    """A store and nmbatch on it, driven from the worker thread.
-
-    ``state`` is the model after the last ``step()`` or ``restore()`` (before the first
-    one: zero centroids, ``batch_size`` and ``iteration`` 0, not initialised).
-    """
-
-    store: StoreView
-    state: ModelState
-
-    def ready(self) -> bool:
-        """True once ``step()`` can run (``k`` samples appended, or initialised)."""
-        ...
-
-    def feed(
-        self,
-        X: np.ndarray,
-        ids: np.ndarray,
-        *,
-        n_after: int,
-        retire_ids: np.ndarray = _NO_IDS,
-        retire_before: int = 0,
-        any_order: bool = False,
-    ) -> None:
-        """Take out the stored samples with ids in ``retire_ids`` or below
-        ``retire_before`` (their votes removed exactly), then append the rows of ``X``
-        (``(m, d)`` float32) under the stream ids ``ids`` (``(m,)`` int64, increasing
-        unless ``any_order``); ``n_after`` is ``N`` afterwards (the policy's count)."""
-        ...
-
-    def rows_of(self, ids: np.ndarray) -> np.ndarray:
-        """The stored rows with stream ids ``ids``, in that order, ``(m, d)`` float32."""
-        ...
-
-    def step(self) -> ModelState:
-        """Run one iteration; the new state, with ``stats`` of the iteration."""
-        ...
-
-    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> ModelState:
-        """Start again from ``centroids`` (``(k, d)`` float32) over the first ``batch_size``
-        samples, counting iterations from ``iteration``; the new state (``stats`` None)."""
-        ...
-
-    def close(self) -> None:
-        """Release the engine (end its process, if any)."""
-        ...
-
-
-def _build(config: EngineConfig) -> tuple[NestedBatchStore, KMeansAlgorithm]:
-    store = NestedBatchStore(config.dim, seed=config.seed)
-    algo = make_algorithm(
-        "nmbatch",
-        store,
-        config.k,
-        init=config.init,
-        rho=config.rho,
-        batch_size=config.batch_size,
-        random_state=config.seed,
-        swap=config.swap,
-    )
-    return store, algo
-
-
-class LocalEngine:
-    """The engine's own objects, used from the calling thread."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        self.store, self._algo = _build(config)
-        self.state = self._algo.state()
-
-    def ready(self) -> bool:
-        return self._algo.ready()
-
-    def feed(
-        self,
-        X: np.ndarray,
-        ids: np.ndarray,
-        *,
-        n_after: int,
-        retire_ids: np.ndarray = _NO_IDS,
-        retire_before: int = 0,
-        any_order: bool = False,
-    ) -> None:
-        carry_out(self._algo, X, ids, retire_ids, retire_before, any_order=any_order)
-        if self.store.n_samples != n_after:
-            raise RuntimeError(f"the store holds {self.store.n_samples} rows, not {n_after}")
-        self.state = dataclasses.replace(self.state, converged=False)
-
-    def rows_of(self, ids: np.ndarray) -> np.ndarray:
-        return self.store.rows_of(ids)
-
-    def step(self) -> ModelState:
-        self.state = self._algo.state(self._algo.step())
-        return self.state
-
-    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> ModelState:
-        self._algo.restore(centroids, batch_size, iteration)
-        self.state = self._algo.state()
-        return self.state
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 # -- the child process --------------------------------------------------------------------
@@ -259,14 +104,14 @@ def lower_priority(config: EngineConfig) -> None:
 def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
     """The child's main: build the engine, then answer commands until told to stop."""
     _die_with_parent()
-    if os.getppid() != parent_pid:  # the server died before the line above took effect
+    if os.getppid() != parent_pid:  # the parent died before the line above took effect
         return
     lower_priority(config)
     # Imported here: the parent does not need threadpoolctl's state or numba's threads.
     from nmbatch.engine.threads import kernel_threads
 
     with kernel_threads(config.threads):  # the kernels on config.threads, BLAS on one
-        store, algo = _build(config)
+        store, algo = build(config)
         conn.send(algo.state())  # the initial state: the child is ready
         d = config.dim
         trimmer = HeapTrimmer()
@@ -274,7 +119,7 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
             try:
                 message = conn.recv_bytes()
             except (EOFError, OSError):
-                return  # the server is gone
+                return  # the parent is gone
             op, payload = message[:_OP], memoryview(message)[_OP:]
             try:
                 if op == _APPEND:
@@ -369,7 +214,7 @@ class EngineProcess:
         ids: np.ndarray,
         *,
         n_after: int,
-        retire_ids: np.ndarray = _NO_IDS,
+        retire_ids: np.ndarray = NO_IDS,
         retire_before: int = 0,
         any_order: bool = False,
     ) -> None:

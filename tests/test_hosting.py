@@ -1,4 +1,5 @@
-"""The worker's engine in a child process: the same numbers as in the thread, and its life."""
+"""Hosting a model: in a child process the same numbers as in the thread, and the child's
+life (priority, death, its parent's death); the heap trimmer of the child."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import wait_converged
 
+from nmbatch.engine.hosting import (
+    EngineConfig,
+    EngineProcess,
+    EngineProcessError,
+    LocalEngine,
+    heap,
+)
 from nmbatch.engine.state import ModelState
-from nmbatch.service import heap
-from nmbatch.service.engine_host import EngineConfig, EngineProcess, EngineProcessError, LocalEngine
-from nmbatch.service.main import create_app
-from tests.testkit import SettingsFactory, TestClient, blobs, wait_until
+from tests.testkit import blobs, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CONFIG = EngineConfig(
     dim=6, k=4, init="k-means++", rho=100.0, batch_size=50, seed=3, nice=5, idle=True
 )
@@ -102,7 +106,7 @@ def test_lower_priority_sets_the_class_and_openmp_waits_without_spinning(given, 
     code = textwrap.dedent(
         """
         import os
-        from nmbatch.service.engine_host import EngineConfig, lower_priority
+        from nmbatch.engine.hosting import EngineConfig, lower_priority
         lower_priority(EngineConfig(2, 2, "random", 1.0, 10, 0, idle=True))
         print(os.sched_getscheduler(0) == os.SCHED_IDLE, os.environ["OMP_WAIT_POLICY"])
         """
@@ -149,7 +153,7 @@ def test_bad_rows_are_refused_in_the_parent() -> None:
 _ORPHAN = textwrap.dedent(
     """
     import sys, time
-    from nmbatch.service.engine_host import EngineConfig, EngineProcess
+    from nmbatch.engine.hosting import EngineConfig, EngineProcess
     engine = EngineProcess(EngineConfig(dim=3, k=2, init="first", rho=100.0, batch_size=10,
                                         seed=0))
     print(engine.pid, flush=True)
@@ -185,27 +189,6 @@ def test_the_child_dies_with_a_killed_server() -> None:
         return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
     wait_until(gone, timeout=10, what="the engine process to exit")
-
-
-def test_the_worker_rebuilds_a_killed_engine_and_goes_on(make_settings: SettingsFactory) -> None:
-    """SIGKILL of the engine process: the service keeps serving, the worker replays the
-    log into a new process, restores the served centroids, versions go on increasing."""
-    settings = make_settings(worker_process=True)
-    with TestClient(create_app(settings)) as client:
-        X = blobs(600, CONFIG.dim, 4, seed=5)[:, :3]
-        assert client.post("/samples", json={"vectors": X[:300].tolist()}).status_code == 202
-        before = wait_converged(client, 300)
-        worker = client.app.state.context.worker
-        old_pid = worker.engine.pid
-        os.kill(old_pid, signal.SIGKILL)
-        # Served from memory meanwhile.
-        assert client.get("/centroids").json()["version"] >= before["version"]
-        assert client.post("/samples", json={"vectors": X[300:].tolist()}).status_code == 202
-        after = wait_converged(client, 600)
-        assert after["version"] > before["version"]
-        assert worker.engine.pid != old_pid and worker.alive()
-        assert client.get("/readyz").json()["ready"] is True
-        assert "nmbatch_engine_restarts_total 1.0" in client.get("/metrics").text
 
 
 def test_feed_retires_and_appends_the_same_in_both_hosts() -> None:

@@ -1,18 +1,21 @@
-"""The service's engine on a Ray cluster: the worker's ``EngineHost`` over a coordinator.
+"""The model hosted on a Ray cluster: an ``EngineHost`` over a streaming coordinator.
 
-:class:`RayEngine` gives the service worker the interface it drives every engine with
-(``store``, ``state``, ``ready``, ``feed``, ``rows_of``, ``step``, ``restore``, ``close``;
-``nmbatch.service.engine_host.EngineHost``), over a :class:`~.stream.StreamCoordinator`:
+:class:`RayEngine` gives its driver (the service's worker) the interface every host
+gives (``store``, ``state``, ``ready``, ``feed``, ``rows_of``, ``step``, ``restore``,
+``close``; :class:`~.protocol.EngineHost`), over a
+:class:`~nmbatch.engine.distributed.stream.StreamCoordinator`:
 
-- the worker thread is the Ray *driver*: it holds the coordinator (``C``, ``S``, ``v``,
+- the calling thread is the Ray *driver*: it holds the coordinator (``C``, ``S``, ``v``,
   ``Q``, ``tau``: O(k d) memory and arithmetic), while the rows, their per-row state and
   the distance computations live in the shard actors on the cluster's nodes;
 - each ``feed`` (one log entry the worker read from Redis, as the retention policy
-  admits it) is the retirements it carries (:meth:`~.stream.StreamCoordinator.retire`:
-  each shard takes back the votes of its own retired rows; a window or an age limit is
-  one id threshold for all shards, global in acceptance order) and one
-  :meth:`~.stream.StreamCoordinator.append`: the entry's rows go to the next shard in
-  turn (by reference, with a ``source``: the shard reads the rows from the log itself);
+  admits it; :func:`~.driver.retire_then_append`) is the retirements it carries
+  (:meth:`~nmbatch.engine.distributed.stream.StreamCoordinator.retire`: each shard
+  takes back the votes of its own retired rows; a window or an age limit is one id
+  threshold for all shards, global in acceptance order) and one
+  :meth:`~nmbatch.engine.distributed.stream.StreamCoordinator.append`: the entry's rows
+  go to the next shard in turn (by reference, with a ``source``: the shard reads the
+  rows from the log itself);
 - ``step`` is one distributed round, ``restore`` rebuilds the votes from the centroids
   of the last snapshot after a replay; the :class:`ModelState` they return is published
   by the worker as a local engine's (same ``/centroids``, ``/assign``, ``/stats``).
@@ -27,17 +30,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
+from nmbatch.engine.rows import RowSource, SourceRows
 from nmbatch.engine.state import ModelState
 
-from .source import RowSource, SourceRows
+from .driver import retire_then_append
+from .protocol import NO_IDS, EngineConfig
 
 __all__ = ["RayEngine"]
-
-_NO_IDS = np.empty(0, dtype=np.int64)
 
 
 class _CoordinatorStore:
@@ -63,24 +65,23 @@ class RayEngine:
 
     Parameters
     ----------
-    config :
-        Has ``dim``, ``k``, ``init``, ``rho``, ``batch_size`` and ``seed`` (the service's
-        ``EngineConfig``).
+    config : EngineConfig
+        ``dim``, ``k``, ``init``, ``rho``, ``batch_size`` and ``seed`` are used.
     address : str
         A Ray address, as ``ray.init`` takes it (the head's ``"host:port"``, ``"auto"``).
     n_shards : int
         ``P >= 1``: shard actors, spread over the nodes.
     source : RowSource or None
-        Where the shards read rows fed by reference (:class:`~.source.SourceRows`: the
+        Where the shards read rows fed by reference (:class:`~nmbatch.engine.rows.SourceRows`: the
         service's Redis log); None: only arrays are fed, through the object store.
     """
 
     def __init__(
-        self, config: Any, address: str, n_shards: int, source: RowSource | None = None
+        self, config: EngineConfig, address: str, n_shards: int, source: RowSource | None = None
     ) -> None:
         import ray
 
-        from .stream import StreamCoordinator
+        from nmbatch.engine.distributed.stream import StreamCoordinator
 
         self._joined = not ray.is_initialized()
         if self._joined:
@@ -106,25 +107,25 @@ class RayEngine:
         ids: np.ndarray,
         *,
         n_after: int,
-        retire_ids: np.ndarray = _NO_IDS,
+        retire_ids: np.ndarray = NO_IDS,
         retire_before: int = 0,
         any_order: bool = False,
     ) -> None:
         """Take out the stored rows with ids in ``retire_ids`` or below ``retire_before``
         (each shard takes back its own rows' votes, exactly), then append the rows of
-        ``X`` ``(m, d)`` float32, or those it names (:class:`~.source.SourceRows`, read
+        ``X`` ``(m, d)`` float32, or those it names (:class:`~nmbatch.engine.rows.SourceRows`, read
         by the shard), under stream ``ids`` ``(m,)`` int64 (any order) to the next
         shard."""
-        if np.shape(retire_ids)[0] or retire_before > 0:
-            self.coordinator.retire(retire_ids, retire_before)
-        self.coordinator.append(X, ids)
+        coordinator = self.coordinator
+        retire_then_append(coordinator.retire, coordinator.append, X, ids,
+                           np.asarray(retire_ids, np.int64), retire_before)  # fmt: skip
         if self.store.n_samples != n_after:
             raise RuntimeError(f"the store holds {self.store.n_samples} rows, not {n_after}")
         self.state = dataclasses.replace(self.state, converged=False)
 
     def rebase(self, rows: Sequence[SourceRows], ids: Sequence[np.ndarray]) -> None:
         """The stored rows now live where ``rows`` names them, ``ids[e]`` the stream ids
-        of ``rows[e]`` (:meth:`~.stream.StreamCoordinator.rebase`)."""
+        of ``rows[e]`` (:meth:`~nmbatch.engine.distributed.stream.StreamCoordinator.rebase`)."""
         self.coordinator.rebase(rows, ids)
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ class HeapTrimmer:
     engine's median RSS went from 1.396 to 1.363 GiB in a 25-million-vector soak of a
     2-million window (d = 128). A call walks the heap and releases what was freed: 0.1 ms
     to 9 ms in a microbenchmark (more when more was freed), once a second, in the engine
-    process (not the server's). Does nothing where there is no glibc.
+    process (not its parent). Does nothing where there is no glibc.
     """
 
     def __init__(self, every: float = 1.0) -> None:

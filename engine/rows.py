@@ -1,15 +1,17 @@
-"""Rows named, not held: where a shard reads its part of the store.
+"""Rows named, not held: a reference to rows kept elsewhere, and where to read them.
 
 A streaming store's rows come from somewhere that keeps them (the service's Redis log).
-Instead of passing every row through the coordinator, the coordinator can hand a shard
+Instead of passing every row through a driver, the driver can hand the model
 *references*: :class:`SourceRows` names rows ``offsets`` of the array a
-:class:`RowSource` returns for ``ref``, and the shard reads them itself, from its own
-node (:meth:`~.shard.ShardState.append_ref`). The coordinator keeps only the
-references, the stream ids and the priorities (17 bytes a row with a retired flag), so
-a lost shard is rebuilt by a new actor reading the same references again.
+:class:`RowSource` returns for ``ref``. The Ray backend's shards read them themselves,
+from their own nodes (:meth:`~nmbatch.engine.distributed.shard.ShardState.append_ref`);
+its coordinator keeps only the references, the stream ids and the priorities (17 bytes
+a row with a retired flag), so a lost shard is rebuilt by a new actor reading the same
+references again.
 
-This module knows nothing of where the rows are: the service provides the source (its
-log reader) and the references (log entry ids).
+This module knows nothing of where the rows are, and imports neither Ray nor the
+service: the service's storage makes the references (log entry ids) and provides the
+source (its log reader); the Ray backend reads through them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,113 @@
+"""The one interface every host of a model gives its driver, and what builds a model.
+
+A *host* holds a store and an algorithm on it, somewhere: in the calling thread
+(:class:`~nmbatch.engine.hosting.local.LocalEngine`), in a child process
+(:class:`~nmbatch.engine.hosting.child.EngineProcess`) or on a Ray cluster
+(:class:`~nmbatch.engine.hosting.ray.RayEngine`). The driver of the streaming loop
+(:mod:`nmbatch.engine.hosting.driver`) and the service's worker see only
+:class:`EngineHost`: ``store`` (``dim``, ``n_samples``, ``append``), ``state`` (the
+model after the last ``step()`` or ``restore()``, a :class:`~nmbatch.engine.state.
+ModelState`), ``ready()``, ``feed()`` (a retention policy's admission carried out:
+retirements, then appends under stream ids), ``rows_of()``, ``step()``, ``restore()``
+and ``close()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from nmbatch.engine.rows import SourceRows
+from nmbatch.engine.state import ModelState
+
+__all__ = ["NO_IDS", "EngineConfig", "EngineHost", "StoreView"]
+
+NO_IDS = np.empty(0, dtype=np.int64)
+"""No stream ids: ``(0,)`` int64 (read-only by convention; never written to)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What builds a hosted model: ``NestedBatchStore(dim, seed)`` and nmbatch on it.
+
+    ``threads`` bounds BLAS and numba in the engine's process; ``nice`` is the
+    niceness of a child process (0: unchanged; unused in the thread); ``idle`` puts
+    the child in Linux's ``SCHED_IDLE`` class (see :func:`~nmbatch.engine.hosting.child.
+    lower_priority`); ``swap`` turns on nmbatch's cluster swaps
+    (``nmbatch.engine.algorithms.swap``), which the service asks for with the
+    retentions that follow a moving stream.
+    """
+
+    dim: int
+    k: int
+    init: str
+    rho: float
+    batch_size: int
+    seed: int | None
+    threads: int = 1
+    nice: int = 0
+    idle: bool = False
+    swap: bool = False
+
+
+class StoreView(Protocol):
+    """The store as a driver sees it: its dimension, its size, appending rows."""
+
+    dim: int
+
+    @property
+    def n_samples(self) -> int: ...
+
+    def append(self, X: np.ndarray) -> int: ...
+
+
+class EngineHost(Protocol):
+    """A store and nmbatch on it, driven from one thread.
+
+    ``state`` is the model after the last ``step()`` or ``restore()`` (before the first
+    one: zero centroids, ``batch_size`` and ``iteration`` 0, not initialised).
+    """
+
+    store: StoreView
+    state: ModelState
+
+    def ready(self) -> bool:
+        """True once ``step()`` can run (``k`` samples appended, or initialised)."""
+        ...
+
+    def feed(
+        self,
+        X: np.ndarray | SourceRows,
+        ids: np.ndarray,
+        *,
+        n_after: int,
+        retire_ids: np.ndarray = NO_IDS,
+        retire_before: int = 0,
+        any_order: bool = False,
+    ) -> None:
+        """Take out the stored samples with ids in ``retire_ids`` or below
+        ``retire_before`` (their votes removed exactly), then append the rows of ``X``
+        (``(m, d)`` float32; a host fed by reference also takes the
+        :class:`~nmbatch.engine.rows.SourceRows` naming them) under the stream ids
+        ``ids`` (``(m,)`` int64, increasing unless ``any_order``); ``n_after`` is ``N``
+        afterwards (the policy's count)."""
+        ...
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """The stored rows with stream ids ``ids``, in that order, ``(m, d)`` float32."""
+        ...
+
+    def step(self) -> ModelState:
+        """Run one iteration; the new state, with ``stats`` of the iteration."""
+        ...
+
+    def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> ModelState:
+        """Start again from ``centroids`` (``(k, d)`` float32) over the first ``batch_size``
+        samples, counting iterations from ``iteration``; the new state (``stats`` None)."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine (end its process or its actors, if any)."""
+        ...
