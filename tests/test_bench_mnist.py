@@ -1,4 +1,4 @@
-"""MNIST for the benchmark (``engine/bench/mnist.py``): IDX decoding, download, cache.
+"""MNIST for the benchmark (``benchmarks/mnist.py``): IDX decoding, download, cache.
 
 The files are small IDX files the tests build themselves, served by a real HTTP server on
 a free loopback port; the checksums given to ``fetch_mnist`` are theirs.
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmbatch.engine.bench import cli, datasets, mnist
+from benchmarks import cli, datasets, mnist
 
 
 def idx_bytes(array: np.ndarray, type_code: int = 0x08) -> bytes:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nmbatch.engine.bench import cli, report, threads
-from nmbatch.engine.bench.protocol import Curve
+from benchmarks import cli, report, threads
+from benchmarks.protocol import Curve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,7 +158,7 @@ def _runs(tmp_path: Path, lloyd_2t: float) -> dict:
     }
     _write_run(tmp_path, 1, {0: one, 1: _scaled(one, 1, 2.0)}, {0: 100.4, 1: 200.8})
     _write_run(tmp_path, 2, {0: two, 1: _scaled(two, 1, 2.0)}, {0: 100.4, 1: 200.8})
-    return threads.combine(tmp_path, [1, 2], command="python -m nmbatch.engine.bench x")
+    return threads.combine(tmp_path, [1, 2], command="python -m benchmarks x")
 
 
 def test_combine_measures_every_thread_count_against_one_common_estar(tmp_path: Path) -> None:
@@ -207,7 +207,7 @@ def test_scaling_md_marks_each_target_met_or_not_met(tmp_path: Path) -> None:
         assert line in md
     for needle in (
         "# nmbatch thread scaling: blobs",
-        "Command: `python -m nmbatch.engine.bench x`",
+        "Command: `python -m benchmarks x`",
         "Data: test blobs, threads 1.",
         "| nmbatch | 1 | 0.5 | 0.5 | 1 | 2 | 0.40% |",
         "| nmbatch | 1 | 0.40% | 0.5 | 0.00% | 2.00x |",
@@ -234,7 +234,7 @@ def test_quick_run_at_two_thread_counts_writes_the_scaling_table(tmp_path: Path)
         [
             sys.executable,
             "-m",
-            "nmbatch.engine.bench",
+            "benchmarks",
             "--quick",
             "--dataset",
             "blobs",

@@ -30,7 +30,7 @@ from nmbatch.engine.algorithms.bounds import (
     make_bounds,
     resolve_bound_mode,
 )
-from nmbatch.engine.bench import bounds_memory
+from benchmarks import bounds_memory
 from nmbatch.engine.kernels import assign_dense, sqdist32_error
 from nmbatch.engine.kernels.common import DOWN32, UP, UP32
 from nmbatch.engine.kernels.grouped import (
