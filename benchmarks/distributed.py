@@ -138,8 +138,8 @@ def measure_constants(shards: list[int], *, n: int, k: int = 100, d: int = 128,
     """The cost model's inputs measured on this machine (see the module); blobs of ``n``
     rows, ``k`` clusters, dimension ``d``; each run to convergence (at most 400 rounds)."""
 
-    from nmbatch.engine import NestedBatchStore, energy, make_algorithm
     from benchmarks.datasets import make_blobs
+    from nmbatch.engine import NestedBatchStore, energy, make_algorithm
     from nmbatch.engine.distributed.fit import priorities, ray_session
     from nmbatch.engine.distributed.shard import ShardState
     from nmbatch.engine.threads import kernel_threads

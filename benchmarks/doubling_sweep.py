@@ -42,8 +42,8 @@ def run_setting(
     per step the cumulated step seconds, the batch size and the held-out energy."""
     import numba
 
-    from nmbatch.engine import NestedBatchStore, make_algorithm
     from benchmarks.protocol import shuffled_problem
+    from nmbatch.engine import NestedBatchStore, make_algorithm
     from nmbatch.engine.threads import kernel_threads
 
     problem = shuffled_problem(train, seed, k, batch_size=batch_size)
@@ -82,7 +82,9 @@ def levels(run: dict, estar: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.doubling_sweep", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--dataset", choices=("mnist", "patches"), required=True)
     parser.add_argument("--data", help="mnist.npz (with --dataset mnist)")
     parser.add_argument("--k", type=int, required=True)

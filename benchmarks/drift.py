@@ -406,8 +406,8 @@ def _streams(args: argparse.Namespace, names: list[str]) -> tuple[list[DriftStre
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import drift_report, machine
-    from benchmarks.process import keep_freed_memory, limit_threads
     from benchmarks.drift_peers import METHODS
+    from benchmarks.process import keep_freed_memory, limit_threads
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args([a for a in argv if a != "--drift"])

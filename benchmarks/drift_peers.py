@@ -313,8 +313,8 @@ def warm_up(X: np.ndarray, k: int, names: list[str], rate: float, seed: int, thr
     """Run every method of ``names`` untimed on the rows ``X`` ``(m, d)`` with a window of a
     third of them (numba compiles our kernels and the replay, retirements included), then
     limit the thread pools again (the JIT may load numba's OpenMP runtime); seconds."""
-    from benchmarks.process import limit_threads
     from benchmarks.ours import jit_warmup
+    from benchmarks.process import limit_threads
 
     t0 = time.perf_counter()
     jit_warmup(X, k)

@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = json.loads((work / "config.json").read_text())
     from threadpoolctl import threadpool_info
 
-    from benchmarks.process import keep_freed_memory, limit_threads, prefault_memory
     from benchmarks.peers import make_peer
+    from benchmarks.process import keep_freed_memory, limit_threads, prefault_memory
     from benchmarks.protocol import Budget, record, shuffled_problem
 
     if cfg["keep_memory"]:

@@ -29,8 +29,8 @@ __all__ = ["main"]
 
 
 def _fit(train: np.ndarray, seed: int, k: int) -> tuple[float, int, str]:
-    from nmbatch.engine import NestedBatchStore, make_algorithm
     from benchmarks.protocol import shuffled_problem
+    from nmbatch.engine import NestedBatchStore, make_algorithm
 
     problem = shuffled_problem(train, seed, k, rho=100.0, batch_size=5000)
     store = NestedBatchStore(train.shape[1], seed=problem.seed, capacity=train.shape[0])

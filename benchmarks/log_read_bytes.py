@@ -94,7 +94,9 @@ def _read_all(read: Callable[[str, int], list]) -> list:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.log_read_bytes", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--n", type=int, default=400_000, help="vectors in the log")
     parser.add_argument("--dim", type=int, default=128, help="their dimension")
     args = parser.parse_args(argv)

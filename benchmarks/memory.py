@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -69,8 +68,8 @@ def _worker(work: Path) -> int:
     """Measure one (algorithm, k, n) as the module docstring says; writes result.json."""
     cfg = json.loads((work / "config.json").read_text())
     name, k, n = str(cfg["name"]), int(cfg["k"]), int(cfg["n"])
-    from benchmarks.process import limit_threads
     from benchmarks.ours import OURS
+    from benchmarks.process import limit_threads
     from benchmarks.protocol import Budget, shuffled_problem
 
     limit_threads(int(cfg["threads"]))

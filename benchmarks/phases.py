@@ -252,17 +252,17 @@ def instrument(algo: Any, timer: PhaseTimer) -> Callable[[], None]:
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
     """At ``args.child`` threads: load, bandwidth, warm-up, the timed fit; its document."""
-    from nmbatch.engine import NestedBatchStore, make_algorithm
     from benchmarks import machine
     from benchmarks.options import load_dataset
+    from benchmarks.ours import jit_warmup, run_ours
     from benchmarks.process import (
         available_gib,
         keep_freed_memory,
         limit_threads,
         prefault_memory,
     )
-    from benchmarks.ours import jit_warmup, run_ours
     from benchmarks.protocol import Budget, shuffled_problem, stepwise
+    from nmbatch.engine import NestedBatchStore, make_algorithm
     from nmbatch.engine.threads import kernel_threads
 
     kept = False if args.no_keep_memory else keep_freed_memory()

@@ -154,7 +154,9 @@ def table(rows: list[Measurement]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.redis_bytes", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--dims", type=int, nargs="+", default=[16, 128, 784])
     parser.add_argument("--n", type=int, default=200_000, help="vectors per dimension")
     parser.add_argument("--batch", type=int, default=10_000, help="rows per append")

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from nmbatch.engine.algorithms import ALGORITHMS
 from benchmarks.peers import PEERS
 from benchmarks.protocol import (
     EPS_KEYS,
@@ -23,6 +22,7 @@ from benchmarks.protocol import (
     time_to,
     value_at,
 )
+from nmbatch.engine.algorithms import ALGORITHMS
 
 __all__ = [
     "RESULT_NAMES",

@@ -297,7 +297,9 @@ def _markdown(doc: dict[str, Any]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.two_models", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", type=Path, default=Path("docs/bench/models"))
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--dim", type=int, default=64)

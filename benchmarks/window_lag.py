@@ -49,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nmbatch.engine import NestedBatchStore, make_algorithm
 from benchmarks.machine import machine_info
+from nmbatch.engine import NestedBatchStore, make_algorithm
 from nmbatch.engine.retention import WindowRetention, feed
 from nmbatch.service.storage.codec import CHUNK_BYTES
 

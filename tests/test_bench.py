@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmbatch.engine import NestedBatchStore, energy
 from benchmarks import datasets, peers, protocol, report
 from benchmarks.protocol import Budget, Curve, Snapshot
+from nmbatch.engine import NestedBatchStore, energy
 
 REPO = Path(__file__).resolve().parents[1]
 EPS_KEYS = ["0.05", "0.02", "0.01", "0.005"]
@@ -275,8 +275,8 @@ def _final_centroids(runner, problem: protocol.Problem) -> np.ndarray:
 
 
 def test_nmbatch_strict_is_nmbatch_with_the_papers_doubling_test() -> None:
-    from nmbatch.engine import make_algorithm
     from benchmarks.ours import run_ours
+    from nmbatch.engine import make_algorithm
 
     ds = datasets.make_blobs(n_train=4000, n_test=100, dim=6, centers=40, seed=2)
     problem = protocol.shuffled_problem(ds.train, 2, 60, batch_size=300)  # 20 k > 300
@@ -302,8 +302,8 @@ def test_nmbatch_strict_is_nmbatch_with_the_papers_doubling_test() -> None:
 
 
 def test_nmbatch_swap_is_nmbatch_with_cluster_swaps() -> None:
-    from nmbatch.engine import make_algorithm
     from benchmarks.ours import run_ours
+    from nmbatch.engine import make_algorithm
 
     ds = datasets.make_blobs(n_train=4000, n_test=100, dim=6, centers=40, seed=2)
     problem = protocol.shuffled_problem(ds.train, 2, 60, batch_size=300)

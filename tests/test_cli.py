@@ -1,9 +1,9 @@
 """The ``nmbatch`` command-line tool: help, ``fit``, ``serve``, ``bench``.
 
 The parser and dispatch are ``nmbatch/cli.py``; ``fit`` runs in ``engine/fit.py``,
-``serve`` in ``service/cli.py``, ``bench`` in ``benchmarks/`` (a checkout only). ``fit`` runs in-process
-(one numba start-up for the module); ``--help``, the lazy-import guarantees and ``serve``
-run ``python -m nmbatch.cli`` in a subprocess, as a user would.
+``serve`` in ``service/cli.py``, ``bench`` in ``benchmarks/`` (from a checkout only).
+``fit`` runs in-process (one numba start-up for the module); ``--help``, the lazy-import
+guarantees and ``serve`` run ``python -m nmbatch.cli`` in a subprocess, as a user would.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.testkit import blobs
 from benchmarks.doubling_sweep import levels, run_setting, validation_energy
+from tests.testkit import blobs
 
 
 def test_validation_energy_is_the_mean_nearest_squared_distance() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.testkit import blobs
 from benchmarks.estimator_hashes import main
+from tests.testkit import blobs
 
 
 def test_hashes_repeat_and_follow_the_data(tmp_path, capsys):

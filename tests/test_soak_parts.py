@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmbatch.service.storage.capacity import engine_bytes_per_vector, redis_bytes_per_vector
 from benchmarks.loadtest.client import HOST, Connection, http_request
 from benchmarks.loadtest.probes import cpu_seconds, rss_bytes
 from benchmarks.soak import analysis, cgroup, sampling, traffic
 from benchmarks.soak.cli import build_parser
 from benchmarks.soak.report import markdown, write_results
 from benchmarks.soak.settings import memory_limit, service_settings
+from nmbatch.service.storage.capacity import engine_bytes_per_vector, redis_bytes_per_vector
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "bench" / "soak"
 

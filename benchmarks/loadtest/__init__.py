@@ -16,10 +16,10 @@ Run from the repository's root (the package is not installed with the wheel)::
     python -m benchmarks.loadtest --out bench-results/loadtest            # every phase
     python -m benchmarks.loadtest --out bench-results/lt --phases npy,assign --phase-seconds 5
 
-Modules: ``client`` (request bytes, the asyncio HTTP/1.1 client, the client processes),
-``probes`` (``/proc``: RSS and CPU time of processes, machine load, the machine's
-description), ``server`` (the server under test and its resource sampler), ``phases``
-(the phases and the runner of one), ``summary`` (rates, latency distributions, memory
-check, targets), ``report`` (``loadtest.md`` and ``loadtest.json``), ``cli`` (the
-command).
+Modules: ``spec`` (what a phase is), ``client`` (request bytes, the asyncio HTTP/1.1
+client, the client processes), ``probes`` (``/proc``: RSS and CPU time of processes,
+machine load, the machine's description), ``server`` (the server under test and its
+resource sampler), ``phases`` (the phases and the runner of one), ``summary`` (rates,
+latency distributions, memory check, targets), ``report`` (``loadtest.md`` and
+``loadtest.json``), ``cli`` (the command).
 """

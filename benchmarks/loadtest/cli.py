@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown phase(s) {sorted(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
-        "command": "python -m benchmarks.loadtest " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.loadtest "
+        + shlex.join(sys.argv[1:] if argv is None else argv),
         "machine": machine(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "targets_wanted": TARGETS,

@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,21 +54,10 @@ from benchmarks.loadtest.client import (
 )
 from benchmarks.loadtest.probes import wait_quiet
 from benchmarks.loadtest.server import Sampler, Server
+from benchmarks.loadtest.spec import PhaseSpec
 from benchmarks.loadtest.summary import summarise
 
 __all__ = ["PhaseSpec", "phase_specs", "run_phase"]
-
-
-@dataclass
-class PhaseSpec:
-    """One phase: who sends what, for how long."""
-
-    name: str
-    seconds: float
-    ingest_kinds: list[str] = field(default_factory=list)
-    ingest_rate: float | None = None  # vectors/s in total; None: as fast as possible
-    assign_rate: float | None = None  # requests/s; None: no /assign client
-    sample_every: float = 1.0
 
 
 def phase_specs(args: argparse.Namespace) -> dict[str, PhaseSpec]:

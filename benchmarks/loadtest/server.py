@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nmbatch.service.embedded_redis import free_port
 from benchmarks.loadtest.client import HOST
 from benchmarks.loadtest.probes import (
     cpu_seconds,
@@ -31,6 +30,7 @@ from benchmarks.loadtest.probes import (
     rss_bytes,
     worker_thread_cpu_seconds,
 )
+from nmbatch.service.embedded_redis import free_port
 
 __all__ = ["Sampler", "Server"]
 

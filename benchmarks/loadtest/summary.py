@@ -8,12 +8,11 @@ explain; :func:`targets` judges a whole run against :data:`TARGETS`.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from benchmarks.loadtest.phases import PhaseSpec
+from benchmarks.loadtest.spec import PhaseSpec
 
 __all__ = ["TARGETS", "memory_check", "summarise", "targets"]
 

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nmbatch.service.embedded_redis import free_port
 from benchmarks.soak.cgroup import MemoryCgroup
+from nmbatch.service.embedded_redis import free_port
 
 __all__ = ["HOST", "REPO", "Service"]
 

@@ -16,9 +16,9 @@ import math
 import subprocess
 from typing import Any
 
-from nmbatch.service.storage.capacity import engine_bytes_per_vector, redis_bytes_per_vector
 from benchmarks.soak.cgroup import parse_size
 from benchmarks.soak.service import REPO
+from nmbatch.service.storage.capacity import engine_bytes_per_vector, redis_bytes_per_vector
 
 __all__ = ["capacity_model", "code_version", "memory_limit", "service_settings"]
 
