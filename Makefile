@@ -27,19 +27,19 @@ serve: $(RUN_STAMP)
 ## suite (the dashboard's browser tests fail, not skip, without chromium).
 test: $(STAMP)
 	NMBATCH_REQUIRE_BROWSER=1 bash tools/ensure_chromium.sh
-	$(BIN)/ruff check nmbatch engine service tests tools
+	$(BIN)/ruff check nmbatch engine service benchmarks tests
 	$(BIN)/mkdocs build --strict --site-dir site
 	NMBATCH_REQUIRE_BROWSER=1 $(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check nmbatch engine service tests tools
-	$(BIN)/ruff format --check nmbatch engine service tests tools || true
+	$(BIN)/ruff check nmbatch engine service benchmarks tests
+	$(BIN)/ruff format --check nmbatch engine service benchmarks tests || true
 
 bench: $(STAMP)
-	$(BIN)/python -m nmbatch.engine.bench --dataset mnist --seeds 5 --out bench-results/mnist
+	$(BIN)/python -m benchmarks --dataset mnist --seeds 5 --out bench-results/mnist
 
 bench-quick: $(STAMP)
-	$(BIN)/python -m nmbatch.engine.bench --quick --out bench-results/quick
+	$(BIN)/python -m benchmarks --quick --out bench-results/quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache build site *.egg-info

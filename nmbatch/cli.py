@@ -13,9 +13,11 @@ Subcommands, each run by the package it belongs to:
 - ``nmbatch push FILE`` and ``nmbatch watch`` (``nmbatch.service.client.cli``): send
   the rows of a ``.npy``/``.csv`` file to a running service, and follow its centroid
   versions and statistics, with the Python client.
-- ``nmbatch bench`` (``nmbatch.engine.bench``): the benchmark, also ``python -m
-  nmbatch.engine.bench``; every argument after ``bench`` is passed on unchanged,
-  ``--help`` included.
+- ``nmbatch bench``: the benchmarks, which live in the repository's ``benchmarks/``
+  folder and are not installed with the wheel. From a checkout (the current directory,
+  or the checkout this package was installed from in editable mode) it runs
+  ``python -m benchmarks`` with every argument after ``bench`` unchanged, ``--help``
+  included; elsewhere it says where the benchmarks are and exits with status 2.
 
 This module holds the argument parser and the dispatch. Imports are lazy: ``nmbatch
 fit`` loads numpy and the engine only, never FastAPI, and ``nmbatch --help`` loads
@@ -158,11 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_client_commands(sub, _positive_int)
 
-    # Everything after `bench` goes to nmbatch.engine.bench untouched (main() never parses
-    # it); this entry only makes `bench` appear in `nmbatch --help`.
+    # Everything after `bench` goes to the checkout's benchmarks untouched (main() never
+    # parses it); this entry only makes `bench` appear in `nmbatch --help`.
     sub.add_parser(
         "bench",
-        help="run the benchmark (arguments as for `python -m nmbatch.engine.bench`)",
+        help="run the benchmarks from a checkout of the repository (arguments as for "
+        "`python -m benchmarks`)",
         add_help=False,
     )
     return parser
@@ -177,9 +180,46 @@ def _version() -> str:
         return "(not installed)"
 
 
-def run_bench(argv: Sequence[str]) -> int:
-    """Call the benchmark's ``main`` with ``argv`` (as ``python -m nmbatch.engine.bench argv``)."""
-    from nmbatch.engine.bench.cli import main as bench_main
+def _is_checkout(root: Path) -> bool:
+    """Whether ``root`` is a checkout of this repository with its ``benchmarks/`` folder."""
+    import tomllib
+
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    name = project.get("project", {}).get("name")
+    return name == "nmbatch" and (root / "benchmarks" / "cli.py").is_file()
+
+
+def benchmarks_checkout(roots: Sequence[Path] | None = None) -> Path | None:
+    """The first of ``roots`` that is a checkout holding ``benchmarks/``, or None.
+
+    Default ``roots``: the current directory, then the folder above this package (the
+    source checkout after an editable install; ``site-packages`` after a wheel's, where
+    no ``benchmarks`` is installed).
+    """
+    if roots is None:
+        roots = [Path.cwd(), Path(__file__).resolve().parents[1]]
+    return next((root for root in roots if _is_checkout(root)), None)
+
+
+def run_bench(argv: Sequence[str], roots: Sequence[Path] | None = None) -> int:
+    """Run ``python -m benchmarks argv`` from the checkout :func:`benchmarks_checkout`
+    finds among ``roots``; without one, say where the benchmarks are and return 2."""
+    root = benchmarks_checkout(roots)
+    if root is None:
+        print(
+            f"{PROG} bench: the benchmarks live in a checkout of the repository: they are "
+            "not installed with the package. Clone the repository, install it with "
+            "`pip install -e '.[bench]'`, and run `nmbatch bench` (or `python -m "
+            "benchmarks`) from its root.",
+            file=sys.stderr,
+        )
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from benchmarks.cli import main as bench_main
 
     try:
         code = bench_main(list(argv))

@@ -119,12 +119,6 @@ def python_blocks(page: Path) -> list[str]:
     return [body for language, body in fenced_blocks(text) if language == "python"]
 
 
-# TODO(lead): drop the fallback after the merge. The benchmarks move from
-# engine/bench/ (nmbatch.engine.bench) and tools/ to benchmarks/; until both branches are
-# merged, `benchmarks.X` resolves to whichever of those holds X.
-_BENCHMARK_FALLBACK = (REPO / "engine" / "bench", REPO / "tools")
-
-
 def resolve_module(name: str) -> Path | None:
     """The file (``x.py``) or package folder that ``python -m name`` runs, or None."""
     parts = name.split(".")
@@ -133,9 +127,6 @@ def resolve_module(name: str) -> Path | None:
         roots = [(REPO / "engine", parts[2:])]
     elif parts[:2] == ["nmbatch", "service"]:
         roots = [(REPO / "service", parts[2:])]
-    elif parts[0] == "benchmarks":
-        roots = [(REPO / "benchmarks", parts[1:])]
-        roots += [(base, parts[1:]) for base in _BENCHMARK_FALLBACK]
     else:
         roots = [(REPO / parts[0], parts[1:])]
     for base, rest in roots:
@@ -209,11 +200,8 @@ def makefile_recipe(target: str) -> str:
 
 def bench_variables() -> set[str]:
     """``NMBATCH_*`` environment variables the benchmarks read (not service settings)."""
-    folder = REPO / "benchmarks"
-    # TODO(lead): drop the fallback after the merge (engine/bench/ moves to benchmarks/).
-    paths = folder.rglob("*.py") if folder.is_dir() else (REPO / "engine" / "bench").glob("*.py")
     found: set[str] = set()
-    for path in paths:
+    for path in (REPO / "benchmarks").rglob("*.py"):
         found |= set(NMBATCH_VARIABLE.findall(path.read_text(encoding="utf-8")))
     return found
 

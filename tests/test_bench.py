@@ -1,4 +1,4 @@
-"""The benchmark (engine/bench): its quick run end to end, and its measuring parts."""
+"""The benchmark (benchmarks): its quick run end to end, and its measuring parts."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks import datasets, peers, protocol, report
+from benchmarks.protocol import Budget, Curve, Snapshot
 from nmbatch.engine import NestedBatchStore, energy
-from nmbatch.engine.bench import datasets, peers, protocol, report
-from nmbatch.engine.bench.protocol import Budget, Curve, Snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 EPS_KEYS = ["0.05", "0.02", "0.01", "0.005"]
@@ -31,7 +31,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bench") / "quick"
     env = dict(os.environ, MPLBACKEND="Agg")
     proc = subprocess.run(
-        [sys.executable, "-m", "nmbatch.engine.bench", "--quick", "--rho-study", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks", "--quick", "--rho-study", "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -68,7 +68,7 @@ def test_quick_run_results_json_has_exactly_the_schema(quick_run: Path) -> None:
 def test_quick_run_writes_markdown_plot_curves_and_rho_study(quick_run: Path) -> None:
     md = (quick_run / "results.md").read_text()
     for needle in ("| nmbatch |", "## Target check", "JIT", "Threads: 1", "BLAS", "load average",
-                   "python -m nmbatch.engine.bench --quick", "## rho study", "numpy "):
+                   "python -m benchmarks --quick", "## rho study", "numpy "):
         assert needle in md, needle
     assert (quick_run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     curves = json.loads((quick_run / "curves.json").read_text())
@@ -275,8 +275,8 @@ def _final_centroids(runner, problem: protocol.Problem) -> np.ndarray:
 
 
 def test_nmbatch_strict_is_nmbatch_with_the_papers_doubling_test() -> None:
+    from benchmarks.ours import run_ours
     from nmbatch.engine import make_algorithm
-    from nmbatch.engine.bench.ours import run_ours
 
     ds = datasets.make_blobs(n_train=4000, n_test=100, dim=6, centers=40, seed=2)
     problem = protocol.shuffled_problem(ds.train, 2, 60, batch_size=300)  # 20 k > 300
@@ -302,8 +302,8 @@ def test_nmbatch_strict_is_nmbatch_with_the_papers_doubling_test() -> None:
 
 
 def test_nmbatch_swap_is_nmbatch_with_cluster_swaps() -> None:
+    from benchmarks.ours import run_ours
     from nmbatch.engine import make_algorithm
-    from nmbatch.engine.bench.ours import run_ours
 
     ds = datasets.make_blobs(n_train=4000, n_test=100, dim=6, centers=40, seed=2)
     problem = protocol.shuffled_problem(ds.train, 2, 60, batch_size=300)

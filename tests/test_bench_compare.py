@@ -1,11 +1,11 @@
-"""``tools.bench_compare``: before/after tables of benchmark runs, pooled over runs."""
+"""``benchmarks.bench_compare``: before/after tables of benchmark runs, pooled over runs."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tools.bench_compare import main
+from benchmarks.bench_compare import main
 
 
 def write_run(folder: Path, times: dict[str, float | None]) -> Path:

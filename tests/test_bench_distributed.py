@@ -1,4 +1,4 @@
-"""The distributed benchmark (``python -m nmbatch.engine.bench.distributed``): the cost
+"""The distributed benchmark (``python -m benchmarks.distributed``): the cost
 model's arithmetic by hand, and a quick run end to end on a real local Ray."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from nmbatch.engine.bench import distributed_model as model
+from benchmarks import distributed_model as model
 
 
 def constants(**over: float) -> dict:
@@ -58,7 +58,7 @@ def test_the_cost_model_adds_up_by_hand() -> None:
 
 def test_a_quick_run_writes_the_tables(tmp_path) -> None:
     pytest.importorskip("ray")
-    from nmbatch.engine.bench import distributed
+    from benchmarks import distributed
 
     out = tmp_path / "dist"
     assert distributed.main([

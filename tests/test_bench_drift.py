@@ -1,6 +1,6 @@
 """The drift benchmark: quick run end to end, the streams' order and shifts, the peers' rules.
 
-The end-to-end test runs ``python -m nmbatch.engine.bench --drift --quick`` in-process on a
+The end-to-end test runs ``python -m benchmarks --drift --quick`` in-process on a
 small fake MNIST (labels and all) and checks the three outputs; the others check the
 stream generators, the numpy re-implementation of Spark's decay rule against the formula
 computed by hand, and the numba replay of river's rule against river itself.
@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmbatch.engine.bench import cli
-from nmbatch.engine.bench.drift import gaussian_stream, mnist_stream
-from nmbatch.engine.bench.drift_peers import (
+from benchmarks import cli
+from benchmarks.drift import gaussian_stream, mnist_stream
+from benchmarks.drift_peers import (
     METHODS,
     SparkDecay,
     make_method,
@@ -25,7 +25,7 @@ from nmbatch.engine.bench.drift_peers import (
     river_halflife,
     spark_decay_factor,
 )
-from nmbatch.engine.bench.drift_report import energy, reference, target_lines
+from benchmarks.drift_report import energy, reference, target_lines
 
 
 def _fake_mnist(path: Path, n: int = 3000, n_test: int = 600, d: int = 64) -> Path:
@@ -61,7 +61,7 @@ def test_quick_run_writes_json_markdown_and_plot(tmp_path: Path) -> None:
         if check["available"]:
             assert check["max_abs_diff_vs_replay"] < 1e-9
     md = (out / "drift.md").read_text()
-    assert "python -m nmbatch.engine.bench --drift --quick" in md
+    assert "python -m benchmarks --drift --quick" in md
     assert "## Target check" in md and "spark-decay (numpy re-implementation)" in md
     assert "CPU:" in md
     assert (out / "drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,5 @@
-"""The large-k benchmark (``python -m nmbatch.engine.bench --large-k``) end to end on tiny
-data, and its memory measurement (``engine/bench/memory.py``)."""
+"""The large-k benchmark (``python -m benchmarks --large-k``) end to end on tiny
+data, and its memory measurement (``benchmarks/memory.py``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmbatch.engine.bench import large_k
-from nmbatch.engine.bench.memory import measure_memory, memory_markdown, read_status_kib
+from benchmarks import large_k
+from benchmarks.memory import measure_memory, memory_markdown, read_status_kib
 
 REPO = Path(__file__).resolve().parents[1]
 EPS_KEYS = ["0.05", "0.02", "0.01", "0.005"]
@@ -24,7 +24,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("large-k") / "out"
     env = dict(os.environ, MPLBACKEND="Agg")
     proc = subprocess.run(
-        [sys.executable, "-m", "nmbatch.engine.bench", "--large-k", "--dataset", "blobs",
+        [sys.executable, "-m", "benchmarks", "--large-k", "--dataset", "blobs",
          "--max-train", "16000", "--max-test", "500", "--budget", "0.2", "--warmup", "0.01",
          "--prefault-gb", "0", "--ks", "8,64", "--memory-n", "16000",
          "--memory-iterations", "1", "--algorithms", "nmbatch,faiss", "--out", str(out)],

@@ -1,4 +1,4 @@
-"""MNIST for the benchmark (``engine/bench/mnist.py``): IDX decoding, download, cache.
+"""MNIST for the benchmark (``benchmarks/mnist.py``): IDX decoding, download, cache.
 
 The files are small IDX files the tests build themselves, served by a real HTTP server on
 a free loopback port; the checksums given to ``fetch_mnist`` are theirs.
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmbatch.engine.bench import cli, datasets, mnist
+from benchmarks import cli, datasets, mnist, options
 
 
 def idx_bytes(array: np.ndarray, type_code: int = 0x08) -> bytes:
@@ -198,7 +198,7 @@ def test_bench_dataset_mnist_reads_the_cached_file(
     monkeypatch.setenv("NMBATCH_MNIST_URL", closed_port_url)
     train = np.arange(20 * 784, dtype=np.uint32).reshape(20, 784) % 256
     np.savez(tmp_path / "mnist.npz", train=train.astype(np.uint8), test=np.zeros((4, 784)))
-    ds = cli._load_dataset(cli.build_parser().parse_args(["--dataset", "mnist"]))
+    ds = options.load_dataset(options.build_parser().parse_args(["--dataset", "mnist"]))
     assert ds.name == "mnist" and ds.train.dtype == np.float32
     np.testing.assert_array_equal(ds.train, train.astype(np.float32))
     assert ds.test.shape == (4, 784)

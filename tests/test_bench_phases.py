@@ -1,4 +1,4 @@
-"""``python -m nmbatch.engine.bench.phases``: the Amdahl fit and projection, the phase timer,
+"""``python -m benchmarks.phases``: the Amdahl fit and projection, the phase timer,
 the peers file, and one quick run at 1 and 2 threads end to end."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nmbatch.engine.bench import phases
+from benchmarks import phases
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -120,7 +120,7 @@ def test_quick_blobs_run_at_one_and_two_threads(tmp_path: Path) -> None:
             "--peers", str(peers)]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "nmbatch.engine.bench.phases", *argv],
+        [sys.executable, "-m", "benchmarks.phases", *argv],
         cwd=REPO, env=dict(os.environ, MPLBACKEND="Agg"), capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip

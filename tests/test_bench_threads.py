@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nmbatch.engine.bench import cli, report, threads
-from nmbatch.engine.bench.protocol import Curve
+from benchmarks import options, report, threads
+from benchmarks.protocol import Curve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_threads_parses_one_count_or_a_sorted_list(
     argv: list[str], counts: list[int], single: int
 ) -> None:
-    args = cli.build_parser().parse_args(argv)
+    args = options.build_parser().parse_args(argv)
     assert args.thread_counts == counts
     assert args.threads == single and type(args.threads) is int
 
@@ -40,14 +40,14 @@ def test_threads_refuses_bad_values_with_a_message(
     bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exc:
-        cli.build_parser().parse_args(["--threads", bad])
+        options.build_parser().parse_args(["--threads", bad])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "argument --threads" in err and ("thread count" in err or ">= 1" in err), err
 
 
 def test_child_argv_replaces_threads_and_out_however_they_were_spelt() -> None:
-    options = [o for a in cli.build_parser()._actions for o in a.option_strings]
+    names = [o for a in options.build_parser()._actions for o in a.option_strings]
     argv = [
         "--quick",
         "--threads",
@@ -60,7 +60,7 @@ def test_child_argv_replaces_threads_and_out_however_they_were_spelt() -> None:
         "--k",
         "8",
     ]
-    got = threads.child_argv(argv, options, 2, Path("x") / "threads-2")
+    got = threads.child_argv(argv, names, 2, Path("x") / "threads-2")
     assert got == [
         "--quick",
         "--seeds=1",
@@ -74,7 +74,7 @@ def test_child_argv_replaces_threads_and_out_however_they_were_spelt() -> None:
 
 
 def test_default_out_is_the_single_runs_folder() -> None:
-    parse = cli.build_parser().parse_args
+    parse = options.build_parser().parse_args
     assert threads.default_out(parse(["--threads", "1,2"])) == Path("bench-results/blobs")
     assert threads.default_out(parse(["--dataset", "mnist"])) == Path("bench-results/mnist")
     assert threads.default_out(parse(["--data", "d/my.npz"])) == Path("bench-results/my")
@@ -101,7 +101,7 @@ def _curve(name: str, seed: int, seconds: list[float], energy: list[float]) -> C
 def _write_run(
     folder: Path, n: int, curves: dict[int, dict[str, Curve]], refs: dict[int, float]
 ) -> None:
-    """One child's curves.json, results.json and results.md, as cli.main writes them
+    """One child's curves.json, results.json and results.md, as paper.main writes them
     (each relative to its own E*_s)."""
     sub = folder / f"threads-{n}"
     sub.mkdir(parents=True)
@@ -158,7 +158,7 @@ def _runs(tmp_path: Path, lloyd_2t: float) -> dict:
     }
     _write_run(tmp_path, 1, {0: one, 1: _scaled(one, 1, 2.0)}, {0: 100.4, 1: 200.8})
     _write_run(tmp_path, 2, {0: two, 1: _scaled(two, 1, 2.0)}, {0: 100.4, 1: 200.8})
-    return threads.combine(tmp_path, [1, 2], command="python -m nmbatch.engine.bench x")
+    return threads.combine(tmp_path, [1, 2], command="python -m benchmarks x")
 
 
 def test_combine_measures_every_thread_count_against_one_common_estar(tmp_path: Path) -> None:
@@ -207,7 +207,7 @@ def test_scaling_md_marks_each_target_met_or_not_met(tmp_path: Path) -> None:
         assert line in md
     for needle in (
         "# nmbatch thread scaling: blobs",
-        "Command: `python -m nmbatch.engine.bench x`",
+        "Command: `python -m benchmarks x`",
         "Data: test blobs, threads 1.",
         "| nmbatch | 1 | 0.5 | 0.5 | 1 | 2 | 0.40% |",
         "| nmbatch | 1 | 0.40% | 0.5 | 0.00% | 2.00x |",
@@ -234,7 +234,7 @@ def test_quick_run_at_two_thread_counts_writes_the_scaling_table(tmp_path: Path)
         [
             sys.executable,
             "-m",
-            "nmbatch.engine.bench",
+            "benchmarks",
             "--quick",
             "--dataset",
             "blobs",

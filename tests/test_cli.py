@@ -1,15 +1,16 @@
 """The ``nmbatch`` command-line tool: help, ``fit``, ``serve``, ``bench``.
 
 The parser and dispatch are ``nmbatch/cli.py``; ``fit`` runs in ``engine/fit.py``,
-``serve`` in ``service/cli.py``, ``bench`` in ``engine/bench``. ``fit`` runs in-process
-(one numba start-up for the module); ``--help``, the lazy-import guarantees and ``serve``
-run ``python -m nmbatch.cli`` in a subprocess, as a user would.
+``serve`` in ``service/cli.py``, ``bench`` in ``benchmarks/`` (from a checkout only).
+``fit`` runs in-process (one numba start-up for the module); ``--help``, the lazy-import
+guarantees and ``serve`` run ``python -m nmbatch.cli`` in a subprocess, as a user would.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -455,7 +456,7 @@ def test_serve_runs_the_service_with_the_given_options(
 
 # -- bench --------------------------------------------------------------------------------
 def test_bench_help_is_the_benchmarks_own_help(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nmbatch.engine.bench.cli import build_parser
+    from benchmarks.options import build_parser
 
     monkeypatch.setenv("COLUMNS", "100")  # the same help width in both processes
     via_cli = run_cli("bench", "--help", env={"COLUMNS": "100"})
@@ -467,3 +468,49 @@ def test_bench_passes_a_usage_error_through() -> None:
     result = run_cli("bench", "--no-such-option")
     assert result.returncode == 2
     assert "--no-such-option" in result.stderr
+
+
+def test_bench_finds_the_checkout_it_was_installed_from(tmp_path: Path) -> None:
+    # From a folder outside the checkout: nmbatch is imported from the checkout (as after
+    # an editable install), whose benchmarks/ it runs.
+    result = subprocess.run(
+        [sys.executable, "-m", "nmbatch.cli", "bench", "--help"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "usage: python -m benchmarks" in result.stdout
+    assert cli.benchmarks_checkout([tmp_path, REPO]) == REPO
+
+
+def test_bench_without_a_checkout_says_where_the_benchmarks_are(tmp_path: Path) -> None:
+    # The package alone, as a wheel installs it: no benchmarks/ beside it, none in the
+    # current folder.
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "nmbatch", site / "nmbatch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    work.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "nmbatch.cli", "bench", "--quick"],
+        cwd=work, env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "the benchmarks live in a checkout of the repository" in result.stderr
+    assert "python -m benchmarks" in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_folder_is_a_checkout_only_with_benchmarks_and_the_projects_pyproject(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "cli.py").write_text("")
+    assert cli.benchmarks_checkout([tmp_path]) is None  # no pyproject.toml
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "other"\n')
+    assert cli.benchmarks_checkout([tmp_path]) is None  # another project's
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "nmbatch"\n')
+    assert cli.benchmarks_checkout([tmp_path]) == tmp_path
+    assert cli.run_bench(["--help"], roots=[tmp_path / "benchmarks"]) == 2
+    assert "checkout of the repository" in capsys.readouterr().err

@@ -1,11 +1,11 @@
-"""tools/doubling_sweep.py: the held-out energy and the levels it reports."""
+"""benchmarks/doubling_sweep.py: the held-out energy and the levels it reports."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from benchmarks.doubling_sweep import levels, run_setting, validation_energy
 from tests.testkit import blobs
-from tools.doubling_sweep import levels, run_setting, validation_energy
 
 
 def test_validation_energy_is_the_mean_nearest_squared_distance() -> None:

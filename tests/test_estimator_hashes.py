@@ -1,11 +1,11 @@
-"""tools.estimator_hashes: one line per fit, the same hashes for the same data and seeds."""
+"""benchmarks.estimator_hashes: one line per fit, the same hashes for the same data and seeds."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from benchmarks.estimator_hashes import main
 from tests.testkit import blobs
-from tools.estimator_hashes import main
 
 
 def test_hashes_repeat_and_follow_the_data(tmp_path, capsys):

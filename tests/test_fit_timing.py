@@ -1,10 +1,10 @@
-"""``python -m tools.fit_timing``: whole fits timed and hashed, one JSON line each."""
+"""``python -m benchmarks.fit_timing``: whole fits timed and hashed, one JSON line each."""
 
 from __future__ import annotations
 
 import json
 
-from tools import fit_timing
+from benchmarks import fit_timing
 
 
 def test_fit_timing_records_identical_fits(tmp_path):

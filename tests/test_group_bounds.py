@@ -18,6 +18,7 @@ import json
 import numpy as np
 import pytest
 
+from benchmarks import bounds_memory
 from nmbatch.engine import NestedBatchStore, NestedMiniBatchKMeans, make_algorithm
 from nmbatch.engine.algorithms import DENSE_REVISIT_FRACTION, DENSE_REVISIT_FRACTION_GROUPED
 from nmbatch.engine.algorithms.bounds import (
@@ -30,7 +31,6 @@ from nmbatch.engine.algorithms.bounds import (
     make_bounds,
     resolve_bound_mode,
 )
-from nmbatch.engine.bench import bounds_memory
 from nmbatch.engine.hosting import feed
 from nmbatch.engine.kernels import assign_dense, sqdist32_error
 from nmbatch.engine.kernels.common import DOWN32, UP, UP32

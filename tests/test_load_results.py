@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.loadtest.report import markdown
+from benchmarks.loadtest.report import markdown
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "bench" / "load"

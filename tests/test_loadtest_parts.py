@@ -1,4 +1,4 @@
-"""The load benchmark's parts that need no server (tools/loadtest): request bytes, the
+"""The load benchmark's parts that need no server (benchmarks/loadtest): request bytes, the
 HTTP/1.1 client against a local socket server, /proc probes, statistics, targets, options."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import numpy as np
 import orjson
 import pytest
 
-from tools.loadtest import client, probes, summary
-from tools.loadtest.cli import build_parser
-from tools.loadtest.phases import phase_specs
-from tools.loadtest.report import markdown
+from benchmarks.loadtest import client, probes, summary
+from benchmarks.loadtest.cli import build_parser
+from benchmarks.loadtest.phases import phase_specs
+from benchmarks.loadtest.report import markdown
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "bench" / "load"
 
@@ -152,7 +152,7 @@ def test_the_options_make_the_phases_and_a_run_of_this_tool_names_its_server() -
     assert specs["assign-alone"].ingest_kinds == [] and specs["assign-alone"].assign_rate == 2000
     assert specs["assign-max"].ingest_rate is None
     result = json.loads((RESULTS / "loadtest.json").read_text())
-    result["command"] = "python -m tools.loadtest --out x"
+    result["command"] = "python -m benchmarks.loadtest --out x"
     text = markdown(result)
-    assert "Command: `python -m tools.loadtest --out x`" in text
+    assert "Command: `python -m benchmarks.loadtest --out x`" in text
     assert "Server: one `python -m nmbatch` process" in text

@@ -2,15 +2,18 @@
 
 ``engine/`` installs as ``nmbatch.engine`` and ``service/`` as ``nmbatch.service``
 (``package-dir`` in ``pyproject.toml``); every package folder must be listed there, or a
-wheel would silently lack it. ``engine`` imports nothing from ``service``.
+wheel would silently lack it. ``engine`` imports nothing from ``service``. The
+benchmarks (``benchmarks/``) run from a checkout: the wheel, built here, holds none.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,13 +49,14 @@ def test_the_console_script_and_the_top_level_imports(tmp_path: Path) -> None:
         "import importlib.util, nmbatch\n"
         "from nmbatch import NestedMiniBatchKMeans\n"
         "import nmbatch.service.main, nmbatch.engine.kernels\n"
-        "print(importlib.util.find_spec('engine'), importlib.util.find_spec('service'))\n"
+        "print(importlib.util.find_spec('engine'), importlib.util.find_spec('service'),\n"
+        "      importlib.util.find_spec('benchmarks'), importlib.util.find_spec('tools'))\n"
         "print(NestedMiniBatchKMeans.__module__)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
     ).stdout.split("\n")
-    assert out[0] == "None None"
+    assert out[0] == "None None None None"
     assert out[1] == "nmbatch.engine.estimator"
 
 
@@ -68,3 +72,26 @@ def test_engine_imports_nothing_from_the_service() -> None:
                 continue
             for name in names:
                 assert not name.startswith(("nmbatch.service", "service")), (path, name)
+
+
+def test_the_wheel_holds_the_nmbatch_package_alone(tmp_path: Path) -> None:
+    # Built from a copy of the sources with benchmarks/ and tests/ beside them, as in a
+    # checkout (pip's isolated build; the checkout itself gets no build/ or egg-info).
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc")
+    for folder in ("nmbatch", "engine", "service", "benchmarks", "tests"):
+        shutil.copytree(REPO / folder, src / folder, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "out"),
+         str(src)],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = (tmp_path / "out").glob("nmbatch-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
+    assert {name.split("/")[0] for name in names} == {"nmbatch", dist_info}
+    assert [n for n in names if "bench" in n] == []  # no benchmarks/, no engine/bench/
+    assert "nmbatch/engine/kernels/grouped.py" in names
+    assert "nmbatch/service/main.py" in names

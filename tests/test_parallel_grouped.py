@@ -2,9 +2,10 @@
 
 Each grouped pass (``engine.kernels.grouped``: the dense pass, the sweep, the settle pass
 and the reassignment) at 1 and at 2 threads on the same inputs, with enough rows for its
-parallel driver (``engine.kernels.grouped_parallel``, checked to have run): every output
-and every in-out array equal exactly. The sums they leave are also checked against numpy
-from the labels, and the labels against the brute-force nearest centroid.
+parallel driver (beside its range kernel in ``grouped``, ``grouped_reassign`` or
+``grouped_dense``; checked to have run): every output and every in-out array equal
+exactly. The sums they leave are also checked against numpy from the labels, and the
+labels against the brute-force nearest centroid.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from nmbatch.engine.algorithms.bounds import GroupBounds
-from nmbatch.engine.kernels import grouped, grouped_dense, grouped_parallel, parallel, update
+from nmbatch.engine.kernels import grouped, grouped_dense, grouped_reassign, parallel, update
 from nmbatch.engine.kernels.common import sqdist32_error
 from tests.engine_helpers import brute_nearest
 from tests.testkit import blobs
@@ -28,16 +29,20 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def drivers(monkeypatch) -> dict[str, int]:
-    """Calls of each parallel driver of ``grouped_parallel`` during the test, by name."""
-    calls = dict.fromkeys(grouped_parallel.__all__, 0)
-    for name in grouped_parallel.__all__:
-        kernel = getattr(grouped_parallel, name)
+    """Calls of each parallel driver of the grouped passes during the test, by name."""
+    modules = {
+        "sweep_blocks": grouped, "settle_blocks": grouped,
+        "reassign_blocks": grouped_reassign, "dense_blocks": grouped_dense,
+    }  # fmt: skip
+    calls = dict.fromkeys(modules, 0)
+    for name, module in modules.items():
+        kernel = getattr(module, name)
 
         def counted(*args, _kernel=kernel, _name=name):
             calls[_name] += 1
             return _kernel(*args)
 
-        monkeypatch.setattr(grouped_parallel, name, counted)
+        monkeypatch.setattr(module, name, counted)
     return calls
 
 

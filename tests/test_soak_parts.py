@@ -1,4 +1,4 @@
-"""The soak benchmark's parts that need no service (tools/soak): sizes and cgroup files,
+"""The soak benchmark's parts that need no service (benchmarks/soak): sizes and cgroup files,
 the cgroup wrapper, OOM lines, the open-loop pacing against a local socket server, the
 RSS of a real process tree, the figures and checks, and the report rendered from its
 JSON (also the committed runs in docs/bench/soak/)."""
@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.loadtest.client import HOST, Connection, http_request
+from benchmarks.loadtest.probes import cpu_seconds, rss_bytes
+from benchmarks.soak import analysis, cgroup, sampling, traffic
+from benchmarks.soak.cli import build_parser
+from benchmarks.soak.report import markdown, write_results
+from benchmarks.soak.settings import memory_limit, service_settings
 from nmbatch.service.storage.capacity import engine_bytes_per_vector, redis_bytes_per_vector
-from tools.loadtest.client import HOST, Connection, http_request
-from tools.loadtest.probes import cpu_seconds, rss_bytes
-from tools.soak import analysis, cgroup, sampling, traffic
-from tools.soak.cli import build_parser
-from tools.soak.report import markdown, write_results
-from tools.soak.settings import memory_limit, service_settings
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "bench" / "soak"
 
@@ -322,7 +322,7 @@ def _samples(n: int, warmup: int, per_step: int, rss0: float, rss_per_vector: fl
 
 
 def _result(retention: str) -> dict:
-    """A run's record as :func:`tools.soak.run.run` makes it, from synthetic traffic:
+    """A run's record as :func:`benchmarks.soak.run.run` makes it, from synthetic traffic:
     20 batches of 10 accepted (after a warm-up of 20), then 10 refused with 507 at the
     capacity 220; 300 /assign, one refused."""
     argv = ["--out", "x", "--max-samples", "220", "--batch", "10", "--assign-rate", "100"]
@@ -351,7 +351,7 @@ def _result(retention: str) -> dict:
     }
     samples = _samples(12, warmup, 20, 1000.0, 600.0)
     result = {
-        "command": "python -m tools.soak " + " ".join(argv),
+        "command": "python -m benchmarks.soak " + " ".join(argv),
         "machine": _machine(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "retention": retention,

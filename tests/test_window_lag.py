@@ -1,6 +1,6 @@
 """The window-lag tool: a tiny run end to end, and its lag accounting.
 
-The end-to-end test runs ``python -m tools.window_lag`` in-process on a window of 3,000
+The end-to-end test runs ``python -m benchmarks.window_lag`` in-process on a window of 3,000
 samples of d = 8 for half a second of streaming in both modes, checks the three outputs,
 and recomputes every publication's lag from the columns the tool wrote: what has arrived
 by the publication (whole entries), what has left the window (one old sample per sample
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tools.window_lag import COLUMNS, Clock, MixtureStream, lag_at, main
+from benchmarks.window_lag import COLUMNS, Clock, MixtureStream, lag_at, main
 
 CFG = {"window": 100, "rate": 10.0, "entry": 5}
 

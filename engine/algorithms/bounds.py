@@ -16,7 +16,7 @@
 
 Every mode gives the same assignments (the nearest centroid, decided exactly); only the
 memory and the number of distances computed differ. Measured on 20,000 MNIST digits
-(``engine.bench.bounds_memory``, 10 steps, a shared 2-core machine), full bounds
+(``benchmarks.bounds_memory``, 10 steps, a shared 2-core machine), full bounds
 computed the fewest distances and were the fastest at k = 1,024 and 4,096: group
 bounds took 1.4 to 2.3 times as long per revisit, with 10 and 16 times less memory
 for the bounds; Hamerly's single bound took 4 to 9 times as long.

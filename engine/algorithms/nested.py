@@ -35,7 +35,7 @@ __all__ = ["DENSE_REVISIT_FRACTION", "DENSE_REVISIT_FRACTION_GROUPED", "NestedMi
 # of the listed rows' (row, centroid) pairs (measured: see NestedMiniBatch._revisit_bounded).
 DENSE_REVISIT_FRACTION = 0.45
 # The same with group bounds (and Hamerly's). Measured on image patches (d = 108), seed 0,
-# one thread, seconds to 1% of the best held-out energy (python -m tools.doubling_sweep
+# one thread, seconds to 1% of the best held-out energy (python -m benchmarks.doubling_sweep
 # --dataset patches --k <k> --setting 1,0.5 --dense-fraction <f>): at k = 4,096 (group
 # bounds by auto) 16.1 s with 0.06, 14.3 s (0.1), 14.5 s (0.15); at k = 1,024 (with
 # --bounds group) 7.1 s (0.06), 6.3 s (0.1).

@@ -6,7 +6,8 @@
 - ``bounded``: the bounded revisit of rows already in the batch (bound sweep, exact
   distance to the assigned centroid, reassignment of the rows left open);
 - ``grouped``: the same revisit with one lower bound per group of centroids (Yinyang's
-  group and local filters; Hamerly's single bound is one group), and its dense pass;
+  group and local filters; Hamerly's single bound is one group), its reassignment in
+  ``grouped_reassign`` and its dense pass in ``grouped_dense``;
 - ``dense``: assignment from a BLAS product of all distances (new rows, dense revisits,
   the baselines);
 - ``update``: the centroid update and ``sse`` from the per-cluster sums;

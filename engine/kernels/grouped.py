@@ -20,10 +20,15 @@ an open group, member ``j`` is skipped when ``lower[i, g] + pmax(g) - p(j) > u(i
 :func:`assign_dense_grouped` is ``assign_dense`` writing group bounds: new rows and
 revisits that the bounds leave mostly open.
 
-Threads as in :mod:`.parallel`: each pass is a range kernel here, run once over all rows
-on one thread, or block by block by the parallel drivers of :mod:`.grouped_parallel`
-(votes recorded, then cast in row order by ``apply_moves``): the same results, bit for
-bit, at any thread count.
+The reassignment (pass 2b: :func:`reassign_grouped`, :func:`reassign_grouped_rows`,
+:data:`LOCAL_DOWN`) lives in :mod:`.grouped_reassign`, the dense pass in
+:mod:`.grouped_dense`; this module re-exports the former, so that the revisit's three
+passes are imported from here.
+
+Threads as in :mod:`.parallel`: each pass is a range kernel, run once over all rows on
+one thread, or block by block by its parallel driver beside it (``sweep_blocks``,
+``settle_blocks``, ``reassign_blocks``, ``dense_blocks``: votes recorded, then cast in
+row order by ``apply_moves``): the same results, bit for bit, at any thread count.
 
 Arrays: ``group_of`` ``(k,)`` int32 in ``[0, G)``; ``members`` ``(k,)`` int32, the
 centroids ordered by group; ``starts`` ``(G + 1,)`` int64, group ``g`` is
@@ -38,27 +43,24 @@ import math
 import numba
 import numpy as np
 
-from nmbatch.engine.kernels.bounded import _rounded_moves
+from nmbatch.engine.kernels.bounded import _join_blocks, _rounded_moves
 from nmbatch.engine.kernels.common import (
     DOWN32,
-    EMPTY_F64,
     PREFETCH_AHEAD,
     UP,
     UP32,
     bound_factors,
-    down32,
-    exact_argmin,
     list_row,
-    move_vote,
     prefetch_row,
-    push_candidate,
-    sqdist32_error,
     sqdist_safe,
-    sqnorm,
+)
+from nmbatch.engine.kernels.grouped_reassign import (
+    LOCAL_DOWN,
+    reassign_grouped,
+    reassign_grouped_rows,
 )
 from nmbatch.engine.kernels.parallel import (
     MIN_SWEEP_ROWS,
-    apply_moves,
     block_rows,
     parallel_rows,
 )
@@ -69,12 +71,11 @@ __all__ = [
     "group_open_pairs",
     "group_sweep",
     "reassign_grouped",
+    "reassign_grouped_rows",
     "settle_assigned_grouped",
+    "settle_blocks",
+    "sweep_blocks",
 ]
-
-LOCAL_DOWN = 1.0 - 2.0**-50
-"""Factor that keeps ``lower + (pmax - p(j))``, two float64 additions of non-negative
-terms, below its exact value."""
 
 
 def group_drift(p: np.ndarray, group_of: np.ndarray, n_groups: int) -> np.ndarray:
@@ -147,6 +148,27 @@ def _group_sweep(p, pmax, group_of, sizes, labels, upper, lower):
     return todo[:n_todo], n_pairs
 
 
+@numba.njit(cache=True, nogil=True, parallel=True)
+def sweep_blocks(p, pmax, group_of, sizes, labels, upper, lower, block):
+    """:func:`group_sweep`, one task per block of ``block`` rows.
+
+    Arguments and return value as :func:`group_sweep`; block : int > 0.
+    """
+    n = labels.shape[0]
+    p32 = _rounded_moves(pmax)
+    n_blocks = (n + block - 1) // block
+    todo = np.empty(n, dtype=np.int64)
+    listed = np.zeros(n_blocks, dtype=np.int64)
+    pairs = np.zeros(n_blocks, dtype=np.int64)
+    for bi in numba.prange(n_blocks):
+        lo = bi * block
+        hi = min(n, lo + block)
+        listed[bi], pairs[bi] = _sweep_range(
+            p, p32, group_of, sizes, labels, upper, lower, lo, hi, todo, lo
+        )
+    return todo[: _join_blocks(todo, listed, block)], pairs.sum()
+
+
 def group_sweep(
     p: np.ndarray,
     pmax: np.ndarray,
@@ -175,8 +197,6 @@ def group_sweep(
     """
     n = labels.shape[0]
     if parallel_rows(n, MIN_SWEEP_ROWS):
-        from nmbatch.engine.kernels.grouped_parallel import sweep_blocks
-
         block = block_rows(n, MIN_SWEEP_ROWS // 4)
         return sweep_blocks(p, pmax, group_of, sizes, labels, upper, lower, block)
     return _group_sweep(p, pmax, group_of, sizes, labels, upper, lower)
@@ -217,6 +237,26 @@ def _settle_assigned_grouped(X, rows, C, g, group_of, sizes, labels, upper, lowe
     return todo[:n_todo], n_pairs
 
 
+@numba.njit(cache=True, nogil=True, parallel=True)
+def settle_blocks(X, rows, C, g, group_of, sizes, labels, upper, lower, s_assigned, block):
+    """:func:`settle_assigned_grouped`, one task per block of ``block`` listed rows.
+
+    Arguments and return value as :func:`settle_assigned_grouped`.
+    """
+    m = rows.shape[0]
+    n_blocks = (m + block - 1) // block
+    todo = np.empty(m, dtype=np.int64)
+    listed = np.zeros(n_blocks, dtype=np.int64)
+    pairs = np.zeros(n_blocks, dtype=np.int64)
+    for bi in numba.prange(n_blocks):
+        lo = bi * block
+        hi = min(m, lo + block)
+        listed[bi], pairs[bi] = _settle_range(
+            X, rows, lo, hi, C, g, group_of, sizes, labels, upper, lower, s_assigned, todo, lo
+        )
+    return todo[: _join_blocks(todo, listed, block)], pairs.sum()
+
+
 def settle_assigned_grouped(
     X: np.ndarray,
     rows: np.ndarray,
@@ -240,178 +280,5 @@ def settle_assigned_grouped(
     """
     args = (X, rows, C, g, group_of, sizes, labels, upper, lower, s_assigned)
     if parallel_rows(rows.shape[0]):
-        from nmbatch.engine.kernels.grouped_parallel import settle_blocks
-
         return settle_blocks(*args, block_rows(rows.shape[0]))
     return _settle_assigned_grouped(*args)
-
-
-@numba.njit(cache=True, nogil=True)
-def _reassign_range(
-    X, rows, lo, hi, C, g, group_of, members, starts, p, pmax, labels, upper, lower, S, v,
-    Q, s_assigned, known, prev, xx,
-):  # fmt: skip
-    """:func:`reassign_grouped` over ``rows[lo:hi]``; returns ``(n_changed, n_distances)``.
-
-    ``prev``, ``xx`` (m,) int32, (m,) float64, or empty: when given, a row's old label
-    goes to ``prev[t]`` (and, if it changed, ``||x||^2`` to ``xx[t]``) and its vote is
-    left to :func:`~nmbatch.engine.kernels.parallel.apply_moves`; otherwise the vote
-    moves here (``S``, ``v``, ``Q``).
-    """
-    k = C.shape[0]
-    G = lower.shape[1]
-    g_lo, g_hi = bound_factors(g)
-    defer = prev.shape[0] > 0
-    cand = np.empty(k, dtype=np.int64)
-    cand_s = np.empty(k, dtype=np.float64)
-    open_g = np.empty(G, dtype=np.int64)
-    opened = np.empty(G, dtype=np.int64)
-    min1 = np.empty(G, dtype=np.float64)
-    arg1 = np.empty(G, dtype=np.int64)
-    min2 = np.empty(G, dtype=np.float64)
-    n_changed = 0
-    n_dist = 0
-    for t in range(lo, hi):
-        if t + PREFETCH_AHEAD < hi:
-            prefetch_row(X, rows[t + PREFETCH_AHEAD])
-        i = rows[t]
-        lg = lower[i]
-        a = labels[i]
-        x = X[i]
-        if known:
-            s_a = s_assigned[i]
-        else:
-            s_a = sqdist_safe(x, C[a])
-            n_dist += 1
-        best = a
-        best_s = s_a
-        u = math.sqrt(best_s * g_hi)
-        cand[0] = a
-        cand_s[0] = s_a
-        nc = 1
-        # Branch-free gathering of the groups whose bound does not exclude them.
-        u32 = np.float32(u * UP32)
-        n_cand_groups = 0
-        for gi in range(G):
-            open_g[n_cand_groups] = gi
-            n_cand_groups += np.int64(lg[gi] <= u32)
-        n_opened = 0
-        for q0 in range(n_cand_groups):
-            gi = open_g[q0]
-            lgo = np.float64(lg[gi])
-            if lgo > u:  # every member farther than the best found meanwhile
-                continue
-            m1 = np.inf
-            j1 = -1
-            m2 = np.inf
-            top = pmax[gi]
-            for q in range(starts[gi], starts[gi + 1]):
-                j = np.int64(members[q])
-                if j == a:
-                    continue
-                # Local filter (a bound only when the swept bound is positive).
-                lb = (lgo + (top - p[j])) * LOCAL_DOWN if lgo > 0.0 else -np.inf
-                if lb <= u:
-                    s_j = sqdist_safe(x, C[j])
-                    n_dist += 1
-                    lb = math.sqrt(s_j * g_lo)
-                    nc, best, best_s = push_candidate(j, s_j, cand, cand_s, nc, best, best_s)
-                    if best == j:
-                        u = math.sqrt(best_s * g_hi)
-                if lb < m1:
-                    m2 = m1
-                    m1 = lb
-                    j1 = j
-                elif lb < m2:
-                    m2 = lb
-            opened[n_opened] = gi
-            min1[n_opened] = m1
-            arg1[n_opened] = j1
-            min2[n_opened] = m2
-            n_opened += 1
-        if nc > 1:
-            best, s_new = exact_argmin(x, C, cand, cand_s, nc, g_lo, g_hi, best, best_s)
-            upper[i] = math.sqrt(s_new * g_hi) * UP
-        else:
-            upper[i] = u * UP
-        for q in range(n_opened):
-            lg[opened[q]] = down32(min2[q] if arg1[q] == best else min1[q])
-        if defer:
-            prev[t] = a
-        if best != a:
-            ga = group_of[a]
-            lg[ga] = min(lg[ga], down32(math.sqrt(s_a * g_lo)))
-            n_changed += 1
-            labels[i] = best
-            if defer:
-                xx[t] = sqnorm(x)
-            else:
-                move_vote(x, sqnorm(x), a, best, S, v, Q)
-    return n_changed, n_dist
-
-
-@numba.njit(cache=True, nogil=True)
-def reassign_grouped(
-    X, rows, C, g, group_of, members, starts, p, pmax, labels, upper, lower, S, v, Q,
-    s_assigned, known,
-):  # fmt: skip
-    """Pass 2 of a grouped revisit on the listed rows (bounds already swept), one thread.
-
-    For each row: the exact distance to ``a(i)`` (read from ``s_assigned`` when
-    ``known``), then every group whose bound does not exceed ``u(i)`` (``u`` shrinking
-    as nearer centroids are found) is opened: each member ``j != a(i)`` is measured
-    unless the local filter ``lower[i, g] + pmax(g) - p(j) > u(i)`` excludes it. The
-    nearest is decided exactly (ties to the lowest index, :func:`.common.exact_argmin`).
-    An opened group's bound becomes the smallest bound of its members other than the new
-    label (measured: their float32 distance rounded down; skipped: the local filter
-    value); if the label changed, the old label's group takes in the distance to it.
-    ``S``, ``v``, ``Q`` change only for rows whose label changed.
-
-    group_of : (k,) int32, members : (k,) int32, starts : (G + 1,) int64   IN
-    p : (k,) float64, pmax : (G,) float64   IN   (as given to :func:`group_sweep`)
-    s_assigned : (n,) float64 IN (``known``), known : bool; the rest as
-    :func:`.bounded.reassign_rows`.
-
-    Returns ``(n_changed, n_distances)``. :func:`reassign_grouped_rows` runs it, or its
-    parallel driver on enough rows.
-    """
-    no_prev = np.empty(0, dtype=np.int32)
-    no_xx = np.empty(0, dtype=np.float64)
-    return _reassign_range(
-        X, rows, 0, rows.shape[0], C, g, group_of, members, starts, p, pmax, labels, upper,
-        lower, S, v, Q, s_assigned, known, no_prev, no_xx,
-    )  # fmt: skip
-
-
-def reassign_grouped_rows(
-    X: np.ndarray,
-    rows: np.ndarray,
-    C: np.ndarray,
-    *,
-    group_of: np.ndarray,
-    members: np.ndarray,
-    starts: np.ndarray,
-    p: np.ndarray,
-    pmax: np.ndarray,
-    labels: np.ndarray,
-    upper_bounds: np.ndarray,
-    lower_bounds: np.ndarray,
-    S: np.ndarray,
-    v: np.ndarray,
-    Q: np.ndarray,
-    assigned_sqdist: np.ndarray | None = None,
-) -> tuple[int, int]:
-    """Keyword wrapper of :func:`reassign_grouped` (on one thread, or block by block with
-    the votes cast afterwards in row order); returns ``(n_changed, n_distances)``."""
-    known = assigned_sqdist is not None
-    s_a = assigned_sqdist if known else EMPTY_F64
-    args = (X, rows, C, sqdist32_error(X.shape[1]), group_of, members, starts, p, pmax,
-            labels, upper_bounds, lower_bounds)  # fmt: skip
-    if not parallel_rows(rows.shape[0]):
-        n_changed, n_dist = reassign_grouped(*args, S, v, Q, s_a, known)
-        return int(n_changed), int(n_dist)
-    from nmbatch.engine.kernels.grouped_parallel import reassign_blocks
-
-    prev, xx, n_dist = reassign_blocks(*args, s_a, known, block_rows(rows.shape[0]))
-    n_changed = apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx)
-    return n_changed, int(n_dist)

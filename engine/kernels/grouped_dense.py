@@ -34,7 +34,7 @@ from nmbatch.engine.kernels.parallel import (
     parallel_rows,
 )
 
-__all__ = ["assign_dense_grouped"]
+__all__ = ["assign_dense_grouped", "dense_blocks"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -129,6 +129,33 @@ def _assign_dense_grouped(
     )  # fmt: skip
 
 
+@numba.njit(cache=True, nogil=True, parallel=True)
+def dense_blocks(
+    X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper,
+    group_of, prev, old_d2, block,
+):  # fmt: skip
+    """Labels, distances and group bounds of :func:`assign_dense_grouped`, one task per
+    block of ``block`` rows; returns ``n_changed``.
+
+    The votes are left in ``prev`` (m,) int32 and ``old_d2`` (m,) float64 (OUT, as
+    ``_dense_range`` writes them); the other arguments as ``_assign_dense_grouped``.
+    """
+    m = rows.shape[0]
+    n_blocks = (m + block - 1) // block
+    changed = np.zeros(n_blocks, dtype=np.int64)
+    no_S = np.empty((0, 0), dtype=np.float64)
+    no_v = np.empty(0, dtype=np.int64)
+    no_f = np.empty(0, dtype=np.float64)
+    for bi in numba.prange(n_blocks):
+        lo = bi * block
+        hi = min(m, lo + block)
+        changed[bi] = _dense_range(
+            X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2,
+            lower, upper, group_of, no_S, no_v, no_f, no_f, prev, old_d2,
+        )  # fmt: skip
+    return changed.sum()
+
+
 def assign_dense_grouped(
     X: np.ndarray,
     rows: np.ndarray,
@@ -165,8 +192,6 @@ def assign_dense_grouped(
     args = (X, rows, xx, fill, dots, C, cc, gemm_error(d), sqdist32_error(d), remove,
             labels, dist2, lower_bounds, upper_bounds, group_of)  # fmt: skip
     if parallel_rows(m):
-        from nmbatch.engine.kernels.grouped_parallel import dense_blocks
-
         prev = np.empty(m, dtype=np.int32)
         old_d2 = np.empty(m, dtype=np.float64)
         n_changed = dense_blocks(*args, prev, old_d2, block_rows(m))

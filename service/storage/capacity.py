@@ -63,7 +63,7 @@ ENGINE_SAMPLE_BYTES = 32
 (``int32``), upper bound, ``d(i)^2`` and ``‖x(i)‖^2`` (``float64`` each), 28 bytes,
 rounded up."""
 
-# Measured with redis-server 7.0.15 (jemalloc 5.3.0) by tools/redis_bytes.py: used_memory
+# Measured with redis-server 7.0.15 (jemalloc 5.3.0) by benchmarks/redis_bytes.py: used_memory
 # before and after appending 200,000 random vectors through AsyncSampleLog.append in
 # batches of 10,000 rows. Entries of up to CHUNK_BYTES = 1 MiB - 4 KiB: d = 16: 66.5
 # bytes per vector (1.040 x 4d; one entry of 640,000 bytes per request), d = 128: 525.3

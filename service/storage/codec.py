@@ -31,7 +31,7 @@ CHUNK_BYTES = (1 << 20) - (4 << 10)
 Redis stores a large entry as one allocation (a listpack of its own: the payload plus a
 header of about a hundred bytes), which jemalloc rounds up to its next size class. 1 MiB
 is a size class and the next is 1.25 MiB, so a full entry of exactly 1 MiB of rows took
-1.25 MiB; 4 KiB under it, a full entry takes 1 MiB (``tools/redis_bytes.py`` measures
+1.25 MiB; 4 KiB under it, a full entry takes 1 MiB (``benchmarks/redis_bytes.py`` measures
 it)."""
 
 

@@ -15,7 +15,7 @@ Others are read whole and their rows dropped at once: Redis streams have no read
 some fields only. A server-side script that returned the heads alone was measured and
 rejected: Redis builds every entry, rows included, into the script's memory, which kept
 it busy about 3 ms an entry of 1 MiB against 0.3-0.4 ms to send the entry
-(``tools/log_read_bytes.py``), and a script blocks every other client meanwhile.
+(``benchmarks/log_read_bytes.py``), and a script blocks every other client meanwhile.
 """
 
 from __future__ import annotations
