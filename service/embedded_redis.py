@@ -151,7 +151,7 @@ takes a core while it writes the whole dataset. The sample log is ``float32`` no
 LZF: compressing it saves nothing and makes each rewrite longer. A log that only grows
 is not made smaller by a rewrite, so it runs when the file has grown 400% since the last
 one (Redis's default of 100% rewrites the whole log at every doubling). Measured effect:
-``README.md``, "Service load benchmark"."""
+``docs/benchmarks/service.md``, "Service load benchmark"."""
 
 
 MEMORY_ARGS = ("--maxmemory-policy", "noeviction")

@@ -8,7 +8,7 @@ Heap freeze: the server process (``python -m nmbatch``) then freezes the heap
 (``gc.collect(); gc.freeze()``): the modules, the app and the kernels' objects leave the
 cyclic garbage collector's view. Without it, each collection of the oldest generation
 walks them all while holding the GIL, a stall of every request in flight and the worst
-``/assign`` latencies of the load benchmark (figures: ``README.md``, "Service load
+``/assign`` latencies of the load benchmark (figures: ``docs/benchmarks/service.md``, "Service load
 benchmark", and ``docs/bench/load/``).
 
 Worker thread: named ``nmbatch-worker`` for the OS and, when the engine runs in the

@@ -9,7 +9,7 @@ step, and every lower bound holds for the centroids it was computed for and, aft
 subtracting ``p``, for the new ones.
 
 Then: bounds on and off agree bit for bit, elkan and lloyd agree, the doubling rule
-(``docs/design.md``), convergence and re-growth after new samples, streaming (also from
+(``docs/internals/algorithm.md``), convergence and re-growth after new samples, streaming (also from
 another thread), reproducibility, restore(), and edge cases.
 """
 

@@ -1,6 +1,5 @@
 """Exact forgetting: ``NestedBatchStore.retire``, ``KMeansAlgorithm.retire`` and the
-retention policies of ``engine.retention`` (``docs/design.md``, "Retention: exact
-forgetting").
+retention policies of ``engine.retention`` (``docs/internals/retention.md``).
 
 What is held: the store removes exactly the rows asked for, moving whole rows, and the
 prefix keeps every retained prefix row; the prefix stays a uniform subset and the tail a

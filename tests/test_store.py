@@ -1,6 +1,6 @@
 """Correctness of ``engine.NestedBatchStore``: the growing, shuffled sample store.
 
-What the store promises (``engine/store.py`` and ``docs/design.md``, "The store"): rows
+What the store promises (``engine/store.py`` and ``docs/internals/algorithm.md``, "The store"): rows
 ``[0, b)`` are never moved or rewritten; the tail ``[b, N)`` is a uniformly random order of
 what is waiting, whatever order the stream arrives in; ``ids()`` maps each row back to its
 position in the stream; bad input is rejected whole; capacity growth never invalidates

@@ -7,7 +7,7 @@ sum of ``d(i)^2``, ``Q(j)`` their sum of ``||x(i)||^2``, ``p(j)`` the distance `
 moved at the last update, ``sigma_C(j) = sqrt(sse(j) / (v(j) (v(j) - 1)))``, and ``rho``
 the doubling threshold.
 
-Decisions the paper leaves open (docs/design.md): the initial centroids are not votes
+Decisions the paper leaves open (docs/internals/open-points.md): the initial centroids are not votes
 (``S = 0``, ``v = 0``); sums are float64; empty clusters keep their centroid and take no
 part in the doubling test; a cluster with ``p(j) = 0`` never blocks doubling; one with
 ``v(j) = 1`` and ``p(j) > 0`` has no spread estimate yet and blocks it.

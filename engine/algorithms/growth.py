@@ -37,7 +37,7 @@ __all__ = [
     "sized_to_k",
 ]
 
-#: ``c``: samples per cluster in the first nested batch (measured: docs/design.md).
+#: ``c``: samples per cluster in the first nested batch (measured: docs/internals/algorithm.md).
 B0_PER_CLUSTER = 20
 #: ``q``: with the first batch sized to ``k``, the fraction of the clusters that may fail
 #: the doubling test (measured: :func:`doubling_allowance`).
@@ -85,7 +85,7 @@ def doubling_rho(
     0.2 points of held-out energy (percent above the best) after its ratios
     ``sigma_C / p`` had reached a median of 3; the doubling that followed gave 2.2.
     Measured (seed 0, one thread, nmbatch's own step time, held-out energy outside the
-    clock, as ``python -m benchmarks.doubling_sweep`` does; docs/design.md, "The doubling rule"):
+    clock, as ``python -m benchmarks.doubling_sweep`` does; docs/internals/algorithm.md, "The doubling rule"):
     seconds to 1% of the best energy, ``rho = 100, q = 5%`` against ``rho = 1, q = 50%``,
     MNIST ``k = 256`` 1.35 -> 0.64, ``k = 1,024`` 5.08 -> 3.00; patches ``k = 1,024``
     10.5 -> 4.8, ``k = 256`` 1.66 -> 3.39 (slower: see the design).
@@ -115,7 +115,7 @@ def doubling_allowance(
     ``rho = 100``, letting ``q = 5%`` of the clusters fail reached 1% 1.3x to 2.0x sooner
     (``q`` from 1% to 20% measured); with ``rho = 1`` (:func:`doubling_rho`), ``q = 50%``
     (the median cluster decides) was sooner than 25% on MNIST and patches at
-    ``k = 1,024`` (3.00 s against 3.19 s, 4.8 s against 6.9 s; docs/design.md).
+    ``k = 1,024`` (3.00 s against 3.19 s, 4.8 s against 6.9 s; docs/internals/algorithm.md).
     ``k <= batch_size / per_cluster`` (``k = 50`` with the defaults) and
     ``per_cluster = 0`` keep the paper's test unchanged.
     """
