@@ -195,7 +195,7 @@ def test_the_worker_rebuilds_a_killed_engine_and_goes_on(make_settings: Settings
         X = blobs(600, CONFIG.dim, 4, seed=5)[:, :3]
         assert client.post("/samples", json={"vectors": X[:300].tolist()}).status_code == 202
         before = wait_converged(client, 300)
-        worker = client.app.state.context.worker
+        worker = client.app.state.models.default.worker
         old_pid = worker.engine.pid
         os.kill(old_pid, signal.SIGKILL)
         # Served from memory meanwhile.

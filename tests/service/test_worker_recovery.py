@@ -35,7 +35,7 @@ def test_an_unexpected_worker_error_is_shown_then_recovered_from_with_nothing_lo
     monkeypatch.setattr(LocalEngine, "step", step_failing_twice)
     X, Y = blobs(600, 4, 3, seed=1), blobs(300, 4, 3, seed=2)
     with TestClient(create_app(make_settings(worker_process=False))) as client:
-        worker = client.app.state.context.worker
+        worker = client.app.state.models.default.worker
         assert post_npy(client, X).status_code == 202
         started = time.monotonic()
         ready = wait_until(
