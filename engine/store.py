@@ -10,10 +10,10 @@ Each row carries its id, the sample's position in the stream. ``retire`` removes
 id in one vectorised call (the kernels ``mark_ids`` and ``compact_rows``): a retired
 prefix row's slot is filled by one of the last prefix rows (``b`` shrinks by the number
 of prefix rows retired), then the tail is compacted by moving its last rows into the
-free slots. Rows move whole, and
-which rows leave depends only on their ids, so the prefix stays a uniformly random
-subset and the tail a uniformly random order of what is retained (``docs/internals/retention.md``). ``retire`` reports every move, so an algorithm can move
-its per-row state the same way.
+free slots. Rows move whole, and which rows leave depends only on their ids, so the
+prefix stays a uniformly random subset and the tail a uniformly random order of what is
+retained (``docs/internals/retention.md``). ``retire`` reports every move, so an
+algorithm can move its per-row state the same way.
 
 Memory: the rows live in one reserved range of address space (``RESERVE_BYTES``, an
 anonymous ``MAP_NORESERVE`` mapping: no memory is committed until a row is written), so

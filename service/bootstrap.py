@@ -1,14 +1,17 @@
-"""Start-up of one app: Redis, the start-up checks, the worker; everything the lifespan owns.
+"""Start-up of one app: Redis, and each model's checks, worker and handle.
 
-:func:`start_service` starts, in this order (and the lifespan's exit stack stops them in
-the reverse order): the embedded ``redis-server`` (only when ``NMBATCH_REDIS_URL`` is
-unset), the Redis clients, the start-up checks (a ``k`` or dimension that contradicts
-Redis stops here), the worker lease and the restored snapshot (published at once, so
-``GET /centroids`` answers before the log replay ends), the kernels' warm-up
+:func:`start_redis` starts the embedded ``redis-server`` (only when ``NMBATCH_REDIS_URL``
+is unset) and the request handlers' async client. :func:`start_model` starts one model
+(the default one and every named one alike, called by
+:class:`~nmbatch.service.models.ModelManager`), in this order (its exit stack stops them
+in the reverse order): its Redis clients, the start-up checks (a ``k`` or dimension that
+contradicts Redis stops here), the worker lease and the restored snapshot (published at
+once, so ``GET /centroids`` answers before the log replay ends), the kernels' warm-up
 (:mod:`nmbatch.service.runtime`), the worker thread, and, once the dimension is known,
-the model's capacity (:meth:`~nmbatch.service.context.ServiceContext.plan_capacity`: logged,
+the model's capacity (:class:`~nmbatch.service.models.capacity.ModelCapacity`: logged,
 and the embedded Redis's ``maxmemory`` set to match). On exit the worker writes a last
-snapshot and releases the lease.
+snapshot and releases the lease. The model's :class:`ModelHandle` reaches its worker
+only as the use cases' :class:`~nmbatch.service.usecases.serving.WorkerPort`.
 
 Redis clients: every client has short socket timeouts and no automatic retries (a
 retried transaction could log a batch twice, and a request must fail fast rather than
@@ -33,9 +36,10 @@ from redis.retry import Retry
 from starlette.concurrency import run_in_threadpool
 
 from nmbatch.service.config import Settings
-from nmbatch.service.context import ServiceContext
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.metrics import ServiceMetrics
+from nmbatch.service.models.capacity import ModelCapacity
+from nmbatch.service.models.manager import StartupError
 from nmbatch.service.runtime import WORKER_NICE, tune_worker_thread, warm_up_kernels
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import (
@@ -45,7 +49,7 @@ from nmbatch.service.storage import (
     ModelRepository,
     WorkerLease,
 )
-from nmbatch.service.storage.capacity import memory_limit
+from nmbatch.service.usecases.serving import ModelHandle
 from nmbatch.service.worker import Worker
 from nmbatch.service.worker.retention import retention_size
 
@@ -58,7 +62,7 @@ __all__ = [
     "StartupError",
     "safe_url",
     "start_model",
-    "start_service",
+    "start_redis",
 ]
 
 log = logging.getLogger("service")
@@ -75,14 +79,12 @@ LEASE_SOCKET_TIMEOUT = 2.0
 """Seconds the lease connection waits for a reply (it renews every third of the expiry)."""
 
 
-class StartupError(RuntimeError):
-    """The service cannot start (Redis unreachable, settings contradicting Redis ...)."""
-
-
-async def start_service(
-    settings: Settings, metrics: ServiceMetrics, stack: AsyncExitStack
-) -> ServiceContext:
-    """Start everything; every started thing is registered on ``stack`` for the exit."""
+async def start_redis(
+    settings: Settings, stack: AsyncExitStack
+) -> tuple[str, redis.asyncio.Redis, EmbeddedRedis | None]:
+    """Start the embedded Redis (``NMBATCH_REDIS_URL`` unset) and the request handlers'
+    async client, registered on ``stack``; returns the URL, the client and the embedded
+    Redis (None with an external one)."""
     url = settings.redis_url
     embedded: EmbeddedRedis | None = None
     if url is None:
@@ -107,10 +109,7 @@ async def start_service(
         retry=AsyncRetry(NoBackoff(), 0),
     )
     stack.push_async_callback(async_client.aclose)
-    return await start_model(
-        settings, metrics, stack, url=url, async_client=async_client, embedded=embedded,
-        memory=memory_limit(),
-    )  # fmt: skip
+    return url, async_client, embedded
 
 
 async def start_model(
@@ -122,17 +121,19 @@ async def start_model(
     async_client: redis.asyncio.Redis,
     embedded: EmbeddedRedis | None,
     memory: tuple[int, str],
+    redis_needs: dict[str, int],
     warm_up: bool = True,
-    redis_needs: dict[str, int] | None = None,
-) -> ServiceContext:
-    """Start one model (``settings.model``) on the Redis at ``url``; returns its context.
+    capacity_setting: str = "NMBATCH_MAX_SAMPLES",
+) -> ModelHandle:
+    """Start one model (``settings.model``) on the Redis at ``url``; returns its handle.
 
     Its own Redis clients (the worker's and the lease's), start-up checks, worker (and
     engine process), all registered on ``stack``; ``async_client`` is shared by the
     request handlers of every model. ``memory``: bytes (and their origin) its capacity
-    is derived from when ``max_samples`` is unset. ``warm_up``: load the kernels first
-    (once per process). ``redis_needs``: shared by the models of one app, so the
-    embedded Redis's ``maxmemory`` covers them all (:meth:`ServiceContext.plan_capacity`).
+    is derived from when ``max_samples`` is unset. ``redis_needs``: shared by the models
+    of one app, so the embedded Redis's ``maxmemory`` covers them all. ``warm_up``: load
+    the kernels first (once per process). ``capacity_setting``: what a ``507`` tells
+    the client to raise.
     """
     # The worker's operations are idempotent (reads, a snapshot write refusing an equal
     # version, a max() reservation, compare-and-set lease scripts): one immediate retry
@@ -216,23 +217,18 @@ async def start_model(
     # gets the lower one.
     tune_worker_thread(settings.model, 0 if settings.worker_process else WORKER_NICE)
 
-    context = ServiceContext(
-        settings=settings,
-        sample_log=AsyncSampleLog(async_client, settings.model, local_entries),
-        board=board,
-        metrics=metrics,
-        worker=worker,
-        dim=dim,
-        embedded_redis=embedded,
-        memory=memory,
-        redis_needs=redis_needs,
+    sample_log = AsyncSampleLog(async_client, settings.model, local_entries)
+    planner = ModelCapacity(
+        settings, sample_log, metrics, memory=memory, embedded=embedded, redis_needs=redis_needs
     )
+    planner.setting = capacity_setting
+    handle = ModelHandle(settings, sample_log, board, metrics, worker, planner, dim)
     if dim is not None:  # else planned when the first batch fixes the dimension
         try:
-            await context.plan_capacity(dim)
+            await planner.plan(dim)
         except redis.RedisError as exc:
             raise _unusable(url, exc) from None
-    return context
+    return handle
 
 
 def _unusable(url: str, exc: redis.RedisError) -> StartupError:

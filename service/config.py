@@ -2,7 +2,8 @@
 
 One :class:`Settings` object is built at start-up (``Settings()`` reads the environment)
 and handed to :func:`service.main.create_app`; nothing else in the service reads the
-environment. Every field is documented in the settings table of ``docs/configuration.md`` (a test checks it).
+environment. Every field is documented in the settings table of
+``docs/configuration.md`` (a test checks it).
 """
 
 from __future__ import annotations

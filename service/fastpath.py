@@ -5,8 +5,8 @@ answer in well under a millisecond while ingestion runs on the same cores. Throu
 FastAPI it crosses a dozen middleware and routing layers, dependency resolution and a
 response model, about ten times the cost of the answer itself. :class:`AssignFastPath`
 is a pure ASGI middleware that answers that one request shape by calling the route's own
-answer, :func:`service.routes.assign.assign_one_json` (same parser, same search, same
-bytes), and passes every other request through untouched:
+answer, the use case :func:`service.usecases.reads.assign_one_json` (same parser, same
+search, same bytes), and passes every other request through untouched:
 
 - only ``GET /assign`` whose query string is exactly one ``vector`` parameter (decoded
   as Starlette decodes it), when reads need no API key, a model is published and its
@@ -19,14 +19,14 @@ timed and labelled ``/assign`` like the route's answers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nmbatch.service.config import Settings
+from nmbatch.service.metrics import RouteLabel
 from nmbatch.service.problems import ProblemError
-from nmbatch.service.routes.assign import assign_one_json
+from nmbatch.service.usecases.reads import assign_one_json
 
 __all__ = ["AssignFastPath"]
 
@@ -34,14 +34,7 @@ MAX_INLINE_VALUES = 1 << 20
 """Largest ``k * d`` searched here (about a millisecond); bigger models take the route."""
 
 
-@dataclass(frozen=True)
-class _RouteLabel:
-    """What :class:`RequestTimingMiddleware` reads from ``scope["route"]``."""
-
-    path: str
-
-
-_ASSIGN_ROUTE = _RouteLabel("/assign")
+_ASSIGN_ROUTE = RouteLabel("/assign")
 _HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -76,8 +69,9 @@ class AssignFastPath:
         if len(pairs) != 1 or pairs[0][0] != "vector":
             return None
         app = scope.get("app")
-        context = getattr(getattr(app, "state", None), "context", None)
-        model = context.board.model if context is not None else None
+        models = getattr(getattr(app, "state", None), "models", None)
+        running = models.running.get(models.default_name) if models is not None else None
+        model = running.handle.board.model if running is not None else None
         if model is None or model.state.centroids.size > MAX_INLINE_VALUES:
             return None
         try:

@@ -2,37 +2,50 @@
 
 What the app is made of, and where each part lives:
 
-- the lifespan starts Redis, the start-up checks and the worker
-  (:func:`nmbatch.service.bootstrap.start_service`) and, for the server process, freezes
+- the lifespan starts Redis (:func:`nmbatch.service.bootstrap.start_redis`) and the one
+  model registry (:class:`nmbatch.service.models.ModelManager`, ``app.state.models``),
+  which starts the default model and then the named ones, each through
+  :func:`nmbatch.service.bootstrap.start_model`; for the server process it then freezes
   the heap (:func:`nmbatch.service.runtime.freeze_heap`);
 - errors are RFC 9457 problem details (:mod:`nmbatch.service.problems`), Redis errors
   ``503``/``500`` problems (:mod:`nmbatch.service.redis_errors`);
 - two pure ASGI middlewares: request timing (:mod:`nmbatch.service.metrics`) around the
   fast path of ``GET /assign`` (:mod:`nmbatch.service.fastpath`);
-- the named models (:mod:`nmbatch.service.models`, ``/models``), started after the
-  default one;
-- the routers of :mod:`nmbatch.service.routes`; with ``NMBATCH_DIM`` set, the OpenAPI
-  document states the vectors' length.
+- the routers of :mod:`nmbatch.service.routes`. The per-model ones (samples, centroids,
+  assign, stats, dashboard) are mounted twice: without a prefix for the default model,
+  and under ``/models/{name}`` (:data:`nmbatch.service.context.MODEL_PREFIX`); the same
+  handlers, whose model dependency (:func:`nmbatch.service.context.get_model`) looks the
+  model up in the registry. With ``NMBATCH_DIM`` set, the OpenAPI document states the
+  vectors' length.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from typing import Any
 
 import redis
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from nmbatch.service import runtime
-from nmbatch.service.bootstrap import REQUEST_SOCKET_TIMEOUT, StartupError, start_service
+from nmbatch.service.bootstrap import (
+    REQUEST_SOCKET_TIMEOUT,
+    StartupError,
+    start_model,
+    start_redis,
+)
 from nmbatch.service.config import Settings
+from nmbatch.service.context import MODEL_PREFIX, model_path
 from nmbatch.service.fastpath import AssignFastPath
 from nmbatch.service.metrics import RequestTimingMiddleware, ServiceMetrics
 from nmbatch.service.models import ModelManager
-from nmbatch.service.problems import install_problem_handlers
+from nmbatch.service.openapi import with_dimension
+from nmbatch.service.problems import install_problem_handlers, problem_responses
 from nmbatch.service.redis_errors import redis_error_handler
 from nmbatch.service.routes import assign, centroids, dashboard, health, models, samples, stats
+from nmbatch.service.storage.capacity import memory_limit
 
 __all__ = ["REQUEST_SOCKET_TIMEOUT", "StartupError", "create_app"]
 
@@ -50,18 +63,20 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            app.state.context = context = await start_service(settings, metrics, stack)
-            # The named models (PUT /models/{name}): every registered one starts now.
-            url = settings.redis_url or context.embedded_redis.url  # type: ignore[union-attr]
-            app.state.models = manager = ModelManager(settings, context, url)
+            url, client, embedded = await start_redis(settings, stack)
+            start = partial(start_model, url=url, async_client=client, embedded=embedded)
+            manager = ModelManager(
+                settings, metrics, start, client, memory_limit(), with_redis=embedded is not None
+            )
             stack.push_async_callback(manager.aclose)
-            await manager.start_all()
+            await manager.start_all()  # the default model, then every registered one
+            app.state.models = manager
             if freeze_heap:
                 runtime.freeze_heap(metrics)
             try:
                 yield
             finally:
-                app.state.context = app.state.models = None
+                app.state.models = None
 
     app = FastAPI(
         title="nmbatch",
@@ -75,7 +90,6 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.context = None
     app.state.models = None
     install_problem_handlers(app)
     app.add_exception_handler(redis.RedisError, redis_error_handler(settings, metrics))
@@ -84,6 +98,16 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
     for module in (samples, centroids, assign, stats, health, dashboard, models):
         app.include_router(module.router)
+    # A model's own routes: the same routers under /models/{name} (the dashboard too:
+    # /models/{name}/dashboard, whose page asks for its files and data relative to its
+    # own address).
+    for module in (samples, centroids, assign, stats, dashboard):
+        app.include_router(
+            module.router,
+            prefix=MODEL_PREFIX,
+            dependencies=[Depends(model_path)],
+            responses=problem_responses(404, 422),
+        )
     # After the routers: the methods /assign does not take (405, Allow: GET, POST).
     app.router.routes += [assign.OTHER_METHODS, assign.MODEL_OTHER_METHODS]
     if settings.dim is not None:
@@ -96,7 +120,7 @@ def _openapi_with_dimension(app: FastAPI, dim: int) -> Callable[[], dict[str, An
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = samples.with_dimension(FastAPI.openapi(app), dim)
+            app.openapi_schema = with_dimension(FastAPI.openapi(app), dim)
         return app.openapi_schema
 
     return openapi

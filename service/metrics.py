@@ -7,11 +7,12 @@ apps in one process (tests) do not collide. ``GET /metrics`` renders that regist
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["RequestTimingMiddleware", "ServiceMetrics"]
+__all__ = ["RequestTimingMiddleware", "RouteLabel", "ServiceMetrics"]
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -150,6 +151,15 @@ class ServiceMetrics:
     def _snapshot_age(self) -> float:
         last = self._last_snapshot
         return -1.0 if last is None else time.monotonic() - last
+
+
+@dataclass(frozen=True)
+class RouteLabel:
+    """A stand-in for ``scope["route"]`` where no Starlette route matched or where the
+    label must differ from the matched route's template: :class:`RequestTimingMiddleware`
+    reads only its ``path`` (the ``route`` label)."""
+
+    path: str
 
 
 class RequestTimingMiddleware:

@@ -25,6 +25,7 @@ __all__ = [
     "Problem",
     "ProblemError",
     "install_problem_handlers",
+    "problem_document",
     "problem_response",
     "problem_responses",
 ]
@@ -120,15 +121,21 @@ def problem_responses(
     }
 
 
+def problem_document(exc: ProblemError) -> dict[str, Any]:
+    """The problem details object ``exc`` is answered with (the body, as a dict)."""
+    body = {"type": _TYPE_PREFIX + exc.slug, "title": exc.title, "status": exc.status,
+            "detail": exc.detail}  # fmt: skip
+    body.update(exc.extensions)
+    return body
+
+
 def _from_problem_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProblemError)
-    return problem_response(
-        exc.status,
-        _TYPE_PREFIX + exc.slug,
-        exc.title,
-        exc.detail,
-        headers=exc.headers,
-        **exc.extensions,
+    return Response(
+        orjson.dumps(problem_document(exc)),
+        status_code=exc.status,
+        media_type=PROBLEM_MEDIA_TYPE,
+        headers=exc.headers or None,
     )
 
 

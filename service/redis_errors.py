@@ -19,18 +19,18 @@ from starlette.responses import Response
 
 from nmbatch.service.config import Settings
 from nmbatch.service.metrics import ServiceMetrics
-from nmbatch.service.problems import problem_response
+from nmbatch.service.problems import ProblemError, problem_response
 from nmbatch.service.storage import redis_unavailable
 
-__all__ = ["redis_error_handler"]
+__all__ = ["redis_error_handler", "redis_problem"]
 
 log = logging.getLogger("service")
 
 
-def redis_error_handler(
-    settings: Settings, metrics: ServiceMetrics
-) -> Callable[[Request, Exception], Awaitable[Response]]:
-    """The exception handler of every Redis error raised while handling a request.
+def redis_problem(
+    exc: Exception, settings: Settings, metrics: ServiceMetrics, where: str
+) -> ProblemError:
+    """The problem a Redis error met while handling the request ``where`` answers.
 
     Redis unavailable (down, timing out, loading its data, refusing writes): ``503``
     ``storage-unavailable`` with ``Retry-After`` (``NMBATCH_REDIS_RETRY_SECONDS``),
@@ -39,26 +39,42 @@ def redis_error_handler(
     fault of the service: ``500`` ``storage-error``.
     """
     retry_after = str(max(1, math.ceil(settings.redis_retry_seconds)))
+    if redis_unavailable(exc):
+        metrics.redis_errors.labels("request").inc()
+        log.warning("Redis unavailable on %s: %s", where, exc)
+        return ProblemError(
+            503,
+            "storage-unavailable",
+            f"Redis is unavailable ({type(exc).__name__}); nothing from this request is "
+            f"acknowledged: retry in {retry_after} s",
+            title="Storage unavailable",
+            headers={"Retry-After": retry_after},
+            retry_after=int(retry_after),
+        )
+    log.error("Redis error on %s", where, exc_info=exc)
+    return ProblemError(
+        500,
+        "storage-error",
+        f"Redis refused the operation ({type(exc).__name__}: {exc})"[:300],
+        title="Storage error",
+    )
+
+
+def redis_error_handler(
+    settings: Settings, metrics: ServiceMetrics
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The exception handler of every Redis error raised while handling a request
+    (:func:`redis_problem`)."""
 
     async def handle(request: Request, exc: Exception) -> Response:
-        if redis_unavailable(exc):
-            metrics.redis_errors.labels("request").inc()
-            log.warning("Redis unavailable on %s %s: %s", request.method, request.url.path, exc)
-            return problem_response(
-                503,
-                "urn:nmbatch:problem:storage-unavailable",
-                "Storage unavailable",
-                f"Redis is unavailable ({type(exc).__name__}); nothing from this request is "
-                f"acknowledged: retry in {retry_after} s",
-                headers={"Retry-After": retry_after},
-                retry_after=int(retry_after),
-            )
-        log.error("Redis error on %s %s", request.method, request.url.path, exc_info=exc)
+        problem = redis_problem(exc, settings, metrics, f"{request.method} {request.url.path}")
         return problem_response(
-            500,
-            "urn:nmbatch:problem:storage-error",
-            "Storage error",
-            f"Redis refused the operation ({type(exc).__name__}: {exc})"[:300],
+            problem.status,
+            "urn:nmbatch:problem:" + problem.slug,
+            problem.title,
+            problem.detail,
+            headers=problem.headers or None,
+            **problem.extensions,
         )
 
     return handle

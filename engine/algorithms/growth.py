@@ -85,7 +85,8 @@ def doubling_rho(
     0.2 points of held-out energy (percent above the best) after its ratios
     ``sigma_C / p`` had reached a median of 3; the doubling that followed gave 2.2.
     Measured (seed 0, one thread, nmbatch's own step time, held-out energy outside the
-    clock, as ``python -m benchmarks.doubling_sweep`` does; docs/internals/algorithm.md, "The doubling rule"):
+    clock, as ``python -m benchmarks.doubling_sweep`` does; docs/internals/algorithm.md,
+    "The doubling rule"):
     seconds to 1% of the best energy, ``rho = 100, q = 5%`` against ``rho = 1, q = 50%``,
     MNIST ``k = 256`` 1.35 -> 0.64, ``k = 1,024`` 5.08 -> 3.00; patches ``k = 1,024``
     10.5 -> 4.8, ``k = 256`` 1.66 -> 3.39 (slower: see the design).

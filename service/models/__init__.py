@@ -1,14 +1,16 @@
-"""Named models: several models in one service (``PUT /models/{name}``).
+"""The models an app serves: the default one and the named ones (``PUT /models/{name}``).
 
 =============  =====================================================================
 ``registry``   :class:`ModelSpec` (a model's settings), the registry hash in Redis,
                the memory budget of a model, :func:`purge_model`
-``manager``    :class:`ModelManager`: the named models of one app, started, looked
-               up, created and deleted
+``manager``    :class:`ModelManager`: the one registry of the app's running models,
+               started, looked up and stopped by the same code
+``capacity``   :class:`ModelCapacity`: a model's capacity and its share of the
+               embedded Redis's ``maxmemory``
 =============  =====================================================================
 """
 
-from nmbatch.service.models.manager import ModelManager, RunningModel
+from nmbatch.service.models.manager import ModelManager, RunningModel, StartupError
 from nmbatch.service.models.registry import NAME_PATTERN, REGISTRY_KEY, ModelRegistry, ModelSpec
 
 __all__ = [
@@ -18,4 +20,5 @@ __all__ = [
     "ModelRegistry",
     "ModelSpec",
     "RunningModel",
+    "StartupError",
 ]

@@ -22,11 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from nmbatch.service.config import Settings
 from nmbatch.service.storage.capacity import (
     MEMORY_FRACTION,
+    REDIS_SAMPLES,
     engine_bytes_per_vector,
     redis_bytes_per_vector,
 )
 from nmbatch.service.storage.keys import ModelKeys
-from nmbatch.service.worker.retention import REDIS_SAMPLES
 
 __all__ = [
     "CENTROID_BYTES",

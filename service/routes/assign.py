@@ -4,35 +4,31 @@ Reads: they need the API key only with ``NMBATCH_API_KEY_READS=true``
 (:mod:`service.security`). The nearest-centroid search runs off the event loop once it
 touches more than a few ten thousand numbers (``k * d`` for one vector).
 
-``GET /assign`` has one implementation, :func:`assign_one_json`: the route below calls it,
-and so does :mod:`service.fastpath`, which answers the plain requests without FastAPI's
-layers. Any other method on ``/assign`` is a ``405`` problem with ``Allow: GET, POST``
+``GET /assign`` has one implementation, the use case
+:func:`nmbatch.service.usecases.reads.assign_one_json`: the route below calls it, and so
+does :mod:`service.fastpath`, which answers the plain requests without FastAPI's layers.
+Any other method on ``/assign`` is a ``405`` problem with ``Allow: GET, POST``
 (:data:`OTHER_METHODS`).
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-import orjson
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic_core import to_json
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
-from nmbatch.engine.assign import nearest_one
-from nmbatch.service.context import Context, assign, off_loop, parse_body
-from nmbatch.service.parsing import parse_query_vector, read_body
+from nmbatch.service.context import ModelDep, parse_body
+from nmbatch.service.openapi import VECTORS_BODY, VECTORS_REFUSED
+from nmbatch.service.parsing import read_body
 from nmbatch.service.problems import problem_responses
-from nmbatch.service.routes.samples import VECTORS_BODY, VECTORS_REFUSED
 from nmbatch.service.schemas import AssignMany, AssignOne
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key
-from nmbatch.service.state import PublishedModel
+from nmbatch.service.usecases import reads, serving
+from nmbatch.service.usecases.serving import off_loop
 
-__all__ = ["MODEL_OTHER_METHODS", "OTHER_METHODS", "assign_json", "assign_one_json", "router"]
+__all__ = ["MODEL_OTHER_METHODS", "OTHER_METHODS", "router"]
 
 router = APIRouter(tags=["assign"], dependencies=[Depends(require_read_key)])
 
@@ -52,13 +48,13 @@ QUERY_VECTOR_REFUSED = (
     responses=problem_responses(401, 409, 422, 503, described={422: QUERY_VECTOR_REFUSED}),
 )
 async def get_assign(
-    context: Context,
+    handle: ModelDep,
     vector: str = Query(
         description="The vector's coordinates, comma-separated.", examples=["0.5,1,-2"]
     ),
 ) -> Response:
-    model = await context.require_model()
-    document = await off_loop(model.state.centroids.size, assign_one_json, model, vector)
+    model = await serving.require_model(handle)
+    document = await off_loop(model.state.centroids.size, reads.assign_one_json, model, vector)
     return Response(document, media_type="application/json")
 
 
@@ -72,10 +68,10 @@ async def get_assign(
         400, 401, 408, 409, 413, 415, 422, 503, described={422: VECTORS_REFUSED}
     ),
 )
-async def post_assign(request: Request, context: Context) -> Response:
-    settings = context.settings
+async def post_assign(request: Request, handle: ModelDep) -> Response:
+    settings = handle.settings
     # The model is taken once: every vector of the batch uses the same version.
-    model = await context.require_model()
+    model = await serving.require_model(handle)
     body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
     X = await parse_body(  # binary bodies on the loop, JSON in the thread pool
         body,
@@ -85,29 +81,8 @@ async def post_assign(request: Request, context: Context) -> Response:
     )
     del body
     # Search and serialisation (100,000 labels and distances) both off the event loop.
-    document = await off_loop(X.size * model.state.k, assign_json, model, X)
+    document = await off_loop(X.size * model.state.k, reads.assign_json, model, X)
     return Response(document, media_type="application/json")
-
-
-def assign_one_json(model: PublishedModel, vector: str) -> bytes:
-    """The :class:`AssignOne` document of the query's ``vector`` under ``model``.
-
-    ``vector`` is the query parameter's text (comma-separated coordinates), parsed by
-    :func:`service.parsing.parse_query_vector` (a refused vector raises its
-    :class:`ProblemError`); the nearest centroid is :func:`engine.assign.nearest_one`
-    over the published (immutable) centroids, exact like ``engine.nearest``; the body is
-    serialised by pydantic's JSON serialiser, as FastAPI serialises a response model.
-    """
-    X = parse_query_vector(vector, dim=model.state.dim)
-    label, sqdist = nearest_one(X[0], model.state.centroids)
-    return to_json({"version": model.version, "cluster": label, "distance": math.sqrt(sqdist)})
-
-
-def assign_json(model: PublishedModel, X: np.ndarray) -> bytes:
-    """The :class:`AssignMany` document of ``X`` (``(n, d)`` float32) under ``model``."""
-    labels, distances = assign(model, X)
-    payload = {"version": model.version, "clusters": labels, "distances": distances}
-    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 async def _method_not_allowed(request: Request) -> Response:

@@ -7,9 +7,10 @@ which answers ``200`` to an authorised caller with valid parameters, so the brow
 failed request in any state of the service (before the first centroids, Redis away). The
 document holds:
 
-- what ``/readyz``, ``/stats`` and ``/centroids`` answer, built by the same functions
-  those routes run: the readiness, the ``/stats`` document or the problem ``/stats``
-  would answer (as its body), the ``/centroids`` document or its problem. With
+- what ``/readyz``, ``/stats`` and ``/centroids`` answer, built by the same use cases
+  (:mod:`nmbatch.service.usecases.reads`) those routes call: the readiness, the
+  ``/stats`` document or the problem ``/stats`` would answer (as its body), the
+  ``/centroids`` document or its problem. With
   ``since=<version>`` the centroids are left out while that version is still served;
 - the energy history (:attr:`ModelBoard.energy_history`: the last 500 versions' energy
   as ``/stats`` showed it, kept in memory by this process), from ``energy_since``;
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import os
 import time
 from collections.abc import Awaitable, Iterable
@@ -41,14 +41,14 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
-from nmbatch.service.context import Context, ServiceContext, off_loop
+from nmbatch.service.context import ModelDep, etag_matches
 from nmbatch.service.metrics import ServiceMetrics
-from nmbatch.service.problems import Problem, ProblemError, problem_responses
-from nmbatch.service.routes.centroids import centroids_json, etag_matches, iso_time
-from nmbatch.service.routes.health import readyz
-from nmbatch.service.routes.stats import get_stats
+from nmbatch.service.problems import Problem, ProblemError, problem_document, problem_responses
+from nmbatch.service.redis_errors import redis_problem
 from nmbatch.service.schemas import Centroids, Readiness, Stats
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key
+from nmbatch.service.usecases import reads, serving
+from nmbatch.service.usecases.serving import ModelHandle, off_loop
 
 __all__ = ["ASSETS", "DashboardData", "histogram_quantile", "router"]
 
@@ -249,30 +249,25 @@ def _rss_bytes() -> int | None:
 # -- the document -------------------------------------------------------------------------
 async def _answer(request: Request, call: Awaitable[T]) -> tuple[T | None, Any]:
     """``(result, None)`` of ``call``, or ``(None, problem)``: for a problem or a Redis
-    error, the body the app's exception handlers answer (as the route raising it would)."""
+    error, the body the route calling the same use case would answer with."""
     try:
         return await call, None
-    except (ProblemError, redis.RedisError) as exc:  # anything else is a bug: a real 500
-        handlers = request.app.exception_handlers
-        handler = next(handlers[c] for c in type(exc).__mro__ if c in handlers)
-        response = handler(request, exc)
-        if inspect.isawaitable(response):
-            response = await response
-        return None, orjson.loads(response.body)
+    except ProblemError as exc:
+        return None, problem_document(exc)
+    except redis.RedisError as exc:  # anything else is a bug: a real 500
+        state = request.app.state
+        where = f"{request.method} {request.url.path}"
+        return None, problem_document(redis_problem(exc, state.settings, state.metrics, where))
 
 
-async def _readiness(context: ServiceContext) -> Any:
-    return orjson.loads((await readyz(context)).body)
-
-
-async def _centroids(context: ServiceContext, since: int | None) -> tuple[int, bytes | None]:
+async def _centroids(handle: ModelHandle, since: int | None) -> tuple[int, bytes | None]:
     """The served version and its ``/centroids`` JSON (None when it is ``since``)."""
-    model = await context.require_model()
+    model = await serving.require_model(handle)
     if model.version == since:
         return model.version, None
     size = model.state.centroids.size
     return model.version, await off_loop(
-        size, centroids_json, model, context.settings.retention
+        size, serving.centroids_json, model, handle.settings.retention
     )
 
 
@@ -290,7 +285,7 @@ async def _centroids(context: ServiceContext, since: int | None) -> tuple[int, b
 )
 async def dashboard_data(
     request: Request,
-    context: Context,
+    handle: ModelDep,
     since: int | None = Query(
         None, description="The centroid version held: its centroids are not sent again."
     ),
@@ -300,22 +295,22 @@ async def dashboard_data(
 ) -> Response:
     metrics: ServiceMetrics = request.app.state.metrics
     ready, (stats, stats_problem), (served, centroids_problem) = await asyncio.gather(
-        _readiness(context),
-        _answer(request, get_stats(context)),
-        _answer(request, _centroids(context, since)),
+        reads.readiness(handle),
+        _answer(request, reads.stats(handle)),
+        _answer(request, _centroids(handle, since)),
     )
     version, centroids = served if served is not None else (None, None)
     latency, requests, client, server, assign_errors = _latency(metrics)
     history = [
-        {"version": p.version, "energy": p.energy, "at": iso_time(p.at)}
-        for p in context.board.energy_history
+        {"version": p.version, "energy": p.energy, "at": serving.iso_time(p.at)}
+        for p in handle.board.energy_history
         if energy_since is None or p.version >= energy_since
     ]
     doc = {
-        "time": iso_time(time.time()),
-        "model": context.settings.model,
+        "time": serving.iso_time(time.time()),
+        "model": handle.settings.model,
         "uptime_seconds": round(time.monotonic() - _STARTED, 3),
-        "ready": ready,
+        "ready": ready.model_dump(mode="json"),
         "stats": stats.model_dump(mode="json") if stats is not None else None,
         "stats_problem": stats_problem,
         "centroids_version": version,

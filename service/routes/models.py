@@ -1,43 +1,27 @@
-"""``/models``: named models (create, list, describe, delete) and their own routes.
+"""``/models``: create, list, describe and delete models.
 
-``/models/{name}/samples``, ``/centroids``, ``/assign`` and ``/stats`` are the routes of
-:mod:`~nmbatch.service.routes.samples`, :mod:`~.centroids`, :mod:`~.assign` and
-:mod:`~.stats`, included a second time under the prefix ``/models/{name}``: the same
-handlers, whose context dependency (:func:`nmbatch.service.context.get_context`) resolves
-the model the path names. ``/models/{NMBATCH_MODEL}/...`` is the default model, the one
-of the routes without the prefix.
+A model's own routes (``/models/{name}/samples``, ``/centroids``, ``/assign``,
+``/stats``, ``/dashboard``) are the per-model routers mounted under the prefix
+(:func:`nmbatch.service.main.create_app`); ``/models/{NMBATCH_MODEL}/...`` is the
+default model, the one of the routes without the prefix.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from nmbatch.service.models import NAME_PATTERN, ModelManager, ModelSpec
+from nmbatch.service.context import Name
+from nmbatch.service.models import ModelManager, ModelSpec
 from nmbatch.service.problems import ProblemError, problem_responses
-from nmbatch.service.routes import assign, centroids, dashboard, samples, stats
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key, require_write_key
+from nmbatch.service.usecases import catalog
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["models"])
-
-PREFIX = "/models/{name}"
-"""Path prefix of a named model's own routes."""
-
-Name = Annotated[
-    str,
-    Path(
-        pattern=NAME_PATTERN,
-        max_length=64,
-        description="The model's name: 1 to 64 letters, digits, `_`, `.`, `-`, starting "
-        "with a letter or digit (NMBATCH_MODEL names the default model).",
-        examples=["tenant-a"],
-    ),
-]
 
 
 class ModelStatus(BaseModel):
@@ -103,7 +87,7 @@ TOO_LARGE = (
 async def put_model(
     request: Request, response: Response, name: Name, spec: ModelSpec
 ) -> dict[str, Any]:
-    created, document = await _manager(request).put(name, spec)
+    created, document = await catalog.create_model(_manager(request), name, spec)
     response.status_code = 201 if created else 200
     return document
 
@@ -117,7 +101,7 @@ async def put_model(
     responses=problem_responses(401, 503),
 )
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"models": await _manager(request).list_models()}
+    return {"models": await catalog.list_models(_manager(request))}
 
 
 @router.get(
@@ -129,7 +113,7 @@ async def list_models(request: Request) -> dict[str, Any]:
     responses=problem_responses(401, 404, 409, 422, 503),
 )
 async def get_model(request: Request, name: Name) -> dict[str, Any]:
-    return await _manager(request).describe(name)
+    return await catalog.describe_model(_manager(request), name)
 
 
 @router.delete(
@@ -159,35 +143,5 @@ async def delete_model(
             title="Confirmation required",
             parameter="confirm",
         )
-    removed = await _manager(request).delete(name)
+    removed = await catalog.delete_model(_manager(request), name)
     return {"deleted": name, "keys_removed": removed}
-
-
-@dataclass(frozen=True)
-class _RouteLabel:
-    """What :class:`~nmbatch.service.metrics.RequestTimingMiddleware` reads from
-    ``scope["route"]``: the path template."""
-
-    path: str
-
-
-async def _model_path(request: Request, name: Name) -> None:
-    """Declares the ``name`` path parameter of the per-model routes (the context
-    dependency reads it from the path), and labels the request's metrics with the
-    prefixed template (``/models/{name}/centroids``, not the default model's
-    ``/centroids``)."""
-    route = request.scope.get("route")
-    path = getattr(route, "path", "")
-    if not path.startswith(PREFIX):
-        request.scope["route"] = _RouteLabel(PREFIX + path)
-
-
-# The same routers, under the model's path (the dashboard too: /models/{name}/dashboard,
-# whose page asks for its files and data relative to its own address).
-for _module in (samples, centroids, assign, stats, dashboard):
-    router.include_router(
-        _module.router,
-        prefix=PREFIX,
-        dependencies=[Depends(_model_path)],
-        responses=problem_responses(404, 422),
-    )

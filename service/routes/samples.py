@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 
-from nmbatch.service.context import Context, parse_body
-from nmbatch.service.parsing import JSON, NPY, OCTET, read_body
+from nmbatch.service.context import ModelDep, parse_body
+from nmbatch.service.openapi import VECTORS_BODY, VECTORS_REFUSED
+from nmbatch.service.parsing import read_body
 from nmbatch.service.problems import ProblemError, problem_responses
-from nmbatch.service.schemas import SamplesAccepted, vectors_schema
+from nmbatch.service.schemas import SamplesAccepted
 from nmbatch.service.security import OPTIONAL_KEY, require_write_key
 from nmbatch.service.storage import KEY_MAX_LENGTH, KEY_PATTERN
+from nmbatch.service.usecases import serving
 
 router = APIRouter(tags=["samples"])
-
-VECTORS_REFUSED = (
-    "The vectors are refused; nothing is stored. `type` names the fault: "
-    "`urn:nmbatch:problem:wrong-dimension` when a vector has another number of coordinates "
-    "than the model's dimension (members `expected_dim` and `got_dim`; the dimension is "
-    "NMBATCH_DIM when set, as `minItems`/`maxItems` of the JSON vectors say, else the "
-    "first accepted batch fixes it for good), `dimension-too-large` (a first batch wider "
-    "than NMBATCH_MAX_DIM), `non-finite` (NaN, infinity, or beyond float32), "
-    "`non-numeric`, `not-a-matrix` (ragged or not 2-D), `empty`, `unknown-member`, "
-    "`invalid-request` (a header or parameter)."
-)
-"""Description of the ``422`` answer of the operations whose body is vectors."""
 
 STORE_FULL = (
     "The model is full; nothing from this request is stored, and the service stays ready "
@@ -43,55 +33,6 @@ LOG_BACKLOG = (
     "`rejected`). Nothing is stored; retry after `Retry-After` seconds."
 )
 """Description of the ``503`` answer of ``POST /samples``."""
-
-
-def vectors_body(dim: int | None = None) -> dict[str, Any]:
-    """``openapi_extra`` of an operation whose body is vectors (JSON, ``.npy``, raw float32).
-
-    With ``dim``, the JSON schema gives every vector exactly ``dim`` numbers.
-    """
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                JSON: {"schema": vectors_schema(dim)},
-                NPY: {
-                    "schema": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "One 2-D real numeric array in NumPy .npy format.",
-                    }
-                },
-                OCTET: {
-                    "schema": {
-                        "type": "string",
-                        "format": "binary",
-                        "description": "Raw little-endian float32, row-major, n x d values "
-                        "(the model's dimension must be known).",
-                    }
-                },
-            },
-        }
-    }
-
-
-VECTORS_BODY = vectors_body()
-
-
-def with_dimension(document: dict[str, Any], dim: int) -> dict[str, Any]:
-    """``document`` (OpenAPI) with every vectors body (:data:`VECTORS_BODY`) of length ``dim``.
-
-    The routers are built once per process, the dimension is a setting of each app: the
-    app's ``openapi()`` passes its document through here (edited in place, returned).
-    """
-    body = vectors_body(dim)["requestBody"]
-    for path, operations in document["paths"].items():
-        if path.startswith("/models/"):  # named models: each has a dimension of its own
-            continue
-        for operation in operations.values():
-            if operation.get("requestBody") == VECTORS_BODY["requestBody"]:
-                operation["requestBody"] = body
-    return document
 
 
 IdempotencyKey = Annotated[
@@ -142,23 +83,23 @@ IdempotencyKey = Annotated[
 async def post_samples(
     request: Request,
     response: Response,
-    context: Context,
+    handle: ModelDep,
     idempotency_key: IdempotencyKey = None,
 ) -> SamplesAccepted:
-    settings = context.settings
+    settings = handle.settings
     try:
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
         X = await parse_body(  # binary bodies on the loop, JSON in the thread pool
             body,
             request.headers.get("content-type", ""),
-            dim=await context.known_dim(),
+            dim=await handle.known_dim(),
             max_vectors=settings.max_vectors,
             max_dim=settings.max_dim,
         )
         del body
-        outcome = await context.append_samples(X, idempotency_key)
+        outcome = await serving.ingest(handle, X, idempotency_key)
     except ProblemError as exc:
-        context.metrics.samples_rejected.labels(exc.slug).inc()
+        handle.metrics.samples_rejected.labels(exc.slug).inc()
         raise
     if not outcome.stored:
         response.headers["Idempotent-Replayed"] = "true"

@@ -37,10 +37,12 @@ from nmbatch.service.storage.codec import CHUNK_BYTES
 __all__ = [
     "ENGINE_SAMPLE_BYTES",
     "MEMORY_FRACTION",
+    "MIN_COMPACTION",
     "REDIS_ENTRY_BYTES",
     "REDIS_FIXED_BYTES",
     "REDIS_MARGIN",
     "REDIS_ROW_FACTOR",
+    "REDIS_SAMPLES",
     "Capacity",
     "bytes_per_vector",
     "default_max_samples",
@@ -89,6 +91,16 @@ REDIS_MARGIN = 1.25
 REDIS_FIXED_BYTES = 64 << 20
 """Memory of the embedded Redis that does not depend on the samples: the server itself,
 snapshots, idempotency records, client buffers."""
+
+MIN_COMPACTION = 100_000
+"""Fewest samples accepted since the last base before a reservoir is compacted again (a
+small reservoir is not rewritten at every entry)."""
+
+REDIS_SAMPLES = {"all": 1, "window": 2, "age": 2, "reservoir": 3}
+"""Most samples Redis holds, in multiples of the policy's size: ``all`` its log;
+``window`` and ``age`` their log plus what arrives before the next trim (at most one
+more size's worth, with a wide margin); ``reservoir`` a base, a log of one size, and the
+next base while a compaction writes it."""
 
 _NO_LIMIT = 1 << 60  # cgroup v1 writes a number near 2^63 for "no limit"
 

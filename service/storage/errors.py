@@ -1,7 +1,7 @@
 """What storage raises: conflicts with what Redis holds, a lost lease, a refused append.
 
 The HTTP side maps :class:`WrongDimensionError`, :class:`IdempotencyKeyReusedError` and
-:class:`StoreFullError` to its problem documents (``service.context``);
+:class:`StoreFullError` to its problem documents (``service.usecases.serving``);
 :func:`redis_unavailable` sorts Redis errors into "retry later" and faults.
 """
 

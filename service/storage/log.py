@@ -60,7 +60,7 @@ T = TypeVar("T")
 
 Offload = Callable[..., Awaitable[Any]]
 """``await offload(values, fn, *args)`` returns ``fn(*args)``, run where the caller wants
-it (``service.context.off_loop``: in the thread pool for large inputs); ``values``
+it (``service.usecases.serving.off_loop``: in the thread pool for large inputs); ``values``
 estimates the work in numbers touched."""
 
 _COPY_WEIGHT = 16  # a plain copy costs about 1/16 of the numpy work an Offload counts

@@ -41,7 +41,7 @@ from nmbatch.engine.hosting import NO_IDS, EngineHost, offer
 from nmbatch.engine.retention import ReservoirRetention, RetentionPolicy, make_retention
 from nmbatch.engine.rows import SourceRows
 from nmbatch.service.config import Settings
-from nmbatch.service.storage.capacity import plan_capacity
+from nmbatch.service.storage.capacity import MIN_COMPACTION, REDIS_SAMPLES, plan_capacity
 from nmbatch.service.storage.codec import id_key, next_id
 from nmbatch.service.storage.errors import redis_oom
 from nmbatch.service.storage.retained import Base, RetainedLog
@@ -50,15 +50,8 @@ __all__ = ["MIN_COMPACTION", "REDIS_SAMPLES", "LogRetention", "retention_size"]
 
 log = logging.getLogger(__name__)
 
-MIN_COMPACTION = 100_000
-"""Fewest samples accepted since the last base before a reservoir is compacted again (a
-small reservoir is not rewritten at every entry)."""
-
-REDIS_SAMPLES = {"all": 1, "window": 2, "age": 2, "reservoir": 3}
-"""Most samples Redis holds, in multiples of the policy's size: ``all`` its log;
-``window`` and ``age`` their log plus what arrives before the next trim (at most one
-more size's worth, with a wide margin); ``reservoir`` a base, a log of one size, and the
-next base while a compaction writes it."""
+# MIN_COMPACTION and REDIS_SAMPLES size the embedded Redis too, where the worker is not
+# loaded: they live with the capacity figures.
 
 
 def retention_size(

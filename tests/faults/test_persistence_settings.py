@@ -26,7 +26,7 @@ def test_the_service_runs_its_embedded_redis_with_the_fsync_policy_set(
     settings = Settings(k=2, worker_threads=1)
     assert settings.redis_url is None and settings.appendfsync == appendfsync
     with TestClient(create_app(settings)) as client:
-        embedded = client.app.state.context.embedded_redis
+        embedded = client.app.state.models.default.planner.embedded
         assert embedded is not None
         admin = redis.Redis.from_url(embedded.url, decode_responses=True)
         config = admin.config_get("append*")

@@ -14,6 +14,7 @@ from hardening_helpers import live_server
 
 from nmbatch.service.main import create_app
 from nmbatch.service.storage import CHUNK_BYTES, ModelKeys
+from nmbatch.service.usecases.serving import ingest
 from tests.testkit import (
     SettingsFactory,
     TestClient,
@@ -150,16 +151,16 @@ def test_concurrent_duplicates_store_once_in_one_event_loop(
 ) -> None:
     """The check and the append are one step: 20 interleaved calls, one append."""
     client.post("/samples", json={"vectors": [[0.0, 0.0]]})
-    context = client.app.state.context
+    handle = client.app.state.models.default
     X = np.float32([[1.0, 2.0], [3.0, 4.0]])
 
     async def race() -> list:
         # Twenty open connections first, so no call waits for one and all interleave.
-        pool = context.sample_log.client.connection_pool
+        pool = handle.sample_log.client.connection_pool
         connections = [await pool.get_connection() for _ in range(20)]
         for connection in connections:
             await pool.release(connection)
-        return await asyncio.gather(*(context.append_samples(X, "race") for _ in range(20)))
+        return await asyncio.gather(*(ingest(handle, X, "race") for _ in range(20)))
 
     outcomes = client.portal.call(race)
     assert sum(o.stored for o in outcomes) == 1

@@ -223,7 +223,7 @@ def test_the_embedded_redis_at_maxmemory_with_a_window_is_503_retry_and_stores_n
     external = make_settings(max_samples=1000, retention="window")
     for settings in (embedded, external):
         with TestClient(create_app(settings)) as client:
-            server = client.app.state.context.embedded_redis
+            server = client.app.state.models.default.planner.embedded
             admin = redis.Redis.from_url(server.url) if server is not None else redis_client
             assert post_npy(client, X).status_code == 202
             before = log_state(admin, model_name)
@@ -255,7 +255,7 @@ def test_the_embedded_redis_gets_maxmemory_for_the_capacity_and_noeviction(
         redis_url=None, data_dir=tmp_path / "data", dim=d, max_samples=capacity
     )
     with TestClient(create_app(settings)) as client:
-        embedded = client.app.state.context.embedded_redis
+        embedded = client.app.state.models.default.planner.embedded
         admin = redis.Redis.from_url(embedded.url, decode_responses=True)
         try:
             assert admin.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 from service_helpers import wait_converged
 
+from nmbatch.service.context import etag_matches, wants_npy
 from tests.testkit import TestClient
 
 POINTS = [[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 20.0], [1.0, 20.0]]
@@ -72,3 +74,40 @@ def test_new_samples_give_a_newer_version(client: TestClient) -> None:
     assert second["version"] > first["version"]
     etag = f'"{first["version"]}"'
     assert client.get("/centroids", headers={"if-none-match": etag}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("header", "matches"),
+    [
+        (None, False),
+        ("", False),
+        ('"7"', True),
+        ('W/"7"', True),
+        ('"6", "7"', True),
+        ('"6",W/"7"', True),
+        ("*", True),
+        ('"6"', False),
+        ("7", False),
+    ],
+)
+def test_if_none_match_names_the_etag_weakly_or_is_a_star(
+    header: str | None, matches: bool
+) -> None:
+    assert etag_matches(header, '"7"') is matches
+
+
+@pytest.mark.parametrize(
+    ("accept", "npy"),
+    [
+        (None, False),
+        ("application/json", False),
+        ("application/x-npy", True),
+        ("Application/X-NPY", True),
+        ("application/json, application/x-npy;q=0.5", True),
+        ("application/x-npy; q=0", False),
+        ("application/x-npy;q=bad", True),
+        ("*/*", False),
+    ],
+)
+def test_accept_asks_for_npy_with_a_positive_quality(accept: str | None, npy: bool) -> None:
+    assert wants_npy(accept) is npy

@@ -16,6 +16,7 @@ import redis
 from nmbatch.service.main import create_app
 from nmbatch.service.models import REGISTRY_KEY
 from nmbatch.service.storage import ModelKeys
+from nmbatch.service.usecases import reads, serving
 from tests.service.service_helpers import post_npy
 from tests.testkit import SettingsFactory, TestClient, assert_problem, blobs, wait_until
 
@@ -146,8 +147,8 @@ def test_each_model_has_its_own_samples_centroids_assign_and_stats(
         assert client.get("/models/a/stats").json()["n_logged"] == 400
         # Each model iterates in an engine process of its own (the OS schedules them).
         state = client.app.state  # type: ignore[attr-defined]
-        engines = [state.context.worker.engine]
-        engines += [state.models.running[name].context.worker.engine for name in ("a", "b")]
+        engines = [state.models.default.worker.engine]
+        engines += [state.models.running[name].handle.worker.engine for name in ("a", "b")]
         pids = {engine.pid for engine in engines}
         assert len(pids) == 3 and all(engine.process.is_alive() for engine in engines)
         status = {m["name"]: m["status"] for m in client.get("/models").json()["models"]}
@@ -321,3 +322,38 @@ def test_a_name_whose_data_in_redis_contradicts_the_settings_is_a_409(
         assert listed["clash"]["status"]["phase"].startswith("not started")
         assert_problem(client.get("/models/clash"), 409, "model-conflict")
         assert_problem(client.get("/models/clash/centroids"), 409, "model-conflict")
+
+
+def test_the_default_and_a_named_model_answer_through_the_same_use_cases(
+    make_settings: SettingsFactory, model_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One path for every model: ``/samples`` and ``/models/{name}/samples`` reach the
+    same ingest use case, ``/centroids``, ``/stats`` and their ``/models/{name}/...``
+    twins the same read use cases, each with the handle the one registry holds for the
+    model (the default model's under its name too)."""
+    calls: list[tuple[str, object]] = []
+
+    def spy(module: Any, name: str) -> None:
+        real = getattr(module, name)
+
+        async def recorded(handle: Any, *args: Any, **kwargs: Any) -> Any:
+            calls.append((name, handle))
+            return await real(handle, *args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+
+    for module, name in ((serving, "ingest"), (serving, "require_model"), (reads, "stats")):
+        spy(module, name)
+    with TestClient(create_app(make_settings())) as client:
+        assert client.put("/models/tenant-a", json=SPEC_A).status_code == 201
+        running = client.app.state.models.running  # type: ignore[attr-defined]
+        handles = {"": running[model_name].handle, "/models/tenant-a": running["tenant-a"].handle}
+        handles[f"/models/{model_name}"] = handles[""]
+        for prefix, handle in handles.items():
+            calls.clear()
+            accepted = client.post(f"{prefix}/samples", json={"vectors": [[1.0, 2.0]]})
+            assert accepted.status_code == 202, accepted.text
+            # Fewer than k samples: the same problem from the same use case for both.
+            assert_problem(client.get(f"{prefix}/centroids"), 409, "not-enough-samples")
+            assert client.get(f"{prefix}/stats").status_code == 200
+            assert calls == [("ingest", handle), ("require_model", handle), ("stats", handle)]

@@ -279,7 +279,7 @@ def test_a_reservoir_on_the_cluster_is_read_by_the_shards_from_redis(
     settings = make_settings(batch_size=48, ray_address=ray_address, ray_shards=2,
                              retention="reservoir", max_samples=M)  # fmt: skip
     with TestClient(create_app(settings)) as client:
-        worker = client.app.state.context.worker
+        worker = client.app.state.models.default.worker
         posted = 0
 
         def caught_up() -> dict | None:
@@ -318,7 +318,7 @@ def test_a_reservoir_on_the_cluster_is_read_by_the_shards_from_redis(
     # A restart: the new worker names the base's entries and the log's after it to new
     # shards, which read them from Redis: the same reservoir.
     with TestClient(create_app(settings)) as client:
-        worker = client.app.state.context.worker
+        worker = client.app.state.models.default.worker
         wait_until(caught_up, 40.0, "the rebuilt reservoir")
         coord = worker.engine.coordinator
         parts_held = ray.get([shard.assignments.remote() for shard in coord.shards])

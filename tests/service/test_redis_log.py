@@ -24,6 +24,7 @@ from nmbatch.service.storage import (
     decode_chunk,
     encode_chunks,
 )
+from nmbatch.service.usecases.serving import ingest
 from tests.testkit import TestClient
 
 
@@ -157,14 +158,14 @@ def test_the_first_batch_fixes_the_dimension_and_a_racing_one_stores_nothing(
 def test_a_racing_batch_of_another_dimension_is_a_wrong_dimension_problem(
     client: TestClient,
 ) -> None:
-    context = client.app.state.context
+    handle = client.app.state.models.default
     assert client.post("/samples", json={"vectors": [[1.0, 2.0]]}).status_code == 202
-    context.dim = None  # as a request that read the dimension before that batch fixed it
+    handle.dim = None  # as a request that read the dimension before that batch fixed it
     with pytest.raises(ProblemError) as info:
-        client.portal.call(context.append_samples, np.float32([[1.0, 2.0, 3.0]]))
+        client.portal.call(ingest, handle, np.float32([[1.0, 2.0, 3.0]]))
     problem = info.value
     assert (problem.status, problem.slug, problem.extensions) == (
         422, "wrong-dimension", {"expected_dim": 2, "got_dim": 3},
     )  # fmt: skip
     assert problem.detail == "vectors have 3 coordinates, but this model's dimension is 2"
-    assert context.dim == 2
+    assert handle.dim == 2

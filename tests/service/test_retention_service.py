@@ -27,7 +27,7 @@ D = 4
 def _caught_up(client: TestClient, n_samples: int, n_ingested: int, timeout: float = 30.0):
     """The /centroids document once converged on ``n_samples`` of ``n_ingested``."""
 
-    worker = client.app.state.context.worker
+    worker = client.app.state.models.default.worker
 
     def ready() -> dict[str, Any] | None:
         assert worker.error is None, f"the worker failed: {worker.error!r}"
@@ -44,7 +44,7 @@ def _caught_up(client: TestClient, n_samples: int, n_ingested: int, timeout: flo
 def _retained(client: TestClient) -> tuple[np.ndarray, np.ndarray]:
     """(stream ids sorted, their rows) held by the worker's engine, once it has caught up
     with the log and converged (after a restart, the snapshot is served before)."""
-    worker = client.app.state.context.worker
+    worker = client.app.state.models.default.worker
     wait_until(lambda: worker.engine is not None and worker.phase == "converged", 10, "engine")
     engine = worker.engine
     ids = np.sort(engine._algo.store.ids())
@@ -106,8 +106,8 @@ def test_window_keeps_the_last_samples_trims_the_log_and_restarts_exactly(
         assert doc["retention"] == "window"
         rows = _retained(client)[1]
         assert np.array_equal(rows, X[-W:])  # ids count from the log's first entry
-        assert client.app.state.context.worker.engine._algo.swap  # swaps follow the window
-        local = client.app.state.context.worker.repository.local  # bounded by the window
+        assert client.app.state.models.default.worker.engine._algo.swap  # swaps follow the window
+        local = client.app.state.models.default.worker.repository.local  # bounded by the window
         assert local is not None and local.max_bytes == handoff_bytes(W, D) == MIN_HANDOFF_BYTES
         _assert_centroids_are_cell_means(doc, rows)
         logged = logged_samples(redis_client, model_name)
@@ -151,7 +151,7 @@ def test_age_retires_by_redis_time_without_new_samples(
     )
     old, new = blobs(300, D, 3, seed=10), blobs(200, D, 3, seed=11)
     with TestClient(create_app(settings)) as client:
-        worker = client.app.state.context.worker
+        worker = client.app.state.models.default.worker
         wait_until(lambda: worker.phase == "waiting-for-samples", 60, "the engine")
         posted = time.monotonic()
         _post_all(client, old, 300)
@@ -188,7 +188,7 @@ def test_reservoir_compacts_the_log_and_restarts_exactly(
             _post_all(client, X[start : min(start + 500, 2900)], 100)
             doc = _caught_up(client, M, min(start + 500, 2900))
         assert doc["retention"] == "reservoir"
-        worker = client.app.state.context.worker
+        worker = client.app.state.models.default.worker
         assert worker.retention.compactions >= 5
         ids, rows = _retained(client)
         assert np.array_equal(rows, X[ids])  # ids are positions in the stream

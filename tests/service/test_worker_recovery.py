@@ -38,7 +38,7 @@ def test_an_unexpected_worker_error_is_shown_then_recovered_from_with_nothing_lo
     monkeypatch.setattr(LocalEngine, "step", step_failing_twice)
     X, Y = blobs(600, 4, 3, seed=1), blobs(300, 4, 3, seed=2)
     with TestClient(create_app(make_settings(worker_process=False))) as client:
-        worker = client.app.state.context.worker
+        worker = client.app.state.models.default.worker
         assert post_npy(client, X).status_code == 202
         started = time.monotonic()
         ready = wait_until(
@@ -110,7 +110,7 @@ def test_the_worker_rebuilds_a_killed_engine_and_goes_on(make_settings: Settings
         X = blobs(600, 6, 4, seed=5)[:, :3]
         assert client.post("/samples", json={"vectors": X[:300].tolist()}).status_code == 202
         before = wait_converged(client, 300)
-        worker = client.app.state.context.worker
+        worker = client.app.state.models.default.worker
         old_pid = worker.engine.pid
         os.kill(old_pid, signal.SIGKILL)
         # Served from memory meanwhile.

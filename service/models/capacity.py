@@ -1,0 +1,105 @@
+"""A model's capacity: planned once its dimension is known, and the embedded Redis sized.
+
+:class:`ModelCapacity` is the :class:`~nmbatch.service.usecases.serving.CapacityPlanner`
+of one model. Planned at start-up when the dimension is known, else when the first
+batch fixes it: logged, shown in ``nmbatch_max_samples``, and the embedded Redis's
+``maxmemory`` set to cover every model of the app (:attr:`ModelCapacity.redis_needs`,
+shared by them).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nmbatch.service.config import Settings
+from nmbatch.service.embedded_redis import EmbeddedRedis
+from nmbatch.service.metrics import ServiceMetrics
+from nmbatch.service.storage import AsyncSampleLog
+from nmbatch.service.storage.capacity import (
+    MIN_COMPACTION,
+    REDIS_FIXED_BYTES,
+    REDIS_SAMPLES,
+    Capacity,
+    plan_capacity,
+    redis_maxmemory,
+)
+
+__all__ = ["ModelCapacity"]
+
+log = logging.getLogger("service")
+
+
+class ModelCapacity:
+    """The capacity of one model, and its share of the embedded Redis's ``maxmemory``.
+
+    Parameters
+    ----------
+    settings : Settings
+        The model's settings (``max_samples``, ``k``, ``retention``).
+    sample_log : AsyncSampleLog
+        Its log (its client sets the embedded Redis's ``maxmemory``).
+    metrics : ServiceMetrics
+        Its metrics (``nmbatch_max_samples``).
+    memory : (int, str)
+        Bytes (and their origin) the capacity is derived from when ``max_samples`` is unset.
+    embedded : EmbeddedRedis or None
+        The embedded Redis, None with an external one (whose ``maxmemory`` is the operator's).
+    redis_needs : dict
+        Bytes of ``maxmemory`` each model of the app needs, shared by the app's models.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        sample_log: AsyncSampleLog,
+        metrics: ServiceMetrics,
+        *,
+        memory: tuple[int, str],
+        embedded: EmbeddedRedis | None,
+        redis_needs: dict[str, int],
+    ) -> None:
+        self.settings = settings
+        self.sample_log = sample_log
+        self.metrics = metrics
+        self.memory = memory
+        self.embedded = embedded
+        self.redis_needs = redis_needs
+        self.capacity: Capacity | None = None
+        self.setting = "NMBATCH_MAX_SAMPLES"
+
+    @property
+    def with_redis(self) -> bool:
+        """True with the embedded Redis, whose ``maxmemory`` :meth:`plan` sets."""
+        return self.embedded is not None
+
+    async def plan(self, dim: int) -> Capacity:
+        """The model's :class:`Capacity` for its dimension ``dim``, set up on first use.
+
+        The embedded Redis's ``maxmemory`` is set to the sum of the models' needs (never
+        below what it already uses plus its fixed overhead, so a log above a lowered
+        capacity does not block the worker's writes).
+        """
+        capacity = self.capacity
+        if capacity is not None and capacity.dim == dim:
+            return capacity
+        s = self.settings
+        capacity = plan_capacity(
+            s.max_samples, dim, s.k, memory=self.memory, with_redis=self.embedded is not None
+        )
+        log.info("capacity of model '%s' (retention %s): %s", s.model, s.retention,
+                 capacity.detail)  # fmt: skip
+        if self.embedded is not None:
+            # The log of a window, an age or a reservoir holds more than its size for a
+            # while (until the next trim or compaction).
+            in_redis = capacity.max_samples * REDIS_SAMPLES[s.retention]
+            if s.retention == "reservoir":
+                in_redis += MIN_COMPACTION
+            needs = self.redis_needs
+            needs[s.model] = redis_maxmemory(in_redis, dim) - REDIS_FIXED_BYTES
+            maxmemory = await self.embedded.limit_memory(
+                self.sample_log.client, sum(needs.values()) + REDIS_FIXED_BYTES, REDIS_FIXED_BYTES
+            )
+            log.info("embedded Redis maxmemory %d bytes (noeviction)", maxmemory)
+        self.metrics.max_samples.set(capacity.max_samples)
+        self.capacity = capacity
+        return capacity

@@ -1,0 +1,76 @@
+"""OpenAPI pieces that several routes share: the vectors request body and its refusals.
+
+``POST /samples`` and ``POST /assign`` (and their ``/models/{name}/...`` twins) take the
+same bodies: JSON vectors, ``.npy`` or raw ``float32``. With ``NMBATCH_DIM`` set, the
+app's document states the vectors' length (:func:`with_dimension`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nmbatch.service.parsing import JSON, NPY, OCTET
+from nmbatch.service.schemas import vectors_schema
+
+__all__ = ["VECTORS_BODY", "VECTORS_REFUSED", "vectors_body", "with_dimension"]
+
+VECTORS_REFUSED = (
+    "The vectors are refused; nothing is stored. `type` names the fault: "
+    "`urn:nmbatch:problem:wrong-dimension` when a vector has another number of coordinates "
+    "than the model's dimension (members `expected_dim` and `got_dim`; the dimension is "
+    "NMBATCH_DIM when set, as `minItems`/`maxItems` of the JSON vectors say, else the "
+    "first accepted batch fixes it for good), `dimension-too-large` (a first batch wider "
+    "than NMBATCH_MAX_DIM), `non-finite` (NaN, infinity, or beyond float32), "
+    "`non-numeric`, `not-a-matrix` (ragged or not 2-D), `empty`, `unknown-member`, "
+    "`invalid-request` (a header or parameter)."
+)
+"""Description of the ``422`` answer of the operations whose body is vectors."""
+
+
+def vectors_body(dim: int | None = None) -> dict[str, Any]:
+    """``openapi_extra`` of an operation whose body is vectors (JSON, ``.npy``, raw float32).
+
+    With ``dim``, the JSON schema gives every vector exactly ``dim`` numbers.
+    """
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                JSON: {"schema": vectors_schema(dim)},
+                NPY: {
+                    "schema": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "One 2-D real numeric array in NumPy .npy format.",
+                    }
+                },
+                OCTET: {
+                    "schema": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "Raw little-endian float32, row-major, n x d values "
+                        "(the model's dimension must be known).",
+                    }
+                },
+            },
+        }
+    }
+
+
+VECTORS_BODY = vectors_body()
+
+
+def with_dimension(document: dict[str, Any], dim: int) -> dict[str, Any]:
+    """``document`` (OpenAPI) with every vectors body (:data:`VECTORS_BODY`) of length ``dim``.
+
+    The routers are built once per process, the dimension is a setting of each app: the
+    app's ``openapi()`` passes its document through here (edited in place, returned).
+    """
+    body = vectors_body(dim)["requestBody"]
+    for path, operations in document["paths"].items():
+        if path.startswith("/models/"):  # named models: each has a dimension of its own
+            continue
+        for operation in operations.values():
+            if operation.get("requestBody") == VECTORS_BODY["requestBody"]:
+                operation["requestBody"] = body
+    return document

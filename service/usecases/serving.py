@@ -1,0 +1,333 @@
+"""Serving one model: its handle, the samples in and the centroids out.
+
+Every sample crosses this module twice: :func:`ingest` appends it to the model's log
+(and wakes the worker), :func:`require_model` and :func:`centroids_json` (or
+:func:`centroids_npy`) serve the centroids the worker published from it. The model is a
+:class:`ModelHandle`: its settings, its sample log (the request side of Redis), the
+board the worker publishes to, the metrics, and two small ports the start-up code fills
+in: the model's worker (:class:`WorkerPort`: its role and phase, and ``notify`` after an
+append) and its capacity planner (:class:`CapacityPlanner`). Nothing here knows the
+worker thread, the engine process or the embedded Redis behind them.
+
+:func:`off_loop` decides where the numpy work runs: on the event loop for small inputs,
+else in the thread pool.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Protocol, TypeVar
+
+import numpy as np
+import orjson
+from starlette.concurrency import run_in_threadpool
+
+from nmbatch.service.config import Settings
+from nmbatch.service.metrics import ServiceMetrics
+from nmbatch.service.problems import ProblemError
+from nmbatch.service.state import ModelBoard, PublishedModel
+from nmbatch.service.storage import (
+    AppendOutcome,
+    AsyncSampleLog,
+    IdempotencyKeyReusedError,
+    StoreFullError,
+    WrongDimensionError,
+)
+from nmbatch.service.storage.capacity import Capacity
+
+__all__ = [
+    "WORKER_ROLE",
+    "CapacityPlanner",
+    "ModelHandle",
+    "WorkerPort",
+    "centroids_json",
+    "centroids_npy",
+    "ingest",
+    "iso_time",
+    "off_loop",
+    "require_model",
+]
+
+T = TypeVar("T")
+
+log = logging.getLogger("service")
+
+
+WORKER_ROLE = "worker"
+"""The role of the process that runs the model's iterations (the worker's ``Role.WORKER``,
+a string enum)."""
+
+_INLINE_VALUES = 65_536  # numpy work on fewer values runs on the event loop
+
+
+async def off_loop(values: int, fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)``: inline for small inputs, else in the thread pool (the loop stays free).
+
+    ``values`` estimates the work (numbers touched); a threadpool hop costs more than
+    a tiny numpy call.
+    """
+    if values <= _INLINE_VALUES:
+        return fn(*args)
+    return await run_in_threadpool(fn, *args)
+
+
+class WorkerPort(Protocol):
+    """What the use cases read from, and tell, the model's worker."""
+
+    @property
+    def role(self) -> str:
+        """``worker``, ``standby`` or ``starting`` (a string enum)."""
+
+    @property
+    def phase(self) -> str:
+        """What the worker thread is doing (a string enum)."""
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that ended the worker thread, if any."""
+
+    def alive(self) -> bool:
+        """True while the worker thread runs."""
+
+    def notify(self) -> None:
+        """New samples are in the log: wake the worker."""
+
+
+class CapacityPlanner(Protocol):
+    """The model's capacity, planned once its dimension is known."""
+
+    capacity: Capacity | None
+    setting: str
+    """What a ``507`` tells the client to raise (``NMBATCH_MAX_SAMPLES``, or a named
+    model's ``max_samples``)."""
+
+    @property
+    def with_redis(self) -> bool:
+        """True with the embedded Redis, whose ``maxmemory`` the planner sets."""
+
+    async def plan(self, dim: int) -> Capacity:
+        """The capacity for dimension ``dim`` (planned, logged and applied on first use)."""
+
+
+class ModelHandle:
+    """One served model (the default one or a named one), between its start and stop.
+
+    Attributes
+    ----------
+    settings : Settings
+        The model's settings (a named model's are the service's with its spec).
+    sample_log : AsyncSampleLog
+        The model's sample log through the request handlers' async Redis client.
+    board : ModelBoard
+        Where its worker publishes the model and the statistics.
+    metrics : ServiceMetrics
+        Its metrics (the default model's are the app's, served by ``/metrics``).
+    worker : WorkerPort
+        Its worker.
+    planner : CapacityPlanner
+        Its capacity.
+    dim : int or None
+        Its dimension once known (the setting, Redis's, or the first batch's).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        sample_log: AsyncSampleLog,
+        board: ModelBoard,
+        metrics: ServiceMetrics,
+        worker: WorkerPort,
+        planner: CapacityPlanner,
+        dim: int | None,
+    ) -> None:
+        self.settings = settings
+        self.sample_log = sample_log
+        self.board = board
+        self.metrics = metrics
+        self.worker = worker
+        self.planner = planner
+        self.dim = dim
+
+    @property
+    def name(self) -> str:
+        """The model's name (``NMBATCH_MODEL`` for the default one)."""
+        return self.settings.model
+
+    @property
+    def capacity(self) -> Capacity | None:
+        """The planned capacity, None before the dimension is known."""
+        return self.planner.capacity
+
+    async def capacity_for(self, dim: int) -> Capacity:
+        """The capacity for dimension ``dim``: the planned one, or planned now."""
+        capacity = self.planner.capacity
+        if capacity is not None and capacity.dim == dim:
+            return capacity
+        return await self.planner.plan(dim)
+
+    async def known_dim(self) -> int | None:
+        """The model's dimension: the setting, Redis's (fixed by any process), or None."""
+        if self.dim is None:
+            self.dim = await self.sample_log.dim()
+        return self.dim
+
+
+# -- samples in ----------------------------------------------------------------------
+async def ingest(
+    handle: ModelHandle, X: np.ndarray, idempotency_key: str | None = None
+) -> AppendOutcome:
+    """Append ``X`` (``(m, d)`` float32, validated) to the log, once per ``idempotency_key``.
+
+    :meth:`AsyncSampleLog.append` within the model's capacity (planned here when this
+    batch fixes the dimension); its refusals become problems: a batch of another
+    dimension racing with the first one gets ``wrong-dimension`` (422), a key used for
+    other vectors ``idempotency-key-reused`` (409), a batch that would pass the capacity
+    (or that Redis refuses for its memory) ``store-full`` (507); with a retention other
+    than ``all`` the embedded Redis's refusal is ``log-backlog`` (503, ``Retry-After``):
+    the log is trimmed as rows retire, so it is a moment's backlog, not a full store.
+    Stored samples are counted and the worker notified.
+    """
+    settings = handle.settings
+    try:
+        if handle.dim is None:
+            await handle.sample_log.fix_dim(int(X.shape[1]))
+            handle.dim = int(X.shape[1])  # this batch fixed it, or found it fixed as its own
+        capacity = await handle.capacity_for(handle.dim)
+        outcome = await handle.sample_log.append(
+            X,
+            dim=handle.dim,
+            # Only "all" refuses samples; the other policies make room by retiring.
+            max_samples=capacity.max_samples if settings.retention == "all" else None,
+            idempotency_key=idempotency_key,
+            key_seconds=settings.idempotency_seconds,
+            # This process's worker takes the rows from memory rather than from Redis.
+            hand_over=handle.worker.role == WORKER_ROLE,
+            offload=off_loop,
+        )
+    except WrongDimensionError as exc:
+        handle.dim = exc.expected
+        raise ProblemError(
+            422, "wrong-dimension", str(exc), expected_dim=exc.expected, got_dim=exc.got
+        ) from None
+    except IdempotencyKeyReusedError as exc:
+        raise ProblemError(
+            409, "idempotency-key-reused", str(exc), title="Idempotency-Key reused"
+        ) from None
+    except StoreFullError as exc:
+        raise _store_full(handle, exc, int(X.shape[0])) from None
+    if outcome.stored:
+        handle.metrics.samples_ingested.inc(outcome.accepted)
+        handle.worker.notify()
+    return outcome
+
+
+def _store_full(handle: ModelHandle, exc: StoreFullError, rejected: int) -> ProblemError:
+    """The ``store-full`` (507) problem of a refused append of ``rejected`` rows."""
+    retention = handle.settings.retention
+    capacity = handle.capacity
+    max_samples = capacity.max_samples if capacity is not None else exc.max_samples
+    if exc.redis_oom and retention != "all" and handle.planner.with_redis:
+        # The log is trimmed as the window, age or reservoir retires rows; the embedded
+        # Redis's maxmemory (sized for the retained rows) is reached when the trimming
+        # lags the ingestion: the same batch fits a moment later. An external Redis's
+        # maxmemory is the operator's: it may never fit, so that stays a 507.
+        log.warning("Redis refused an append for its memory: %s", exc)
+        return ProblemError(
+            503,
+            "log-backlog",
+            f"{exc} (with {exc.n_samples:,} samples in the log, retention "
+            f"{retention}): the worker has not yet trimmed the rows the "
+            "retention retired; nothing was stored, retry shortly",
+            title="Log backlog",
+            headers={"Retry-After": "1"},
+            n_samples=exc.n_samples,
+            rejected=rejected,
+        )
+    if exc.redis_oom:
+        detail = f"{exc} (with {exc.n_samples:,} samples in the log)"
+        log.warning("Redis refused an append for its memory: %s", exc)
+    else:
+        detail = str(exc)
+    return ProblemError(
+        507,
+        "store-full",
+        detail + f"; the service goes on serving, raise {handle.planner.setting} (and the "
+        "memory) to store more",
+        title="Store full",
+        setting=handle.planner.setting,
+        max_samples=max_samples,
+        n_samples=exc.n_samples,
+        rejected=rejected,
+    )
+
+
+# -- centroids out ------------------------------------------------------------------
+def iso_time(unix: float) -> str:
+    """Unix time as ISO 8601 UTC with milliseconds."""
+    return datetime.fromtimestamp(unix, UTC).isoformat(timespec="milliseconds")
+
+
+async def require_model(handle: ModelHandle) -> PublishedModel:
+    """The published model, or a problem saying why there is none yet.
+
+    ``409`` ``not-enough-samples`` while fewer than ``k`` samples are stored, ``503``
+    ``centroids-pending`` (``Retry-After``) while the first iteration runs.
+    """
+    model = handle.board.model
+    if model is not None:
+        return model
+    k = handle.settings.k
+    n = await handle.sample_log.n_samples()
+    if n < k:
+        raise ProblemError(
+            409,
+            "not-enough-samples",
+            f"no centroids yet: {n} samples stored, k = {k} are needed before the first "
+            f"iteration; send {k - n} more",
+            title="Not enough samples",
+            needed=k - n,
+            n_samples=n,
+            k=k,
+        )
+    raise ProblemError(
+        503,
+        "centroids-pending",
+        f"{n} samples stored; the first centroids are being computed, retry shortly",
+        title="Centroids pending",
+        headers={"Retry-After": "1"},
+        needed=0,
+        n_samples=n,
+        k=k,
+    )
+
+
+def centroids_json(model: PublishedModel, retention: str = "all") -> bytes:
+    """The :class:`Centroids` document of ``model`` (kept under ``retention``), serialised."""
+    state = model.state
+    return orjson.dumps(
+        {
+            "version": model.version,
+            "k": state.k,
+            "dim": state.dim,
+            "centroids": state.centroids,
+            "counts": state.counts,
+            "n_samples": state.n_samples,
+            "n_ingested": max(state.n_ingested, state.n_samples),
+            "retention": retention,
+            "batch_size": state.batch_size,
+            "iteration": state.iteration,
+            "converged": state.converged,
+            "updated_at": iso_time(model.updated_at),
+        },
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
+
+
+def centroids_npy(model: PublishedModel) -> bytes:
+    """The ``(k, d)`` float32 centroids in ``.npy`` format."""
+    out = io.BytesIO()
+    np.save(out, model.state.centroids, allow_pickle=False)
+    return out.getvalue()
