@@ -204,3 +204,23 @@ def test_init_first_is_the_first_k_rows_of_the_shuffled_store():
     explicit = NestedMiniBatchKMeans(n_clusters=6, batch_size=120, init=given,
                                      random_state=3, max_iter=3).fit(X)  # fmt: skip
     assert _digest(first) == _digest(explicit)
+
+
+# ---------------------------------------------------------------------------------------
+# the finiteness check of every input, one pass without a temporary
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, None])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (300, 17)])
+def test_all_finite_matches_numpy(bad, shape):
+    from nmbatch.engine._validation import all_finite
+
+    rng = np.random.default_rng(shape[0])
+    A = (rng.standard_normal(shape) * 1e30).astype(np.float32)
+    A[0, 0] = np.finfo(np.float32).max
+    if bad is not None:
+        for at in ((0, 0), (shape[0] - 1, shape[1] - 1), (shape[0] // 2, shape[1] // 2)):
+            B = A.copy()
+            B[at] = bad
+            assert all_finite(B) == bool(np.isfinite(B).all()) is False
+    assert all_finite(A) == bool(np.isfinite(A).all()) is True
