@@ -6,7 +6,8 @@ samples (``k`` Gaussian clusters) and waits until the model holds them all and a
 snapshot of it is written; stops it (SIGTERM) and starts it again on the same data. The
 restart is timed from the new process's start: ``/readyz`` answering, the worker's
 replay of the log (its log line ``replayed N samples from the log in S s``) and the first
-``/stats`` whose model version is newer than the one at the stop (polled every 20 ms)::
+``/stats`` whose model version is newer than the one at the stop (polled every 20 ms);
+the restart's start time and its timestamped log lines are kept for a breakdown::
 
     python -m benchmarks.restart_first_version --n 100000 --d 128 --k 50 \\
         --out docs/bench/first-step/restart
@@ -21,6 +22,7 @@ import json
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +53,10 @@ def restart_run(n: int, d: int, k: int, *, seed: int = 0, timeout: float = 600.0
                 stopped = client.stats()
         finally:
             first.stop()
+        offset = log_path.stat().st_size
         second = Service(settings, data_dir, log_path)
-        out = {"n": n, "d": d, "k": k, "seed": seed,
-               "version_at_stop": stopped.get("version")}  # fmt: skip
+        out = {"n": n, "d": d, "k": k, "seed": seed, "version_at_stop": stopped.get("version"),
+               "started_at": datetime.now().isoformat(sep=" ", timespec="milliseconds")}
         try:
             second.wait_ready(timeout)
             out["ready"] = second.ready_seconds
@@ -71,6 +74,11 @@ def restart_run(n: int, d: int, k: int, *, seed: int = 0, timeout: float = 600.0
                 out["replayed_samples"], out["replay"] = replayed
         finally:
             second.stop()
+            # The restart's log lines (timestamped: kernels loaded, Redis, the replay).
+            with open(log_path, "rb") as f:
+                f.seek(offset)
+                lines = f.read().decode(errors="replace").splitlines()
+            out["log"] = [line for line in lines if " INFO " in line or "WARN" in line][:40]
     return out
 
 
