@@ -22,7 +22,7 @@ once. Where such a mapping is refused (strict overcommit, 32-bit), or when the r
 full, it falls back to doubling: a new buffer and one copy.
 
 Loading (``load``, what ``fit`` does): an empty store takes a whole array at once in a
-uniformly random order (``rng.permutation``), the same distribution as appending it, but
+uniformly random order, the one appending it would give (the same draws), but
 copies only the rows the prefix needs: row ``r`` of the store is ``X[order[r]]``, written
 when the prefix first reaches ``r`` (``freeze``, ``grow_batch``) or when anything reads
 or moves rows past it (``finish_loading``). ``N`` and every id are set at once, so the
@@ -45,13 +45,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.kernels.retire import compact_rows, mark_ids
+from nmbatch.engine.kernels.shuffle import shuffle_insert, shuffle_order
 
-__all__ = ["RESERVE_BYTES", "NestedBatchStore", "OnPrefix", "Retirement", "shuffle_insert"]
+__all__ = ["RESERVE_BYTES", "NestedBatchStore", "OnPrefix", "Retirement"]
 
 #: ``on_prefix(data, rows)``: sees the retired prefix rows before they move.
 OnPrefix = Callable[[np.ndarray, np.ndarray], None]
@@ -76,30 +76,6 @@ def _reserve(nbytes: int) -> mmap.mmap | None:
         return mmap.mmap(-1, nbytes, flags=flags | noreserve)
     except (OSError, OverflowError, ValueError):
         return None
-
-
-@numba.njit(cache=True, nogil=True)
-def shuffle_insert(X, swap, n, data, ids, new_ids):
-    """Inside-out Fisher-Yates insertion of new rows into the shuffled tail.
-
-    Row ``t`` of ``X`` goes to position ``swap[t]`` (uniform in ``[b, n + t]``), and the row
-    that was there moves to the end, ``n + t``.
-
-    X       : (m, d) float32   IN
-    swap    : (m,) int64       IN
-    n       : int              IN   number of rows stored before the call
-    data    : (cap, d) float32 INOUT
-    ids     : (cap,) int64     INOUT  stream id of each stored row
-    new_ids : (m,) int64       IN   stream ids of the rows of ``X``
-    """
-    for t in range(X.shape[0]):
-        end = n + t
-        r = swap[t]
-        if r != end:
-            data[end] = data[r]
-            ids[end] = ids[r]
-        data[r] = X[t]
-        ids[r] = new_ids[t]
 
 
 @dataclass(frozen=True)
@@ -375,10 +351,11 @@ class NestedBatchStore:
         """Fill the empty store with the rows of ``X`` (``(n, d)``) in a uniformly random
         order, copying only rows ``[0, first)`` now (the rest as the prefix reaches them).
 
-        Row ``r`` becomes ``X[order[r]]`` with id ``n_ingested + order[r]``, ``order`` a
-        uniformly random permutation of ``0 .. n-1`` from the store's generator: any
-        prefix is a uniformly random subset and the tail a uniformly random order, as
-        after ``append(X)``. ``checked``: ``X`` is already a C-contiguous, finite
+        Row ``r`` becomes ``X[order[r]]`` with id ``n_ingested + order[r]``, ``order`` the
+        uniformly random permutation of ``0 .. n-1`` that ``append(X)`` would make, from the
+        same draws of the store's generator (:func:`shuffle_order`): the same rows in the
+        same places, so any prefix is a uniformly random subset and the tail a uniformly
+        random order. ``checked``: ``X`` is already a C-contiguous, finite
         ``float32`` array (``fit``'s validated input; not copied, read until the load is
         finished: do not modify it before :meth:`finish_loading`); otherwise it is
         validated and converted as by ``append``. Raises ``ValueError`` if the store is
@@ -396,7 +373,10 @@ class NestedBatchStore:
                 return 0
             if n > self._data.shape[0]:
                 self._grow_capacity(n)
-            order = self._rng.permutation(n).astype(np.int64, copy=False)
+            # The draws and the order of append(X) on an empty store, without the rows.
+            swap = self._rng.integers(0, np.arange(n, dtype=np.int64) + 1)
+            order = np.empty(n, dtype=np.int64)
+            shuffle_order(swap, order)
             np.add(order, self._next_id, out=self._ids[:n])
             self._source, self._order, self._loaded = np.ascontiguousarray(X), order, 0
             self._n = n

@@ -20,6 +20,7 @@ import pytest
 from scipy import stats
 
 from nmbatch.engine import NestedBatchStore, NestedMiniBatchKMeans
+from nmbatch.engine.kernels.shuffle import shuffle_order
 from tests.testkit import blobs
 
 
@@ -39,6 +40,36 @@ def test_every_row_is_stored_once_under_its_index_as_id():
     assert store.n_loaded == 50
     np.testing.assert_array_equal(rows, X[ids])
     np.testing.assert_array_equal(store.rows_of(np.arange(50)), X)
+
+
+@pytest.mark.parametrize("m", [1, 2, 7, 300])
+def test_shuffle_order_is_a_python_loop_of_the_same_swaps(m):
+    swap = np.random.default_rng(m).integers(0, np.arange(m) + 1)
+    expected: list[int] = []
+    for t in range(m):  # inside-out Fisher-Yates: row t to swap[t], the row there to t
+        expected.append(t)
+        r = int(swap[t])
+        expected[t], expected[r] = expected[r], t
+    order = np.empty(m, dtype=np.int64)
+    shuffle_order(swap, order)
+    assert order.tolist() == expected
+
+
+@pytest.mark.parametrize("n, first", [(1, 0), (257, 0), (257, 40), (1000, 1000)])
+def test_load_is_append_bit_for_bit(n, first):
+    # The same rows in the same places with the same ids, and the generator left in the
+    # same state: a fit that loads is the fit that appended.
+    X = np.random.default_rng(n).normal(size=(n, 5)).astype(np.float32)
+    appended, loaded = NestedBatchStore(5, seed=11), NestedBatchStore(5, seed=11)
+    appended.append(X)
+    loaded.load(X, first=first)
+    assert np.array_equal(loaded.data, appended.data)
+    assert np.array_equal(loaded.ids(), appended.ids())
+    more = X[: n // 2 + 1] + 1.0
+    appended.append(more)
+    loaded.append(more)
+    assert np.array_equal(loaded.data, appended.data)
+    assert np.array_equal(loaded.ids(), appended.ids())
 
 
 def test_rows_are_copied_as_the_prefix_reaches_them_and_never_rewritten():
