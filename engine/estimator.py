@@ -340,8 +340,10 @@ class NestedMiniBatchKMeans(
 
             return fit_estimator(self, X32, init, store_seed, algo_seed, policy, ray)
 
+        # X32 in a uniformly random order; rows are copied as the batch reaches them, so
+        # the first step runs after b_0 rows are copied, not n (NestedBatchStore.load).
         store = NestedBatchStore(d, seed=store_seed, capacity=n)
-        store.append(X32)
+        store.load(X32, checked=True)
         algo = self._make_algorithm(store, init, algo_seed)
         callback = self.callback
         for _ in range(int(self.max_iter)):
@@ -349,6 +351,7 @@ class NestedMiniBatchKMeans(
             stop = callback is not None and callback(stats, algo.state(stats)) is True
             if stats.converged or stop:
                 break
+        store.finish_loading()  # the store no longer reads X32 (the caller's array)
 
         self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
         self._retention = policy

@@ -21,6 +21,14 @@ the store grows in place: no copy of the rows, no old buffer to free, each page 
 once. Where such a mapping is refused (strict overcommit, 32-bit), or when the range is
 full, it falls back to doubling: a new buffer and one copy.
 
+Loading (``load``, what ``fit`` does): an empty store takes a whole array at once in a
+uniformly random order, the one appending it would give (the same draws), but
+copies only the rows the prefix needs: row ``r`` of the store is ``X[order[r]]``, written
+when the prefix first reaches ``r`` (``freeze``, ``grow_batch``) or when anything reads
+or moves rows past it (``finish_loading``). ``N`` and every id are set at once, so the
+first step runs after ``b_0`` rows are copied, not ``N``. The store reads ``X`` until it is
+loaded: the caller does not modify ``X`` in between (``fit`` finishes before it returns).
+
 Concurrency: ``b`` and ``N`` change under one lock; appends only ever write at positions
 ``>= b``; growing the capacity either extends the view over the same memory or copies
 into a new buffer, so a reader holding the old array still sees a valid, unchanged prefix.
@@ -37,13 +45,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.kernels.retire import compact_rows, mark_ids
+from nmbatch.engine.kernels.shuffle import shuffle_insert, shuffle_order
 
-__all__ = ["RESERVE_BYTES", "NestedBatchStore", "OnPrefix", "Retirement", "shuffle_insert"]
+__all__ = ["RESERVE_BYTES", "NestedBatchStore", "OnPrefix", "Retirement"]
 
 #: ``on_prefix(data, rows)``: sees the retired prefix rows before they move.
 OnPrefix = Callable[[np.ndarray, np.ndarray], None]
@@ -68,30 +76,6 @@ def _reserve(nbytes: int) -> mmap.mmap | None:
         return mmap.mmap(-1, nbytes, flags=flags | noreserve)
     except (OSError, OverflowError, ValueError):
         return None
-
-
-@numba.njit(cache=True, nogil=True)
-def shuffle_insert(X, swap, n, data, ids, new_ids):
-    """Inside-out Fisher-Yates insertion of new rows into the shuffled tail.
-
-    Row ``t`` of ``X`` goes to position ``swap[t]`` (uniform in ``[b, n + t]``), and the row
-    that was there moves to the end, ``n + t``.
-
-    X       : (m, d) float32   IN
-    swap    : (m,) int64       IN
-    n       : int              IN   number of rows stored before the call
-    data    : (cap, d) float32 INOUT
-    ids     : (cap,) int64     INOUT  stream id of each stored row
-    new_ids : (m,) int64       IN   stream ids of the rows of ``X``
-    """
-    for t in range(X.shape[0]):
-        end = n + t
-        r = swap[t]
-        if r != end:
-            data[end] = data[r]
-            ids[end] = ids[r]
-        data[r] = X[t]
-        ids[r] = new_ids[t]
 
 
 @dataclass(frozen=True)
@@ -159,6 +143,11 @@ class NestedBatchStore:
         self._b = 0
         self._next_id = 0  # stream id of the next appended row (one more than the largest)
         self._n_retired = 0
+        # A load under way (``load``): row r of the store is _source[_order[r]], copied
+        # for r < _loaded; None once every row is copied.
+        self._source: np.ndarray | None = None
+        self._order = np.empty(0, dtype=np.int64)
+        self._loaded = 0
 
     # -- sizes ------------------------------------------------------------------------
     @property
@@ -194,7 +183,9 @@ class NestedBatchStore:
     # -- reading ----------------------------------------------------------------------
     @property
     def data(self) -> np.ndarray:
-        """The current buffer, shape ``(capacity, d)``, ``float32``; rows ``[0, N)`` valid."""
+        """The current buffer, shape ``(capacity, d)``, ``float32``; rows ``[0, N)`` valid
+        (a load under way is finished first)."""
+        self.finish_loading()
         return self._data
 
     def prefix(self, b: int | None = None) -> np.ndarray:
@@ -211,6 +202,7 @@ class NestedBatchStore:
     def samples(self) -> np.ndarray:
         """Copy of all stored rows ``[0, N)``, shape ``(N, d)``, float32."""
         with self.lock:
+            self._fill(self._n)
             return self._data[: self._n].copy()
 
     def ids(self) -> np.ndarray:
@@ -227,6 +219,7 @@ class NestedBatchStore:
         that order: shape ``(m, d)``, float32. Raises ``ValueError`` if one is not stored."""
         query = np.asarray(ids, dtype=np.int64).ravel()
         with self.lock:
+            self._fill(self._n)
             if not query.shape[0]:
                 return np.empty((0, self.dim), dtype=np.float32)
             stored = self._ids[: self._n]
@@ -266,6 +259,7 @@ class NestedBatchStore:
         if m == 0:
             return self._n
         with self.lock:
+            self._fill(self._n)
             n, b = self._n, self._b
             if ids is None:
                 ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
@@ -303,6 +297,7 @@ class NestedBatchStore:
             if query.shape[0] and query[0] < 0:
                 raise ValueError(f"ids are >= 0, got {query[0]}")
         with self.lock:
+            self._fill(self._n)
             n, b = self._n, self._b
             stored = self._ids[:n]
             gone = np.zeros(n, dtype=bool)
@@ -339,6 +334,7 @@ class NestedBatchStore:
         """Set the prefix size to ``min(b, N)`` (never shrinks it); returns the new ``b``."""
         with self.lock:
             self._b = max(self._b, min(int(b), self._n))
+            self._fill(self._b)
             return self._b
 
     def freeze(self, b: int) -> tuple[np.ndarray, int]:
@@ -348,7 +344,66 @@ class NestedBatchStore:
         """
         with self.lock:
             self._b = max(self._b, min(int(b), self._n))
+            self._fill(self._b)
             return self._data, self._b
+
+    def load(self, X: np.ndarray, *, first: int = 0, checked: bool = False) -> int:
+        """Fill the empty store with the rows of ``X`` (``(n, d)``) in a uniformly random
+        order, copying only rows ``[0, first)`` now (the rest as the prefix reaches them).
+
+        Row ``r`` becomes ``X[order[r]]`` with id ``n_ingested + order[r]``, ``order`` the
+        uniformly random permutation of ``0 .. n-1`` that ``append(X)`` would make, from the
+        same draws of the store's generator (:func:`shuffle_order`): the same rows in the
+        same places, so any prefix is a uniformly random subset and the tail a uniformly
+        random order. ``checked``: ``X`` is already a C-contiguous, finite
+        ``float32`` array (``fit``'s validated input; not copied, read until the load is
+        finished: do not modify it before :meth:`finish_loading`); otherwise it is
+        validated and converted as by ``append``. Raises ``ValueError`` if the store is
+        not empty (or, unchecked, for a bad ``X``). Returns the new ``N``.
+        """
+        if not checked:
+            X = as_float32_matrix(X, dim=self.dim, allow_empty=True)
+        elif X.dtype != np.float32 or X.ndim != 2 or X.shape[1] != self.dim:
+            raise ValueError(f"X must be (n, {self.dim}) float32, got {X.dtype} {X.shape}")
+        n = X.shape[0]
+        with self.lock:
+            if self._n or self._source is not None:
+                raise ValueError(f"load needs an empty store; it holds {self._n} rows")
+            if n == 0:
+                return 0
+            if n > self._data.shape[0]:
+                self._grow_capacity(n)
+            # The draws and the order of append(X) on an empty store, without the rows.
+            swap = self._rng.integers(0, np.arange(n, dtype=np.int64) + 1)
+            order = np.empty(n, dtype=np.int64)
+            shuffle_order(swap, order)
+            np.add(order, self._next_id, out=self._ids[:n])
+            self._source, self._order, self._loaded = np.ascontiguousarray(X), order, 0
+            self._n = n
+            self._next_id += n
+            self._fill(min(max(int(first), 0), n))
+            return n
+
+    def finish_loading(self) -> None:
+        """Copy every row a :meth:`load` has not copied yet (nothing if none)."""
+        with self.lock:
+            self._fill(self._n)
+
+    @property
+    def n_loaded(self) -> int:
+        """Rows ``[0, n_loaded)`` are in the buffer (``N`` unless a load is under way)."""
+        return self._n if self._source is None else self._loaded
+
+    def _fill(self, stop: int) -> None:
+        """Copy the loaded rows ``[_loaded, stop)`` from the source (under the lock)."""
+        if self._source is None or stop <= self._loaded:
+            return
+        start = self._loaded
+        np.take(self._source, self._order[start:stop], axis=0, out=self._data[start:stop],
+                mode="clip")  # the indices are valid; "raise" would buffer the copy
+        self._loaded = stop
+        if stop >= self._n:  # every row copied: let go of the caller's array
+            self._source, self._order = None, np.empty(0, dtype=np.int64)
 
     @property
     def grows_in_place(self) -> bool:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from nmbatch.engine import NestedBatchStore
-from nmbatch.engine.store import shuffle_insert
+from nmbatch.engine.kernels.shuffle import shuffle_insert
 
 
 def stream(n: int, d: int = 2, start: int = 0) -> np.ndarray:

@@ -53,10 +53,10 @@ class DistributedFit:
 
 def priorities(n: int, seed: int) -> np.ndarray:
     """``pi (n,) int64``: sample ``i``'s row in a ``NestedBatchStore(seed=seed)`` given
-    ``n`` samples in one append (the same draws: the shuffle does not depend on ``d``),
-    a permutation of ``0 .. n-1``."""
+    ``n`` samples in one ``load`` (as the local ``fit``; the same draws: the order does
+    not depend on ``d``), a permutation of ``0 .. n-1``."""
     order = NestedBatchStore(1, seed=seed, capacity=max(n, 1))
-    order.append(np.zeros((n, 1), dtype=np.float32))
+    order.load(np.zeros((n, 1), dtype=np.float32), checked=True)
     pi = np.empty(n, dtype=np.int64)
     pi[order.ids()] = np.arange(n, dtype=np.int64)
     return pi
