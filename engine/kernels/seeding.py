@@ -29,13 +29,47 @@ SEED_BLOCK = 512  # rows per block of the seeding kernel; fixed: sums never depe
 
 
 @numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def _sqdist32(x, p):
-    """``sum((x - p)**2)`` accumulated in float32 (vectorised; ``x``, ``p``: (d,) float32)."""
-    s = np.float32(0.0)
-    for c in range(x.shape[0]):
-        diff = x[c] - p[c]
-        s += diff * diff
-    return s
+def _row_sqdist32(x, P, s):
+    """``s[j] = sum((x - P[j])**2)`` accumulated in float32, four trials per pass over
+    ``x`` (one load of ``x[c]`` for four differences; vectorised over ``c``).
+
+    x : (d,) float32   P : (t, d) float32   s : (t,) float32 OUT
+    """
+    t = P.shape[0]
+    d = x.shape[0]
+    j = 0
+    while j + 4 <= t:
+        p0 = P[j]
+        p1 = P[j + 1]
+        p2 = P[j + 2]
+        p3 = P[j + 3]
+        s0 = np.float32(0.0)
+        s1 = np.float32(0.0)
+        s2 = np.float32(0.0)
+        s3 = np.float32(0.0)
+        for c in range(d):
+            xc = x[c]
+            d0 = xc - p0[c]
+            d1 = xc - p1[c]
+            d2 = xc - p2[c]
+            d3 = xc - p3[c]
+            s0 += d0 * d0
+            s1 += d1 * d1
+            s2 += d2 * d2
+            s3 += d3 * d3
+        s[j] = s0
+        s[j + 1] = s1
+        s[j + 2] = s2
+        s[j + 3] = s3
+        j += 4
+    while j < t:
+        p = P[j]
+        acc = np.float32(0.0)
+        for c in range(d):
+            diff = x[c] - p[c]
+            acc += diff * diff
+        s[j] = acc
+        j += 1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -46,14 +80,15 @@ def _block(X, w, weighted, closest, P, out, partial, bi, block):
     t = P.shape[0]
     lo = bi * block
     hi = min(n, lo + block)
+    s32 = np.empty(t, dtype=np.float32)
     for j in range(t):
         partial[bi, j] = 0.0
     for i in range(lo, hi):
-        x = X[i]
+        _row_sqdist32(X[i], P, s32)
         ci = closest[i]
         wi = w[i] if weighted else 1.0
         for j in range(t):
-            s = np.float64(_sqdist32(x, P[j]))
+            s = np.float64(s32[j])
             m = s if s < ci else ci
             out[j, i] = m
             partial[bi, j] += wi * m
