@@ -136,9 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--init",
-        choices=("k-means++", "first"),
-        default="k-means++",
-        help="initial centroids (default: %(default)s)",
+        choices=("random", "first", "k-means++", "k-means++.sub", "k-means||", "afk-mc2"),
+        default="random",
+        help="initial centroids, as the estimator's init= (default: %(default)s)",
     )
     fit.add_argument(
         "--max-iter",
