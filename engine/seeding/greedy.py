@@ -57,11 +57,13 @@ def kmeans_plusplus(
     else:
         sums = np.add.reduceat(w, np.arange(0, n, SEED_BLOCK))
         chosen[0] = sample_rows(ones, sums, rng.random(1) * sums.sum(), w)[0]
+    # C-contiguous arrays in every call (one compiled signature, warmed up once).
+    closest = np.empty((1, n), dtype=np.float64)
+    block_sums = np.empty((nb, 1), dtype=np.float64)
+    trial_costs(X, np.full(n, np.inf), X[chosen[:1]], closest, block_sums, w)
+    closest, block_sums = closest[0], np.ascontiguousarray(block_sums[:, 0])
     out = np.empty((t, n), dtype=np.float64)
     partial = np.empty((nb, t), dtype=np.float64)
-    trial_costs(X, np.full(n, np.inf), X[chosen[:1]], out[:1], partial[:, :1], w)
-    closest = out[0].copy()
-    block_sums = partial[:, 0].copy()
     for c in range(1, k):
         total = float(block_sums.sum())
         if not total > 0.0:  # every row sits on a chosen one: duplicates are unavoidable
