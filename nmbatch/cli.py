@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--init",
         choices=("random", "first", "k-means++", "k-means++.sub", "k-means||", "afk-mc2"),
-        default="random",
+        default="k-means++.sub",
         help="initial centroids, as the estimator's init= (default: %(default)s)",
     )
     fit.add_argument(
