@@ -220,6 +220,8 @@ def summarize_folder(folder: Path, command: str | None = None) -> dict[str, Any]
         L.append(f"## {d['dataset']}, k = {d['k']:,} (n = {d['n_train']:,}, d = {d['dim']}, "
                  f"seeds {len(d['runs'])}, threads {d['threads']}, budget {d['budget']} s; "
                  f"{m.get('cpu', m.get('cpu_model', '?'))})\n")
+        if d.get("command"):
+            L.append(f"Command: `{d['command']}`\n")
         L.append("| init | seeding | 5% | 2% | 1% | 0.5% | seeding / 1% | final |")
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name, row in d["summary"].items():
