@@ -74,18 +74,23 @@ class NestedMiniBatchKMeans(
     ----------
     n_clusters : int, default=8
         Number of centroids ``k``. Must not exceed the number of samples given to ``fit``.
-    init : str or array of shape (n_clusters, n_features), default="k-means++.sub"
-        One of ``"random"``, ``"first"``, ``"k-means++"``, ``"k-means++.sub"``,
-        ``"k-means||"``, ``"afk-mc2"`` (``nmbatch.engine.seeding.SEEDINGS``), or the
-        initial centroids themselves. The methods choose rows of the first batch (``b_0``
+    init : str or array of shape (n_clusters, n_features), default="auto"
+        One of ``"auto"``, ``"k-means++"``, ``"k-means++.sub"``, ``"k-means||"``,
+        ``"afk-mc2"``, ``"random"``, ``"first"`` (``nmbatch.engine.seeding.SEEDINGS``),
+        or the initial centroids themselves. The methods choose rows of the first batch (``b_0``
         rows of the shuffled data; ``random_state`` seeds the choice) inside the first
         ``fit`` step, so their time counts (docs/library.md has a table, measured in
-        docs/benchmarks/seeding.md). ``"k-means++.sub"``: greedy k-means++ on ``4 k``
+        docs/benchmarks/seeding.md). ``"auto"``: ``"k-means++.sub"`` while its work
+        ``4 k^2 (2 + ln k) d`` is at most ``5e9`` (about a second of one core: ``k <= 256``
+        at ``d = 784``, ``k <= 1,024`` at ``d = 108``), else ``"random"``; in the
+        measurements it picked the fastest to 1% under the 10% seeding bound but at
+        MNIST ``k = 50`` (``"random"`` 20% faster there). ``"k-means++.sub"``: greedy
+        k-means++ on ``4 k``
         uniform rows of it, ``4 k^2 (2 + ln k)`` distances (0.01 s at ``k = 50``,
         ``d = 784``; 0.1-0.2 s at ``k = 256``; 2-3 s at ``k = 1,024``, one core): in the
-        measurements, the fastest to 1% of the best energy, seeding included, of the
-        seedings that cost at most about 10% of it, on more data sets and ``k`` than the
-        others (it may stop a little above the energy k-means++ reaches).
+        measurements, the fastest to 1% of the best energy, seeding included, where it
+        cost at most about 10% of it (it may stop a little above the energy k-means++
+        reaches); 326 s at ``k = 4,096`` on MNIST.
         ``"k-means++"``: greedy k-means++ (``2 + ln k`` trials per centroid) on the whole
         first batch, ``b_0 k (2 + ln k)`` distances (0.2 s at ``k = 50``; 25 s at
         ``k = 1,024``): the best start, worth its cost at small ``k`` or for long fits.
@@ -248,7 +253,7 @@ class NestedMiniBatchKMeans(
         self,
         n_clusters: int = 8,
         *,
-        init: str | np.ndarray = "k-means++.sub",
+        init: str | np.ndarray = "auto",
         max_iter: int = 300,
         batch_size: int = 5000,
         random_state: int | np.random.RandomState | np.random.Generator | None = None,

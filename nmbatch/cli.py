@@ -136,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--init",
-        choices=("random", "first", "k-means++", "k-means++.sub", "k-means||", "afk-mc2"),
-        default="k-means++.sub",
+        choices=("auto", "k-means++", "k-means++.sub", "k-means||", "afk-mc2", "random",
+                 "first"),
+        default="auto",
         help="initial centroids, as the estimator's init= (default: %(default)s)",
     )
     fit.add_argument(

@@ -155,7 +155,7 @@ def test_get_params_set_params_and_repr():
         "bounds": "auto",
         "callback": None,
         "catch_up": "auto",
-        "init": "k-means++.sub",
+        "init": "auto",
         "max_age_seconds": None,
         "max_iter": 300,
         "max_samples": None,

@@ -252,3 +252,17 @@ def test_greedy_separates_rows_one_ulp_apart_and_duplicates():
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="init must be one of"):
         seed_rows("bogus", np.zeros((5, 2), np.float32), 2, np.random.default_rng(0))
+
+
+def test_auto_is_the_subsample_while_it_is_cheap_then_random_rows():
+    from nmbatch.engine.seeding import AUTO_WORK, auto_method, n_trials
+
+    assert auto_method(50, 784) == auto_method(256, 784) == "k-means++.sub"
+    assert auto_method(1024, 108) == "k-means++.sub"
+    assert auto_method(1024, 784) == auto_method(4096, 108) == "random"
+    for k, d in [(10, 5), (300, 300), (700, 200), (2000, 20)]:
+        cheap = 4 * k * k * n_trials(k) * d <= AUTO_WORK
+        assert auto_method(k, d) == ("k-means++.sub" if cheap else "random")
+    X = blobs(600, 4, 6, seed=1)
+    np.testing.assert_array_equal(seed_rows("auto", X, 6, np.random.default_rng(2)),
+                                  kmeans_plusplus_subsample(X, 6, np.random.default_rng(2)))

@@ -5,6 +5,9 @@
 methods (:data:`SEEDINGS`; their costs and when to pick which: docs/library.md, measured
 in docs/benchmarks/seeding.md):
 
+- ``"auto"`` (the estimator's default): ``"k-means++.sub"`` while its work
+  ``4 k^2 (2 + ln k) d`` is at most :data:`AUTO_WORK`, else ``"random"``
+  (:func:`auto_method`);
 - ``"first"``: the first ``k`` rows (the store is shuffled: ``k`` uniform rows);
 - ``"random"``: ``k`` distinct rows drawn uniformly with ``rng``;
 - ``"k-means++"``: greedy k-means++ on the whole first batch (:mod:`.greedy`);
@@ -30,10 +33,12 @@ from nmbatch.engine.seeding.greedy import (
 from nmbatch.engine.seeding.scalable import afkmc2, kmeans_parallel, random_rows
 
 __all__ = [
+    "AUTO_WORK",
     "DEFAULT_SEEDING",
     "SEEDINGS",
     "SUBSAMPLE_PER_CLUSTER",
     "afkmc2",
+    "auto_method",
     "initial_centroids",
     "kmeans_parallel",
     "kmeans_plusplus",
@@ -56,12 +61,27 @@ _METHODS: dict[str, Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
     "random": random_rows,
     "first": _first,
 }
-SEEDINGS = tuple(_METHODS)
-DEFAULT_SEEDING = "k-means++.sub"  # the estimator's default (docs/benchmarks/seeding.md)
+SEEDINGS = ("auto", *_METHODS)
+DEFAULT_SEEDING = "auto"  # the estimator's default (docs/benchmarks/seeding.md)
+
+# Float32 distance terms (rows x centroids x trials x d) "auto" lets k-means++ on 4 k rows
+# spend: about a second of one core. Measured (docs/benchmarks/seeding.md), k-means++.sub
+# was the fastest to 1% (seeding included) where its work was below it (patches k = 256,
+# 1,024: 2e8, 3.6e9; MNIST k = 256: 1.4e9) and random rows where it was above (MNIST
+# k = 1,024: 2.6e10, the seeding 20% of the time to 1%; k = 4,096: 5.3e11, 326 s).
+AUTO_WORK = 5e9
+
+
+def auto_method(k: int, d: int) -> str:
+    """The seeding ``"auto"`` runs for ``k`` centroids of dimension ``d``."""
+    work = SUBSAMPLE_PER_CLUSTER * float(k) * float(k) * n_trials(max(k, 1)) * float(d)
+    return "k-means++.sub" if work <= AUTO_WORK else "random"
 
 
 def seed_rows(init: str, X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """Indices (k,) int64 of the rows of ``X`` (n, d) float32 that method ``init`` picks."""
+    if init == "auto":
+        init = auto_method(k, X.shape[1])
     if init not in _METHODS:
         raise ValueError(f"init must be one of {SEEDINGS} or an array, got {init!r}")
     if X.shape[0] < k:
