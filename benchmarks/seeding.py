@@ -250,15 +250,18 @@ def _plot(path: Path, docs: list[dict[str, Any]]) -> None:
     cols = min(3, len(docs))
     rows = -(-len(docs) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), dpi=100, squeeze=False)
+    from nmbatch.engine.seeding import SEEDINGS
+
+    colors = {m: f"C{i}" for i, m in enumerate(SEEDINGS)}  # one colour per method
     for ax, d in zip(axes.flat, docs, strict=False):
         run = d["runs"][0]
         curves = {m: Curve.from_json(c) for m, c in run["curves"].items()}
         estar = min(min(c.energy) for c in curves.values() if c.energy)
         for m, c in curves.items():
             rel = np.maximum(np.asarray(c.energy) / estar - 1.0, 1e-5)
-            (line,) = ax.plot(c.seconds, rel, label=m, lw=1.2)
-            ax.axvline(max(c.notes["seed_seconds"], 1e-4), color=line.get_color(), ls=":",
-                       lw=0.8)
+            color = colors.get(m, "black")
+            ax.plot(c.seconds, rel, label=m, lw=1.2, color=color, marker=".", ms=3)
+            ax.axvline(max(c.notes["seed_seconds"], 1e-4), color=color, ls=":", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.axhline(0.01, color="grey", lw=0.6)
