@@ -257,10 +257,10 @@ def test_unknown_method_is_refused():
 def test_auto_is_the_subsample_while_it_is_cheap_then_random_rows():
     from nmbatch.engine.seeding import AUTO_WORK, auto_method, n_trials
 
-    assert auto_method(50, 784) == auto_method(256, 784) == "k-means++.sub"
-    assert auto_method(1024, 108) == "k-means++.sub"
-    assert auto_method(1024, 784) == auto_method(4096, 108) == "random"
-    for k, d in [(10, 5), (300, 300), (700, 200), (2000, 20)]:
+    assert auto_method(50, 784) == auto_method(1024, 784) == "k-means++.sub"
+    assert auto_method(1024, 108) == auto_method(4096, 108) == "k-means++.sub"
+    assert auto_method(4096, 784) == "random"
+    for k, d in [(10, 5), (300, 300), (2000, 200), (3000, 500), (9000, 20)]:
         cheap = 4 * k * k * n_trials(k) * d <= AUTO_WORK
         assert auto_method(k, d) == ("k-means++.sub" if cheap else "random")
     X = blobs(600, 4, 6, seed=1)

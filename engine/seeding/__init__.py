@@ -65,11 +65,12 @@ SEEDINGS = ("auto", *_METHODS)
 DEFAULT_SEEDING = "auto"  # the estimator's default (docs/benchmarks/seeding.md)
 
 # Float32 distance terms (rows x centroids x trials x d) "auto" lets k-means++ on 4 k rows
-# spend: about a second of one core. Measured (docs/benchmarks/seeding.md), k-means++.sub
-# was the fastest to 1% (seeding included) where its work was below it (patches k = 256,
-# 1,024: 2e8, 3.6e9; MNIST k = 256: 1.4e9) and random rows where it was above (MNIST
-# k = 1,024: 2.6e10, the seeding 20% of the time to 1%; k = 4,096: 5.3e11, 326 s).
-AUTO_WORK = 5e9
+# spend: some 20 s of one core. Measured (docs/benchmarks/seeding.md): from random rows
+# the fit on image patches never reached 2% of the best energy (k = 256, 1,024) or 5%
+# (k = 4,096: work 7.2e10, where k-means++.sub reached 1% at 74 s); on MNIST it was the
+# fastest (k = 1,024: work 2.6e10, 1.8x faster than k-means++.sub; k = 4,096: work
+# 5.3e11, k-means++.sub seeded for 326 s). Robustness first: random only above this.
+AUTO_WORK = 1e11
 
 
 def auto_method(k: int, d: int) -> str:
