@@ -1,11 +1,11 @@
 """Hash the models the estimator fits, to show that a change leaves them bit for bit.
 
 ``NestedMiniBatchKMeans(n_clusters=k, init=init, random_state=seed).fit(train)`` with one
-BLAS thread, for init ``first`` and ``k-means++`` and seeds 0, 1, 2; one line per fit:
-init, seed, ``n_iter_``, ``batch_size_``, ``inertia_``, the first 16 hex digits of the
-SHA-256 of ``cluster_centers_`` and ``labels_``, and the fit's wall time (the first
-includes the kernels' compilation). Run it on two commits and compare the columns but
-the last::
+BLAS thread, for init ``first``, ``k-means++`` and ``auto`` (the default) and seeds 0,
+1, 2; one line per fit: init, seed, ``n_iter_``, ``batch_size_``, ``inertia_``, the first
+16 hex digits of the SHA-256 of ``cluster_centers_`` and ``labels_``, and the fit's wall
+time (the first includes the kernels' compilation). Run it on two commits and compare
+the columns but the last::
 
     python -m benchmarks.estimator_hashes --data data/mnist.npz --k 50 \\
         > docs/bench/large-k/k50-old-vs-new/hashes-swap-auto.txt
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     print("# columns: init seed n_iter_ batch_size_ inertia_ "
           "sha256(cluster_centers_.tobytes() + labels_.tobytes())[:16] wall time")  # fmt: skip
     with threadpool_limits(1):
-        for init in ("first", "k-means++"):
+        for init in ("first", "k-means++", "auto"):
             for seed in range(args.seeds):
                 t0 = time.perf_counter()
                 est = NestedMiniBatchKMeans(n_clusters=args.k, init=init, random_state=seed)

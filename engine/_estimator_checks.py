@@ -23,6 +23,7 @@ from nmbatch.engine.algorithms import ALGORITHMS
 from nmbatch.engine.algorithms.bounds import BOUND_MODES
 from nmbatch.engine.backend import BACKEND_NAMES, RayBackend, ray_backend
 from nmbatch.engine.retention import RETENTIONS, check_retention
+from nmbatch.engine.seeding import SEEDINGS
 
 __all__ = [
     "INIT_METHODS",
@@ -35,7 +36,7 @@ __all__ = [
     "spawn_seeds",
 ]
 
-INIT_METHODS = ("k-means++", "first")
+INIT_METHODS = SEEDINGS
 
 
 class _Ints(Interval):

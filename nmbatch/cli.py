@@ -136,9 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--init",
-        choices=("k-means++", "first"),
-        default="k-means++",
-        help="initial centroids (default: %(default)s)",
+        choices=("auto", "k-means++", "k-means++.sub", "k-means||", "afk-mc2", "random",
+                 "first"),
+        default="auto",
+        help="initial centroids, as the estimator's init= (default: %(default)s)",
     )
     fit.add_argument(
         "--max-iter",

@@ -673,7 +673,7 @@ def test_bad_parameters_are_rejected():
     with pytest.raises(ValueError):
         make_algorithm("nmbatch", store, 2, rho=0.0)
     with pytest.raises(ValueError):
-        make_algorithm("nmbatch", store, 2, init="random")
+        make_algorithm("nmbatch", store, 2, init="bogus")
     with pytest.raises(ValueError):
         make_algorithm("nmbatch", store, 2, init=np.zeros((3, 2)))
     with pytest.raises(ValueError):

@@ -21,6 +21,7 @@ def test_hashes_repeat_and_follow_the_data(tmp_path, capsys):
 
     a = lines("a.npz")
     assert [(r[0], r[1]) for r in a] == [("first", "0"), ("first", "1"),
-                                         ("k-means++", "0"), ("k-means++", "1")]  # fmt: skip
+                                         ("k-means++", "0"), ("k-means++", "1"),
+                                         ("auto", "0"), ("auto", "1")]  # fmt: skip
     assert lines("a.npz") == a
     assert [r[5] for r in lines("b.npz")] != [r[5] for r in a]

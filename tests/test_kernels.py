@@ -35,7 +35,6 @@ from hypothesis.extra.numpy import arrays
 
 from nmbatch.engine import nearest
 from nmbatch.engine.assign import CHUNK_ROWS, sqnorms
-from nmbatch.engine.init import _sqdist_to, kmeans_plusplus
 from nmbatch.engine.kernels import (
     assign_dense,
     bound_sweep,
@@ -773,87 +772,7 @@ def test_centroid_update_matches_numpy(seed, k, d, with_sse):
         assert (sse == -1.0).all()
 
 
-# ---------------------------------------------------------------------------------------
-# k-means++
-
-
-@SETTINGS
-@given(int_matrix(40, 4, lo=-3, hi=3), st.integers(1, 10), st.integers(0, 2**32 - 1))
-def test_kmeans_plusplus_returns_distinct_rows_of_X(X, k, seed):
-    n_distinct = np.unique(X, axis=0).shape[0]
-    if X.shape[0] < k:
-        with pytest.raises(ValueError):
-            kmeans_plusplus(X, k, np.random.default_rng(seed))
-        return
-    C = kmeans_plusplus(X, k, np.random.default_rng(seed))
-    assert C.shape == (k, X.shape[1]) and C.dtype == np.float32
-    for row in C:
-        assert (row == X).all(axis=1).any()
-    assert np.unique(C, axis=0).shape[0] == min(k, n_distinct)
-    np.testing.assert_array_equal(C, kmeans_plusplus(X, k, np.random.default_rng(seed)))
-
-
-def test_kmeans_plusplus_float_data_distinct_and_reproducible():
-    X = blobs(500, 5, 8, seed=2)
-    A = kmeans_plusplus(X, 8, np.random.default_rng(42))
-    B = kmeans_plusplus(X, 8, np.random.default_rng(42))
-    np.testing.assert_array_equal(A, B)
-    assert np.unique(A, axis=0).shape[0] == 8
-    assert all((row == X).all(axis=1).any() for row in A)
-    C = kmeans_plusplus(X, 8, np.random.default_rng(43))
-    assert not np.array_equal(A, C)
-
-
-def _kmeans_plusplus_direct(X, k, rng):
-    """The plain numpy formula: greedy k-means++ with every distance from differences."""
-    n = X.shape[0]
-    X64 = X.astype(np.float64)
-    trials = 2 + int(np.log(k))
-    chosen = [int(rng.integers(n))]
-    closest = ((X64 - X64[chosen[0]]) ** 2).sum(axis=1)
-    for _ in range(1, k):
-        cumulative = np.cumsum(closest)
-        picks = np.searchsorted(cumulative, rng.random(trials) * cumulative[-1], side="right")
-        picks = np.minimum(picks, n - 1)
-        dist = np.stack([((X64 - X64[p]) ** 2).sum(axis=1) for p in picks], axis=1)
-        candidate = np.minimum(closest[:, None], dist)
-        best = int(np.argmin(candidate.sum(axis=0)))
-        chosen.append(int(picks[best]))
-        closest = candidate[:, best]
-    return X[chosen]
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_kmeans_plusplus_chooses_what_the_direct_formula_chooses(seed):
-    X = blobs(3000, 30, 40, seed=seed)
-    want = _kmeans_plusplus_direct(X, 40, np.random.default_rng(seed))
-    np.testing.assert_array_equal(kmeans_plusplus(X, 40, np.random.default_rng(seed)), want)
-
-
-def test_kmeans_plusplus_distances_near_zero_come_from_differences():
-    rng = np.random.default_rng(4)
-    X = (100 + rng.random((200, 16))).astype(np.float32)  # large norms, small distances
-    X[10] = X[3]  # a duplicate
-    X[11] = X[3]
-    X[11, 5] = np.nextafter(X[3, 5], np.float32(np.inf))  # one ulp from it
-    X64 = X.astype(np.float64)
-    picks = np.array([3, 7, 3])
-    D = _sqdist_to(X64, np.einsum("ij,ij->i", X64, X64), picks)
-    direct = ((X64[:, None, :] - X64[picks][None]) ** 2).sum(axis=2)
-    np.testing.assert_allclose(D, direct, rtol=1e-9, atol=0)
-    assert D[3, 0] == D[10, 0] == 0.0 and D[11, 0] > 0.0
-
-
-def test_kmeans_plusplus_distinct_rows_that_differ_by_one_ulp():
-    # Two distinct rows, 1 ulp apart in one of 64 features. The expanded form
-    # ||x||^2 - 2 x.c + ||c||^2 in float64 cancels to <= 0 for the other row, so the
-    # "every sample sits on a chosen centroid" branch picks a random row: the same one.
-    rng = np.random.default_rng(2)
-    row = (10 * (1 + rng.random(64))).astype(np.float32)
-    X = np.repeat(row[None], 2, axis=0)
-    X[1, 0] = np.nextafter(X[0, 0], np.float32(np.inf))
-    C = kmeans_plusplus(X, 2, np.random.default_rng(0))
-    assert not np.array_equal(C[0], C[1])
+# k-means++ and the other seedings: tests/test_seeding.py
 
 
 # -- exact float64 distances for relocation and swaps (kernels/exact.py) ----------------

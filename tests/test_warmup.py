@@ -15,14 +15,16 @@ _PROBE = textwrap.dedent(
     import json, sys
     import numba
     import numpy as np
-    from nmbatch.engine import algorithms, assign, init, store
-    from nmbatch.engine.kernels import bounded, common, dense, exact, lookup, retire, update
+    from nmbatch.engine import algorithms, assign, store
+    from nmbatch.engine.kernels import (
+        bounded, common, dense, exact, lookup, retire, seeding, update,
+    )
     from nmbatch.engine import NestedBatchStore, energy, make_algorithm, nearest
     from nmbatch.engine.assign import nearest_one
     from nmbatch.engine.warmup import warm_up
 
-    MODULES = (common, bounded, dense, update, lookup, retire, exact, assign, init, algorithms,
-               store)
+    MODULES = (common, bounded, dense, update, lookup, retire, exact, seeding, assign,
+               algorithms, store)
 
     def signatures():
         out = {}
@@ -57,6 +59,9 @@ _PROBE = textwrap.dedent(
     twins = make_algorithm("nmbatch", store, 3, init=np.repeat(X[:1], 3, axis=0))
     twins.step()
     assert twins.n_relocated == 2
+    from nmbatch.engine.seeding import SEEDINGS, seed_rows
+    for method in SEEDINGS:  # every seeding, the greedy kernel on its parallel path
+        seed_rows(method, X[:6000], 13, np.random.default_rng(0))
     lloyd = make_algorithm("lloyd", store, 11)
     lloyd.step()
     lloyd.retire(before=8_000)

@@ -19,11 +19,11 @@ import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.assign import sqnorms
-from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
 from nmbatch.engine.products import PRODUCT_ROWS, SPAN_PRODUCT_RATIO, chunks_at_once, products
+from nmbatch.engine.seeding import SEEDINGS, initial_centroids
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
@@ -38,11 +38,11 @@ class KMeansAlgorithm:
     store : NestedBatchStore
     n_clusters : int
         ``k``.
-    init : "first", "k-means++" or array of shape (k, d)
+    init : a method of ``nmbatch.engine.seeding.SEEDINGS`` or array of shape (k, d)
     batch_size : int
         Initial (nmbatch) or fixed (mbatch) batch size.
     random_state : int or None
-        Seeds k-means++ and mbatch's sampling.
+        Seeds the seeding and mbatch's sampling.
     """
 
     name = "base"
@@ -70,8 +70,8 @@ class KMeansAlgorithm:
         self._rng = np.random.default_rng(random_state)
         self.dim = store.dim
         if isinstance(init, str):
-            if init not in ("first", "k-means++"):
-                raise ValueError(f"init must be 'first', 'k-means++' or an array, got {init!r}")
+            if init not in SEEDINGS:
+                raise ValueError(f"init must be one of {SEEDINGS} or an array, got {init!r}")
             self._init: str | np.ndarray = init
         else:
             self._init = as_float32_matrix(init, dim=self.dim, name="init")

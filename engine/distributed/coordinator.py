@@ -62,9 +62,9 @@ from nmbatch.engine.algorithms.growth import (
     doubling_rho,
     first_batch_size,
 )
-from nmbatch.engine.init import initial_centroids
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.rows import RowSource
+from nmbatch.engine.seeding import initial_centroids
 from nmbatch.engine.state import IterationStats, ModelState
 
 from .shard import ShardState, Votes
