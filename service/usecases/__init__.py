@@ -15,6 +15,8 @@ The use cases (and the model registry, :mod:`nmbatch.service.models`) refuse a r
 by raising a :class:`~nmbatch.service.usecases.errors.DomainError`: its facts and a
 plain-words detail, no HTTP status. :mod:`nmbatch.service.problems` is the one module
 that maps each class to its ``application/problem+json`` answer (status, ``type``,
-title, headers, members). Nothing here imports FastAPI or Starlette, constructs a
-``ProblemError``, or imports a route, the HTTP context or the worker.
+title, headers, members). The inputs come validated: the routes parse and check the
+request at the edge (:mod:`nmbatch.service.parsing`). Nothing here imports FastAPI,
+Starlette, the problems, the parsing, a route, the HTTP context or the worker, nor
+constructs a ``ProblemError`` (``tests/test_architecture.py`` checks it).
 """
