@@ -5,8 +5,9 @@ answer in well under a millisecond while ingestion runs on the same cores. Throu
 FastAPI it crosses a dozen middleware and routing layers, dependency resolution and a
 response model, about ten times the cost of the answer itself. :class:`AssignFastPath`
 is a pure ASGI middleware that answers that one request shape by calling the route's own
-answer, the use case :func:`service.usecases.reads.assign_one_json` (same parser, same
-search, same bytes), and passes every other request through untouched:
+answer, :func:`service.parsing.parse_query_vector` then the use case
+:func:`service.usecases.reads.assign_one_json` (same parser, same search, same bytes),
+and passes every other request through untouched:
 
 - only ``GET /assign`` whose query string is exactly one ``vector`` parameter (decoded
   as Starlette decodes it), when reads need no API key, a model is published and its
@@ -25,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from nmbatch.service.config import Settings
 from nmbatch.service.metrics import RouteLabel
+from nmbatch.service.parsing import parse_query_vector
 from nmbatch.service.problems import ProblemError
 from nmbatch.service.usecases.reads import assign_one_json
 
@@ -75,6 +77,7 @@ class AssignFastPath:
         if model is None or model.state.centroids.size > MAX_INLINE_VALUES:
             return None
         try:
-            return assign_one_json(model, pairs[0][1])
+            X = parse_query_vector(pairs[0][1], dim=model.state.dim)
         except ProblemError:
             return None  # the route answers with the same problem
+        return assign_one_json(model, X)

@@ -5,11 +5,21 @@ method, invalid query parameter), has the members ``type``, ``title``, ``status`
 ``detail``; some add extension members (``expected_dim``, ``needed`` ...). ``type`` is a
 URN naming the fault (``urn:nmbatch:problem:wrong-dimension``), so clients can branch on
 it without parsing the English ``detail``.
+
+Two kinds of exceptions become problems. The edge of the service (parsing a body,
+checking the API key, a route's own checks) raises :class:`ProblemError`, which names its
+status and ``type`` itself. The application layer (the use cases and the model registry)
+raises the domain errors of :mod:`nmbatch.service.usecases.errors`, which know nothing of
+HTTP: :data:`DOMAIN_PROBLEMS` is the one table that says what each is answered with (the
+status, the ``type``, the title, headers such as ``Retry-After``, and which of its
+attributes become extension members), and :func:`problem_of` applies it. Both the app's
+exception handler and the dashboard's document (``/dashboard/data``) go through it.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -20,12 +30,17 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from nmbatch.service.usecases import errors
+
 __all__ = [
+    "DOMAIN_PROBLEMS",
     "PROBLEM_MEDIA_TYPE",
+    "DomainProblem",
     "Problem",
     "ProblemError",
     "install_problem_handlers",
     "problem_document",
+    "problem_of",
     "problem_response",
     "problem_responses",
 ]
@@ -85,6 +100,100 @@ class ProblemError(Exception):
         self.extensions = extensions
 
 
+@dataclass(frozen=True)
+class DomainProblem:
+    """How one kind of domain error is answered.
+
+    Attributes
+    ----------
+    status : int
+        HTTP status code.
+    slug : str
+        Name of the fault; the ``type`` member is ``urn:nmbatch:problem:{slug}``.
+    title : str or None
+        Summary of the kind of fault; None: the HTTP reason phrase.
+    members : tuple of str
+        The error's attributes that become extension members, in this order (same name).
+    headers : dict
+        Extra response headers.
+    """
+
+    status: int
+    slug: str
+    title: str | None = None
+    members: tuple[str, ...] = ()
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+_RETRY_SHORTLY = {"Retry-After": "1"}
+
+DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
+    # samples in
+    errors.WrongDimensionError: DomainProblem(
+        422, "wrong-dimension", members=("expected_dim", "got_dim")
+    ),
+    errors.IdempotencyKeyReusedError: DomainProblem(
+        409, "idempotency-key-reused", "Idempotency-Key reused"
+    ),
+    errors.StoreFullError: DomainProblem(
+        507, "store-full", "Store full", ("setting", "max_samples", "n_samples", "rejected")
+    ),
+    errors.LogBacklogError: DomainProblem(
+        503, "log-backlog", "Log backlog", ("n_samples", "rejected"), _RETRY_SHORTLY
+    ),
+    # centroids out
+    errors.NotEnoughSamplesError: DomainProblem(
+        409, "not-enough-samples", "Not enough samples", ("needed", "n_samples", "k")
+    ),
+    errors.CentroidsPendingError: DomainProblem(
+        503,
+        "centroids-pending",
+        "Centroids pending",
+        ("needed", "n_samples", "k"),
+        _RETRY_SHORTLY,
+    ),
+    # the models
+    errors.UnknownModelError: DomainProblem(404, "unknown-model", "Unknown model", ("model",)),
+    errors.ModelConflictError: DomainProblem(
+        409, "model-conflict", "Model conflict", ("model", "current")
+    ),
+    errors.ModelCannotStartError: DomainProblem(
+        409, "model-conflict", "Model conflict", ("model",)
+    ),
+    errors.TooManyModelsError: DomainProblem(
+        409, "too-many-models", "Too many models", ("setting", "max_models")
+    ),
+    errors.DimensionTooLargeError: DomainProblem(
+        422, "dimension-too-large", "Dimension too large", ("setting", "max_dim")
+    ),
+    errors.ModelTooLargeError: DomainProblem(
+        422,
+        "model-too-large",
+        "Model too large",
+        ("setting", "limit_setting", "required_bytes", "limit_bytes", "max_samples_fitting"),
+    ),
+    errors.DefaultModelError: DomainProblem(409, "default-model", "Default model", ("model",)),
+}
+"""Domain error class -> its answer: one entry per class (a test checks that none is
+missing, so no refusal reaches a client as a ``500``)."""
+
+
+def problem_of(exc: ProblemError | errors.DomainError) -> ProblemError:
+    """The problem ``exc`` is answered with: itself, or the domain error's entry of
+    :data:`DOMAIN_PROBLEMS` applied (its detail, its attributes as members)."""
+    if isinstance(exc, ProblemError):
+        return exc
+    rule = DOMAIN_PROBLEMS[type(exc)]
+    return ProblemError(
+        rule.status,
+        rule.slug,
+        exc.detail,
+        title=rule.title,
+        headers=dict(rule.headers),
+        **{name: getattr(exc, name) for name in rule.members},
+    )
+
+
 def problem_response(
     status: int,
     type_: str,
@@ -121,8 +230,9 @@ def problem_responses(
     }
 
 
-def problem_document(exc: ProblemError) -> dict[str, Any]:
+def problem_document(exc: ProblemError | errors.DomainError) -> dict[str, Any]:
     """The problem details object ``exc`` is answered with (the body, as a dict)."""
+    exc = problem_of(exc)
     body = {"type": _TYPE_PREFIX + exc.slug, "title": exc.title, "status": exc.status,
             "detail": exc.detail}  # fmt: skip
     body.update(exc.extensions)
@@ -130,7 +240,10 @@ def problem_document(exc: ProblemError) -> dict[str, Any]:
 
 
 def _from_problem_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ProblemError)
+    # A ProblemError, or a domain error (of any class: Starlette looks handlers up along
+    # the exception's MRO) mapped through DOMAIN_PROBLEMS.
+    assert isinstance(exc, ProblemError | errors.DomainError)
+    exc = problem_of(exc)
     return Response(
         orjson.dumps(problem_document(exc)),
         status_code=exc.status,
@@ -183,9 +296,11 @@ def _from_unexpected_error(request: Request, exc: Exception) -> Response:
 def install_problem_handlers(app: FastAPI) -> None:
     """Make every error of ``app`` a problem details response (also unexpected ones: 500).
 
-    Redis errors have a handler of their own (:mod:`nmbatch.service.redis_errors`).
+    Domain errors are answered as :data:`DOMAIN_PROBLEMS` says; Redis errors have a
+    handler of their own (:mod:`nmbatch.service.redis_errors`).
     """
     app.add_exception_handler(ProblemError, _from_problem_error)
+    app.add_exception_handler(errors.DomainError, _from_problem_error)
     app.add_exception_handler(StarletteHTTPException, _from_http_exception)
     app.add_exception_handler(RequestValidationError, _from_validation_error)
     app.add_exception_handler(Exception, _from_unexpected_error)

@@ -233,3 +233,103 @@ def test_no_benchmark_code_in_the_product() -> None:
     # The benchmarks live in benchmarks/ (run from a checkout), not in the wheel's packages.
     assert not (REPO / "engine" / "bench").exists()
     assert not [m for m in MODULES if _in(m, "nmbatch") and ".bench" in m]
+
+
+# The application layer: the use cases and the model registry they share.
+APPLICATION = ("nmbatch.service.usecases", "nmbatch.service.models")
+
+# The HTTP edge, which the application layer never imports: problem documents, parsing
+# and validating request bodies, the API key.
+HTTP_EDGE = ("nmbatch.service.problems", "nmbatch.service.parsing", "nmbatch.service.security")
+
+
+def _constructs(tree: ast.AST, name: str) -> list[int]:
+    """Lines of ``tree`` that call ``name`` (``name(...)`` or ``module.name(...)``)."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id == name)
+            or (isinstance(node.func, ast.Attribute) and node.func.attr == name)
+        )
+    ]
+
+
+def test_the_application_layer_knows_nothing_of_http() -> None:
+    # The use cases raise domain errors; which status and problem type answers each is
+    # decided by the one table of nmbatch.service.problems, not here.
+    modules = [m for m in MODULES if _in(m, *APPLICATION)]
+    assert (
+        "nmbatch.service.usecases.serving" in modules
+        and "nmbatch.service.models.manager" in modules
+    )
+    bad = [
+        f"{module} -> {target}"
+        for module in sorted(modules)
+        for target in sorted(GRAPH[module])
+        if target in HTTP_THIRD_PARTY or target in HTTP_EDGE
+    ]
+    bad += [
+        f"{module}:{line} constructs ProblemError"
+        for module in sorted(modules)
+        for line in _constructs(
+            ast.parse(MODULES[module].read_text(encoding="utf-8")), "ProblemError"
+        )
+    ]
+    assert bad == []
+
+
+def test_a_problem_constructed_is_found() -> None:
+    tree = ast.parse("def f():\n    raise problems.ProblemError(409, 'x', 'y')\n")
+    assert _constructs(tree, "ProblemError") == [2]
+
+
+def _domain_errors() -> set[type]:
+    """Every subclass of ``DomainError``, at any depth (the base excluded)."""
+    from nmbatch.service.usecases.errors import DomainError
+
+    found: set[type] = set()
+    todo = [DomainError]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    return found
+
+
+def _example(cls: type) -> Exception:
+    """An instance of ``cls`` built from its signature (ints 1, strings, None)."""
+    import inspect
+
+    values = {"int": 1, "str": "x"}
+    kwargs = {
+        name: values.get(str(param.annotation))
+        for name, param in inspect.signature(cls).parameters.items()
+    }
+    return cls(**kwargs)
+
+
+def test_every_domain_error_has_exactly_one_answer() -> None:
+    # A domain error missing from the table would reach the client as a 500.
+    from nmbatch.service import problems
+    from nmbatch.service.usecases import errors
+
+    classes = _domain_errors()
+    declared = {
+        obj
+        for obj in vars(errors).values()
+        if isinstance(obj, type) and issubclass(obj, errors.DomainError)
+        and obj is not errors.DomainError
+    }  # fmt: skip
+    assert declared <= classes and len(classes) >= 13
+    assert set(problems.DOMAIN_PROBLEMS) == classes  # a dict: one entry per class
+    for cls in sorted(classes, key=lambda c: c.__name__):
+        exc = _example(cls)
+        problem = problems.problem_of(exc)  # every member is an attribute of the error
+        rule = problems.DOMAIN_PROBLEMS[cls]
+        assert 400 <= problem.status < 600 and problem.detail == exc.detail
+        assert list(problem.extensions) == list(rule.members)
+        body = problems.problem_document(exc)
+        assert body["type"] == f"urn:nmbatch:problem:{rule.slug}"

@@ -18,6 +18,9 @@ registry is read again (:meth:`ModelManager.sync`): a model another process regi
 starts here too (as a standby of its worker, ready to take over), one another process
 deleted is stopped here. A request naming a model registered since the last sync starts
 it at once. The ``/models`` use cases are :mod:`nmbatch.service.usecases.catalog`.
+Lookups and starts refuse with the domain errors of :mod:`nmbatch.service.usecases.errors`
+(:class:`UnknownModelError`, :class:`ModelCannotStartError`, :class:`ModelTooLargeError`),
+never with an HTTP answer.
 """
 
 from __future__ import annotations
@@ -45,7 +48,12 @@ from nmbatch.service.models.registry import (
     settings_for,
     spec_of,
 )
-from nmbatch.service.problems import ProblemError
+from nmbatch.service.usecases.errors import (
+    DomainError,
+    ModelCannotStartError,
+    ModelTooLargeError,
+    UnknownModelError,
+)
 from nmbatch.service.usecases.serving import ModelHandle
 
 __all__ = ["SYNC_SECONDS", "ModelManager", "RunningModel", "StartModel", "StartupError"]
@@ -86,17 +94,6 @@ class RunningModel:
     handle: ModelHandle
     stack: AsyncExitStack
     default: bool = False
-
-
-def unknown_model(name: str) -> ProblemError:
-    """The ``404`` problem of a model that does not exist."""
-    return ProblemError(
-        404,
-        "unknown-model",
-        f"no model named '{name}': create it with PUT /models/{name}",
-        title="Unknown model",
-        model=name,
-    )
 
 
 class ModelManager:
@@ -200,7 +197,7 @@ class ModelManager:
     async def start_named(self, name: str, spec: ModelSpec) -> RunningModel:
         """Start named model ``name`` (call with the lock held) unless it runs; returns it.
 
-        Raises :class:`StartupError`, or the ``422`` ``model-too-large`` problem.
+        Raises :class:`StartupError`, or :class:`ModelTooLargeError` (:meth:`capacity`).
         """
         current = self.running.get(name)
         if current is not None:
@@ -233,7 +230,7 @@ class ModelManager:
                 async with self.lock:
                     if await self.registry.get(name) == spec:  # not deleted in between
                         await self.start_named(name, spec)
-            except (StartupError, ProblemError) as exc:
+            except (StartupError, DomainError) as exc:
                 if self._failed.get(name) != str(exc):  # logged once, retried each sync
                     log.error("model '%s' not started: %s", name, exc)
                 self._failed[name] = str(exc)
@@ -276,7 +273,7 @@ class ModelManager:
         """The ``max_samples`` named model ``name`` runs with, checked against its budget.
 
         The spec's, if its samples and centroids fit :attr:`budget`; unset, as many as
-        fit. Raises the ``422`` ``model-too-large`` problem otherwise.
+        fit. Raises :class:`ModelTooLargeError` otherwise.
         """
         budget, origin = self.budget
         fits = fitting_samples(spec, budget, with_redis=self.with_redis)
@@ -288,16 +285,13 @@ class ModelManager:
             f"max_samples = {wanted:,}" if spec.max_samples is not None
             else f"k = {spec.k} samples"
         )  # fmt: skip
-        raise ProblemError(
-            422,
-            "model-too-large",
+        raise ModelTooLargeError(
             f"model '{name}' does not fit its memory: {asked} of dimension {spec.dim} "
             f"(k = {spec.k}) need {need:,} bytes, the limit is {budget:,} ({origin}), "
             f"which holds {fits:,} samples; lower max_samples, k or dim, or raise "
-            "NMBATCH_MODEL_MAX_BYTES",
-            title="Model too large",
+            f"{ModelTooLargeError.limit_setting}",
+            model=name,
             setting="max_samples" if spec.max_samples is not None else "k",
-            limit_setting="NMBATCH_MODEL_MAX_BYTES",
             required_bytes=need,
             limit_bytes=budget,
             max_samples_fitting=fits,
@@ -306,20 +300,19 @@ class ModelManager:
     # -- lookups -------------------------------------------------------------------------------
     async def running_model(self, name: str) -> RunningModel:
         """Model ``name``: a running one, or one registered by another process (started
-        here now). Raises the ``404`` problem if unknown, ``409`` if it cannot start."""
+        here now). Raises :class:`UnknownModelError`, or :class:`ModelCannotStartError`
+        (:class:`ModelTooLargeError`) if it cannot start here."""
         model = self.running.get(name)
         if model is not None:
             return model
         spec = await self.registry.get(name)
         if spec is None:
-            raise unknown_model(name)
+            raise UnknownModelError(name)
         async with self.lock:
             try:
                 return await self.start_named(name, spec)
             except StartupError as exc:
-                raise ProblemError(
-                    409, "model-conflict", str(exc), title="Model conflict", model=name
-                ) from None
+                raise ModelCannotStartError(name, str(exc)) from None
 
     async def handle(self, name: str) -> ModelHandle:
         """The handle of model ``name`` (:meth:`running_model`)."""

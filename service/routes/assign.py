@@ -4,9 +4,11 @@ Reads: they need the API key only with ``NMBATCH_API_KEY_READS=true``
 (:mod:`service.security`). The nearest-centroid search runs off the event loop once it
 touches more than a few ten thousand numbers (``k * d`` for one vector).
 
-``GET /assign`` has one implementation, the use case
-:func:`nmbatch.service.usecases.reads.assign_one_json`: the route below calls it, and so
-does :mod:`service.fastpath`, which answers the plain requests without FastAPI's layers.
+``GET /assign`` has one implementation, the query's vector parsed by
+:func:`nmbatch.service.parsing.parse_query_vector` then the use case
+:func:`nmbatch.service.usecases.reads.assign_one_json`: the route below calls both, and
+so does :mod:`service.fastpath`, which answers the plain requests without FastAPI's
+layers.
 Any other method on ``/assign`` is a ``405`` problem with ``Allow: GET, POST``
 (:data:`OTHER_METHODS`).
 """
@@ -21,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from nmbatch.service.context import ModelDep, parse_body
 from nmbatch.service.openapi import VECTORS_BODY, VECTORS_REFUSED
-from nmbatch.service.parsing import read_body
+from nmbatch.service.parsing import parse_query_vector, read_body
 from nmbatch.service.problems import problem_responses
 from nmbatch.service.schemas import AssignMany, AssignOne
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key
@@ -54,7 +56,8 @@ async def get_assign(
     ),
 ) -> Response:
     model = await serving.require_model(handle)
-    document = await off_loop(model.state.centroids.size, reads.assign_one_json, model, vector)
+    X = parse_query_vector(vector, dim=model.state.dim)  # one vector: on the loop
+    document = await off_loop(model.state.centroids.size, reads.assign_one_json, model, X)
     return Response(document, media_type="application/json")
 
 

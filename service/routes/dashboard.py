@@ -10,7 +10,8 @@ document holds:
 - what ``/readyz``, ``/stats`` and ``/centroids`` answer, built by the same use cases
   (:mod:`nmbatch.service.usecases.reads`) those routes call: the readiness, the
   ``/stats`` document or the problem ``/stats`` would answer (as its body), the
-  ``/centroids`` document or its problem. With
+  ``/centroids`` document or its problem (a domain error rendered by
+  :func:`nmbatch.service.problems.problem_document`, as the app's handler does). With
   ``since=<version>`` the centroids are left out while that version is still served;
 - the energy history (:attr:`ModelBoard.energy_history`: the last 500 versions' energy
   as ``/stats`` showed it, kept in memory by this process), from ``energy_since``;
@@ -48,6 +49,7 @@ from nmbatch.service.redis_errors import redis_problem
 from nmbatch.service.schemas import Centroids, Readiness, Stats
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key
 from nmbatch.service.usecases import reads, serving
+from nmbatch.service.usecases.errors import DomainError
 from nmbatch.service.usecases.serving import ModelHandle, off_loop
 
 __all__ = ["ASSETS", "DashboardData", "histogram_quantile", "router"]
@@ -252,8 +254,8 @@ async def _answer(request: Request, call: Awaitable[T]) -> tuple[T | None, Any]:
     error, the body the route calling the same use case would answer with."""
     try:
         return await call, None
-    except ProblemError as exc:
-        return None, problem_document(exc)
+    except (ProblemError, DomainError) as exc:
+        return None, problem_document(exc)  # a domain error through DOMAIN_PROBLEMS
     except redis.RedisError as exc:  # anything else is a bug: a real 500
         state = request.app.state
         where = f"{request.method} {request.url.path}"

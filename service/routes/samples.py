@@ -9,11 +9,12 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from nmbatch.service.context import ModelDep, parse_body
 from nmbatch.service.openapi import VECTORS_BODY, VECTORS_REFUSED
 from nmbatch.service.parsing import read_body
-from nmbatch.service.problems import ProblemError, problem_responses
+from nmbatch.service.problems import ProblemError, problem_of, problem_responses
 from nmbatch.service.schemas import SamplesAccepted
 from nmbatch.service.security import OPTIONAL_KEY, require_write_key
 from nmbatch.service.storage import KEY_MAX_LENGTH, KEY_PATTERN
 from nmbatch.service.usecases import serving
+from nmbatch.service.usecases.errors import DomainError
 
 router = APIRouter(tags=["samples"])
 
@@ -98,8 +99,8 @@ async def post_samples(
         )
         del body
         outcome = await serving.ingest(handle, X, idempotency_key)
-    except ProblemError as exc:
-        handle.metrics.samples_rejected.labels(exc.slug).inc()
+    except (ProblemError, DomainError) as exc:  # counted by the problem's slug
+        handle.metrics.samples_rejected.labels(problem_of(exc).slug).inc()
         raise
     if not outcome.stored:
         response.headers["Idempotent-Replayed"] = "true"

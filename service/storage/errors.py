@@ -1,7 +1,9 @@
 """What storage raises: conflicts with what Redis holds, a lost lease, a refused append.
 
-The HTTP side maps :class:`WrongDimensionError`, :class:`IdempotencyKeyReusedError` and
-:class:`StoreFullError` to its problem documents (``service.usecases.serving``);
+The use case that appends (``service.usecases.serving.ingest``) translates
+:class:`WrongDimensionError`, :class:`IdempotencyKeyReusedError` and
+:class:`StoreFullError` into the application's domain errors
+(``service.usecases.errors``), which ``service.problems`` answers;
 :func:`redis_unavailable` sorts Redis errors into "retry later" and faults.
 """
 

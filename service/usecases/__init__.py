@@ -7,10 +7,16 @@
                 :func:`centroids_json`), :func:`off_loop`
 ``reads``       the other reads of a model: assignments, statistics, readiness
 ``catalog``     create, describe, list and delete models (``/models``)
+
+``errors``      the domain errors: one class per refusal, its facts as attributes
 ==============  ======================================================================
 
-The use cases raise :class:`~nmbatch.service.problems.ProblemError` (status, a slug
-naming the fault, the detail, extension members); :mod:`nmbatch.service.problems` is the
-one module that renders it as ``application/problem+json``. Nothing here imports a
-route, the HTTP context or the worker.
+The use cases (and the model registry, :mod:`nmbatch.service.models`) refuse a request
+by raising a :class:`~nmbatch.service.usecases.errors.DomainError`: its facts and a
+plain-words detail, no HTTP status. :mod:`nmbatch.service.problems` is the one module
+that maps each class to its ``application/problem+json`` answer (status, ``type``,
+title, headers, members). The inputs come validated: the routes parse and check the
+request at the edge (:mod:`nmbatch.service.parsing`). Nothing here imports FastAPI,
+Starlette, the problems, the parsing, a route, the HTTP context or the worker, nor
+constructs a ``ProblemError`` (``tests/test_architecture.py`` checks it).
 """

@@ -4,7 +4,7 @@ They work on the app's one model registry (:class:`nmbatch.service.models.ModelM
 and answer documents shaped like the ``ModelInfo`` schema. The default model
 (``NMBATCH_MODEL``) is listed first and described like any other; it is created by the
 service's settings, so ``PUT`` finds it only with those settings, and it cannot be
-deleted.
+deleted. Refusals are the domain errors of :mod:`nmbatch.service.usecases.errors`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from nmbatch.service.models.manager import ModelManager, RunningModel, StartupError, unknown_model
+from nmbatch.service.models.manager import ModelManager, RunningModel, StartupError
 from nmbatch.service.models.registry import ModelSpec, purge_model, spec_of
-from nmbatch.service.problems import ProblemError
+from nmbatch.service.usecases.errors import (
+    DefaultModelError,
+    DimensionTooLargeError,
+    DomainError,
+    ModelCannotStartError,
+    ModelConflictError,
+    TooManyModelsError,
+    UnknownModelError,
+)
 
 __all__ = ["create_model", "delete_model", "describe_model", "list_models"]
 
@@ -47,7 +55,11 @@ def _document(name: str, running: RunningModel) -> dict[str, Any]:
 
 
 async def describe_model(models: ModelManager, name: str) -> dict[str, Any]:
-    """The ``GET /models/{name}`` document of model ``name`` (``404`` if unknown)."""
+    """The ``GET /models/{name}`` document of model ``name``.
+
+    Raises :class:`UnknownModelError` if there is none, :class:`ModelCannotStartError`
+    or :class:`ModelTooLargeError` if it cannot start here.
+    """
     return _document(name, await models.running_model(name))
 
 
@@ -59,9 +71,9 @@ async def list_models(models: ModelManager) -> list[dict[str, Any]]:
             continue
         try:
             out.append(await describe_model(models, name))
-        except ProblemError as exc:
-            if exc.status == 404:  # deleted in between
-                continue
+        except UnknownModelError:  # deleted in between
+            continue
+        except DomainError as exc:
             # Registered but refused here (Redis holds other k/dim, memory): say why.
             status = {"role": "none", "phase": f"not started: {exc.detail}"[:300],
                       "version": None, "n_samples": 0, "converged": False}  # fmt: skip
@@ -70,61 +82,37 @@ async def list_models(models: ModelManager) -> list[dict[str, Any]]:
     return out
 
 
-def _conflict(name: str, current: dict[str, Any] | None) -> ProblemError:
-    return ProblemError(
-        409,
-        "model-conflict",
-        f"model '{name}' exists with other settings; DELETE it first (its data goes "
-        "with it) or PUT its current settings",
-        title="Model conflict",
-        model=name,
-        current=current,
-    )
-
-
 async def create_model(
     models: ModelManager, name: str, spec: ModelSpec
 ) -> tuple[bool, dict[str, Any]]:
     """Create model ``name`` with ``spec``, or find it with the same spec.
 
-    Returns ``(created, document)``. Problems: ``409`` ``model-conflict`` (another
-    spec, or Redis holds the name's data with another ``k``/``dim``), ``409``
-    ``too-many-models``, ``422`` ``model-too-large``, ``422`` ``dimension-too-large``.
+    Returns ``(created, document)``. Raises :class:`ModelConflictError` (another
+    spec), :class:`ModelCannotStartError` (Redis holds the name's data with another
+    ``k``/``dim``), :class:`TooManyModelsError`, :class:`ModelTooLargeError`,
+    :class:`DimensionTooLargeError`.
     """
     settings = models.settings
     if name == models.default_name:
         current = spec_of(settings)
         if current != spec.model_dump():
-            raise _conflict(name, current)
+            raise ModelConflictError(name, current)
         return False, await describe_model(models, name)
     if spec.dim > settings.max_dim:
-        raise ProblemError(
-            422, "dimension-too-large",
-            f"dim = {spec.dim} is above NMBATCH_MAX_DIM = {settings.max_dim}",
-            title="Dimension too large", setting="NMBATCH_MAX_DIM",
-            max_dim=settings.max_dim,
-        )  # fmt: skip
-    models.capacity(name, spec)  # 422 before anything is written
+        raise DimensionTooLargeError(spec.dim, settings.max_dim)
+    models.capacity(name, spec)  # ModelTooLargeError before anything is written
     async with models.lock:
         status, value = await models.registry.create(name, spec, settings.max_models)
         if status == -1:
-            raise ProblemError(
-                409, "too-many-models",
-                f"{value} named models exist, NMBATCH_MAX_MODELS = "
-                f"{settings.max_models}; delete one or raise the setting",
-                title="Too many models", setting="NMBATCH_MAX_MODELS",
-                max_models=settings.max_models,
-            )  # fmt: skip
+            raise TooManyModelsError(value, settings.max_models)
         if status == 0 and value != spec:
-            raise _conflict(name, value.model_dump() if value is not None else None)
+            raise ModelConflictError(name, value.model_dump() if value is not None else None)
         try:
             await models.start_named(name, spec)
         except StartupError as exc:
             if status == 1:  # registered just now: leave no entry behind
                 await models.registry.remove(name)
-            raise ProblemError(
-                409, "model-conflict", str(exc), title="Model conflict", model=name
-            ) from None
+            raise ModelCannotStartError(name, str(exc)) from None
     return status == 1, await describe_model(models, name)
 
 
@@ -132,19 +120,15 @@ async def delete_model(models: ModelManager, name: str) -> int:
     """Remove model ``name``: unregistered, its worker stopped, its keys deleted.
 
     Returns the number of Redis keys deleted. The default model cannot be deleted
-    (``409`` ``default-model``); an unknown one is a ``404``.
+    (:class:`DefaultModelError`); an unknown one raises :class:`UnknownModelError`.
     """
     if name == models.default_name:
-        raise ProblemError(
-            409, "default-model",
-            f"'{name}' is the service's default model (NMBATCH_MODEL); it cannot be "
-            "deleted through the API", title="Default model", model=name,
-        )  # fmt: skip
+        raise DefaultModelError(name)
     async with models.lock:
         registered = await models.registry.remove(name)
         stopped = await models.stop(name)
         if not registered and not stopped:
-            raise unknown_model(name)
+            raise UnknownModelError(name)
         removed = await purge_model(models.client, name)
     log.info("model '%s' deleted (%d Redis keys)", name, removed)
     return removed

@@ -3,7 +3,8 @@
 Each takes the model's published centroids or its
 :class:`~nmbatch.service.usecases.serving.ModelHandle` and returns a document (``bytes``
 already serialised where the routes send them as they are, a schema object otherwise).
-Redis errors propagate (the app answers them).
+Redis errors propagate (the app answers them). The inputs are validated by the caller
+(the routes parse the request at the edge, :mod:`nmbatch.service.parsing`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pydantic_core import to_json
 
 from nmbatch.engine import nearest
 from nmbatch.engine.assign import nearest_one
-from nmbatch.service.parsing import parse_query_vector
 from nmbatch.service.schemas import DoublingOut, Readiness, Stats
 from nmbatch.service.state import PublishedModel
 from nmbatch.service.usecases.serving import ModelHandle, iso_time
@@ -45,16 +45,16 @@ def assign(model: PublishedModel, X: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return labels, np.sqrt(sqdist)
 
 
-def assign_one_json(model: PublishedModel, vector: str) -> bytes:
-    """The :class:`AssignOne` document of the query's ``vector`` under ``model``.
+def assign_one_json(model: PublishedModel, X: np.ndarray) -> bytes:
+    """The :class:`AssignOne` document of the vector ``X`` (``(1, d)`` float32) under
+    ``model``.
 
-    ``vector`` is the query parameter's text (comma-separated coordinates), parsed by
-    :func:`service.parsing.parse_query_vector` (a refused vector raises its
-    :class:`ProblemError`); the nearest centroid is :func:`engine.assign.nearest_one`
-    over the published (immutable) centroids, exact like ``engine.nearest``; the body is
-    serialised by pydantic's JSON serialiser, as FastAPI serialises a response model.
+    ``X`` is validated by the caller (the query's text parsed by
+    :func:`service.parsing.parse_query_vector` at the edge); the nearest centroid is
+    :func:`engine.assign.nearest_one` over the published (immutable) centroids, exact like
+    ``engine.nearest``; the body is serialised by pydantic's JSON serialiser, as FastAPI
+    serialises a response model.
     """
-    X = parse_query_vector(vector, dim=model.state.dim)
     label, sqdist = nearest_one(X[0], model.state.centroids)
     return to_json({"version": model.version, "cluster": label, "distance": math.sqrt(sqdist)})
 

@@ -7,7 +7,9 @@ Every sample crosses this module twice: :func:`ingest` appends it to the model's
 board the worker publishes to, the metrics, and two small ports the start-up code fills
 in: the model's worker (:class:`WorkerPort`: its role and phase, and ``notify`` after an
 append) and its capacity planner (:class:`CapacityPlanner`). Nothing here knows the
-worker thread, the engine process or the embedded Redis behind them.
+worker thread, the engine process or the embedded Redis behind them. Refusals are the
+domain errors of :mod:`nmbatch.service.usecases.errors` (storage's errors translated
+here); :mod:`nmbatch.service.problems` decides how the client is answered.
 
 :func:`off_loop` decides where the numpy work runs: on the event loop for small inputs,
 else in the thread pool.
@@ -23,20 +25,23 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 import orjson
-from starlette.concurrency import run_in_threadpool
+from anyio.to_thread import run_sync
 
+from nmbatch.service import storage
 from nmbatch.service.config import Settings
 from nmbatch.service.metrics import ServiceMetrics
-from nmbatch.service.problems import ProblemError
 from nmbatch.service.state import ModelBoard, PublishedModel
-from nmbatch.service.storage import (
-    AppendOutcome,
-    AsyncSampleLog,
+from nmbatch.service.storage import AppendOutcome, AsyncSampleLog
+from nmbatch.service.storage.capacity import Capacity
+from nmbatch.service.usecases.errors import (
+    CentroidsPendingError,
+    DomainError,
     IdempotencyKeyReusedError,
+    LogBacklogError,
+    NotEnoughSamplesError,
     StoreFullError,
     WrongDimensionError,
 )
-from nmbatch.service.storage.capacity import Capacity
 
 __all__ = [
     "WORKER_ROLE",
@@ -71,7 +76,7 @@ async def off_loop(values: int, fn: Callable[..., T], *args: object) -> T:
     """
     if values <= _INLINE_VALUES:
         return fn(*args)
-    return await run_in_threadpool(fn, *args)
+    return await run_sync(fn, *args)  # anyio's thread pool, as Starlette's run_in_threadpool
 
 
 class WorkerPort(Protocol):
@@ -101,8 +106,8 @@ class CapacityPlanner(Protocol):
 
     capacity: Capacity | None
     setting: str
-    """What a ``507`` tells the client to raise (``NMBATCH_MAX_SAMPLES``, or a named
-    model's ``max_samples``)."""
+    """What a :class:`StoreFullError` tells the client to raise (``NMBATCH_MAX_SAMPLES``,
+    or a named model's ``max_samples``)."""
 
     @property
     def with_redis(self) -> bool:
@@ -182,13 +187,13 @@ async def ingest(
     """Append ``X`` (``(m, d)`` float32, validated) to the log, once per ``idempotency_key``.
 
     :meth:`AsyncSampleLog.append` within the model's capacity (planned here when this
-    batch fixes the dimension); its refusals become problems: a batch of another
-    dimension racing with the first one gets ``wrong-dimension`` (422), a key used for
-    other vectors ``idempotency-key-reused`` (409), a batch that would pass the capacity
-    (or that Redis refuses for its memory) ``store-full`` (507); with a retention other
-    than ``all`` the embedded Redis's refusal is ``log-backlog`` (503, ``Retry-After``):
-    the log is trimmed as rows retire, so it is a moment's backlog, not a full store.
-    Stored samples are counted and the worker notified.
+    batch fixes the dimension); storage's refusals become domain errors: a batch of
+    another dimension racing with the first one raises :class:`WrongDimensionError`, a
+    key used for other vectors :class:`IdempotencyKeyReusedError`, a batch that would
+    pass the capacity (or that Redis refuses for its memory) :class:`StoreFullError`;
+    with a retention other than ``all`` the embedded Redis's refusal is
+    :class:`LogBacklogError`: the log is trimmed as rows retire, so it is a moment's
+    backlog, not a full store. Stored samples are counted and the worker notified.
     """
     settings = handle.settings
     try:
@@ -207,16 +212,12 @@ async def ingest(
             hand_over=handle.worker.role == WORKER_ROLE,
             offload=off_loop,
         )
-    except WrongDimensionError as exc:
+    except storage.WrongDimensionError as exc:
         handle.dim = exc.expected
-        raise ProblemError(
-            422, "wrong-dimension", str(exc), expected_dim=exc.expected, got_dim=exc.got
-        ) from None
-    except IdempotencyKeyReusedError as exc:
-        raise ProblemError(
-            409, "idempotency-key-reused", str(exc), title="Idempotency-Key reused"
-        ) from None
-    except StoreFullError as exc:
+        raise WrongDimensionError(exc.expected, exc.got, str(exc)) from None
+    except storage.IdempotencyKeyReusedError as exc:
+        raise IdempotencyKeyReusedError(str(exc)) from None
+    except storage.StoreFullError as exc:
         raise _store_full(handle, exc, int(X.shape[0])) from None
     if outcome.stored:
         handle.metrics.samples_ingested.inc(outcome.accepted)
@@ -224,8 +225,9 @@ async def ingest(
     return outcome
 
 
-def _store_full(handle: ModelHandle, exc: StoreFullError, rejected: int) -> ProblemError:
-    """The ``store-full`` (507) problem of a refused append of ``rejected`` rows."""
+def _store_full(handle: ModelHandle, exc: storage.StoreFullError, rejected: int) -> DomainError:
+    """What a refused append of ``rejected`` rows is: :class:`LogBacklogError` (a moment's
+    backlog under a retention other than ``all``) or :class:`StoreFullError`."""
     retention = handle.settings.retention
     capacity = handle.capacity
     max_samples = capacity.max_samples if capacity is not None else exc.max_samples
@@ -233,16 +235,12 @@ def _store_full(handle: ModelHandle, exc: StoreFullError, rejected: int) -> Prob
         # The log is trimmed as the window, age or reservoir retires rows; the embedded
         # Redis's maxmemory (sized for the retained rows) is reached when the trimming
         # lags the ingestion: the same batch fits a moment later. An external Redis's
-        # maxmemory is the operator's: it may never fit, so that stays a 507.
+        # maxmemory is the operator's: it may never fit, so that stays a full store.
         log.warning("Redis refused an append for its memory: %s", exc)
-        return ProblemError(
-            503,
-            "log-backlog",
+        return LogBacklogError(
             f"{exc} (with {exc.n_samples:,} samples in the log, retention "
             f"{retention}): the worker has not yet trimmed the rows the "
             "retention retired; nothing was stored, retry shortly",
-            title="Log backlog",
-            headers={"Retry-After": "1"},
             n_samples=exc.n_samples,
             rejected=rejected,
         )
@@ -251,12 +249,9 @@ def _store_full(handle: ModelHandle, exc: StoreFullError, rejected: int) -> Prob
         log.warning("Redis refused an append for its memory: %s", exc)
     else:
         detail = str(exc)
-    return ProblemError(
-        507,
-        "store-full",
+    return StoreFullError(
         detail + f"; the service goes on serving, raise {handle.planner.setting} (and the "
         "memory) to store more",
-        title="Store full",
         setting=handle.planner.setting,
         max_samples=max_samples,
         n_samples=exc.n_samples,
@@ -271,10 +266,10 @@ def iso_time(unix: float) -> str:
 
 
 async def require_model(handle: ModelHandle) -> PublishedModel:
-    """The published model, or a problem saying why there is none yet.
+    """The published model, or a domain error saying why there is none yet.
 
-    ``409`` ``not-enough-samples`` while fewer than ``k`` samples are stored, ``503``
-    ``centroids-pending`` (``Retry-After``) while the first iteration runs.
+    :class:`NotEnoughSamplesError` while fewer than ``k`` samples are stored,
+    :class:`CentroidsPendingError` while the first iteration runs.
     """
     model = handle.board.model
     if model is not None:
@@ -282,26 +277,8 @@ async def require_model(handle: ModelHandle) -> PublishedModel:
     k = handle.settings.k
     n = await handle.sample_log.n_samples()
     if n < k:
-        raise ProblemError(
-            409,
-            "not-enough-samples",
-            f"no centroids yet: {n} samples stored, k = {k} are needed before the first "
-            f"iteration; send {k - n} more",
-            title="Not enough samples",
-            needed=k - n,
-            n_samples=n,
-            k=k,
-        )
-    raise ProblemError(
-        503,
-        "centroids-pending",
-        f"{n} samples stored; the first centroids are being computed, retry shortly",
-        title="Centroids pending",
-        headers={"Retry-After": "1"},
-        needed=0,
-        n_samples=n,
-        k=k,
-    )
+        raise NotEnoughSamplesError(n, k)
+    raise CentroidsPendingError(n, k)
 
 
 def centroids_json(model: PublishedModel, retention: str = "all") -> bytes:

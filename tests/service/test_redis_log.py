@@ -11,7 +11,7 @@ import redis
 import redis.asyncio
 
 from nmbatch.engine.state import ModelState
-from nmbatch.service.problems import ProblemError
+from nmbatch.service.problems import problem_of
 from nmbatch.service.state import PublishedModel
 from nmbatch.service.storage import (
     CHUNK_BYTES,
@@ -24,6 +24,7 @@ from nmbatch.service.storage import (
     decode_chunk,
     encode_chunks,
 )
+from nmbatch.service.usecases import errors
 from nmbatch.service.usecases.serving import ingest
 from tests.testkit import TestClient
 
@@ -161,9 +162,11 @@ def test_a_racing_batch_of_another_dimension_is_a_wrong_dimension_problem(
     handle = client.app.state.models.default
     assert client.post("/samples", json={"vectors": [[1.0, 2.0]]}).status_code == 202
     handle.dim = None  # as a request that read the dimension before that batch fixed it
-    with pytest.raises(ProblemError) as info:
+    # The use case raises the domain error; the one mapping makes it the problem.
+    with pytest.raises(errors.WrongDimensionError) as info:
         client.portal.call(ingest, handle, np.float32([[1.0, 2.0, 3.0]]))
-    problem = info.value
+    assert (info.value.expected_dim, info.value.got_dim) == (2, 3)
+    problem = problem_of(info.value)
     assert (problem.status, problem.slug, problem.extensions) == (
         422, "wrong-dimension", {"expected_dim": 2, "got_dim": 3},
     )  # fmt: skip
