@@ -121,3 +121,22 @@ def test_hostile_json_bodies_cost_a_bounded_multiple_of_their_size(
     # the margin is for the thread pool's own malloc arenas and first-use code. Before
     # the types were checked first, the first body alone made numpy allocate 1 GB.
     assert grown * 1024 < 48 * BODY + (8 << 20), f"resident peak grew by {grown} KiB"
+
+
+def test_one_long_string_among_many_short_ones_allocates_no_string_array(
+    server: ServiceProcess,
+) -> None:
+    """The issue's recipe: numpy would make a ``<U2000`` array of 131,000 strings
+    (1 GB) from this 512 KiB body before refusing it."""
+    assert server.proc is not None
+    peak_before = status_kib(server.proc.pid, "VmHWM")
+    for path in ("/assign", "/samples"):
+        answer = httpx.post(
+            server.base + path,
+            content=LONG_AND_SHORT,
+            headers={"content-type": "application/json"},
+            timeout=120,
+        )
+        assert answer.status_code == 422 and answer.json()["type"].endswith(":non-numeric")
+    grown = status_kib(server.proc.pid, "VmHWM") - peak_before
+    assert grown * 1024 < 48 * BODY + (8 << 20), f"resident peak grew by {grown} KiB"
