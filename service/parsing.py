@@ -19,12 +19,19 @@ logs a sample the store would refuse.
 Resources: :func:`read_body` refuses a body above ``max_bytes`` from its
 ``Content-Length`` before reading anything, and again while it streams in (chunked
 bodies, lying lengths), and gives up on a body that takes longer than its timeout (408).
-A JSON body is refused before it is decoded when it holds more ``[`` than ``max_vectors
-+ 1`` (every vector needs one), so a body of many tiny vectors cannot make millions of
-Python lists; decoding is bounded by orjson's nesting limit (1024). Memory per request
-stays within a small multiple of ``max_body_bytes`` (JSON values become Python floats
-first: about 8 bytes per 2 bytes of body in the worst case, ``.npy`` and raw bodies are
-used in place).
+
+Memory: a parse takes at most **40 bytes per body byte, plus about 1 MiB**, on every
+path (docs/operations/limits.md). ``.npy`` and raw bodies are used in place (at most 5
+bytes per byte: ``int8`` data converted to ``float32``); the JSON kernel
+(:mod:`nmbatch.service.jsonfast`) writes ``float64`` (at most 4 bytes per byte). Other
+JSON goes through orjson (about 8 bytes per byte reserved by its parser, then a Python
+object per value; measured at most 21 bytes per byte for numbers, 34 for a body of
+empty vectors). Before it is decoded, a JSON body is refused when it holds more ``[``
+than ``max_vectors + 1`` (every vector needs one; 413), or more than
+:data:`MAX_JSON_STRINGS` objects or strings (422): counts of bytes, no Python object
+built. Decoding is bounded by orjson's nesting limit (1024). After it, the element types
+and row lengths are checked before any array is built (a string among numbers would
+make numpy build a string array of ``4 * longest * count`` bytes).
 
 :func:`parse_vectors` and :func:`parse_query_vector` are synchronous and may take long
 on big bodies: call them through ``run_in_threadpool`` from async code.
