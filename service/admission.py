@@ -13,7 +13,8 @@ middleware, bounds the sum over all requests:
   before any byte is read, and is answered ``503`` ``body-budget-exhausted`` when it
   does not fit; a body without one (chunked) is counted as it arrives, and the request
   is answered the same ``503`` (``Connection: close``) at the first chunk that does not
-  fit. A length above ``NMBATCH_MAX_BODY_BYTES`` reserves nothing: the route refuses it
+  fit (unless that chunk takes the body past its own limit: then the route's ``413``).
+  A length above ``NMBATCH_MAX_BODY_BYTES`` reserves nothing: the route refuses it
   (``413``) without reading it.
 
 Both answers are problem details with ``Retry-After`` (:data:`RETRY_AFTER_SECONDS`) and
@@ -75,7 +76,9 @@ class AdmissionControl:
             message = await receive()
             if declared is None and message["type"] == "http.request":
                 size = len(message.get("body", b""))
-                if size and self.body_bytes + size > self.budget:
+                # Past its own limit the body is the route's to refuse (413), not ours.
+                within = counted + size <= self.max_body
+                if size and within and self.body_bytes + size > self.budget:
                     raise self._over_budget(counted + size)
                 self.body_bytes += size
                 counted += size

@@ -15,9 +15,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from hardening_helpers import read_response, service_process, status_kib
 
+from nmbatch.service.main import create_app
 from tests.faults.fault_helpers import ServiceProcess
+from tests.testkit import SettingsFactory, TestClient, assert_problem, log_state
+
+J = "application/json"
 
 MAX_BODY = 1024 * 1024
 BUDGET = 4 * MAX_BODY
@@ -164,3 +169,20 @@ def test_connections_beyond_the_cap_are_closed(server: ServiceProcess) -> None:
             except ConnectionResetError:
                 closed += 1
         assert closed >= 10
+
+
+def test_a_chunked_body_is_counted_against_the_budget_as_it_arrives(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    settings = make_settings(max_body_bytes=64 * 1024, max_inflight_body_bytes=8 * 1024)
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: nothing to reserve up front
+        yield b'{"vectors": [[' + b"1," * 10_000 + b"1]]}"
+
+    with TestClient(create_app(settings)) as client:
+        answer = client.post("/samples", content=chunks(), headers={"content-type": J})
+        problem = assert_problem(answer, 503, "body-budget-exhausted")
+        assert problem["limit"] == 8 * 1024 and answer.headers["retry-after"] == "1"
+        assert log_state(redis_client, model_name) == (0, 0, None)
+        # What was counted is released: a small body fits again.
+        assert client.post("/samples", json={"vectors": [[1.0, 2.0]]}).status_code == 202
