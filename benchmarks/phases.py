@@ -37,6 +37,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from benchmarks.peak import gemm_peak, lloyd_at_peak
 from benchmarks.phases_report import markdown, plot
 from benchmarks.process import child_env
 
@@ -283,6 +284,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     algo = make_algorithm("nmbatch", store, pr.k, init=pr.init, random_state=pr.seed, **options)
     timer = PhaseTimer()
     seconds: list[float] = []  # of each step, measured around step()
+    sizes: list[int] = []  # each step's batch
     n_dist = 0
 
     def step() -> bool:
@@ -290,6 +292,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         s = algo.step()
         seconds.append(time.perf_counter() - t0)
+        sizes.append(s.batch_size)
         n_dist += s.n_distances
         return s.converged and not fixed  # a fixed count of steps runs past convergence
 
@@ -317,6 +320,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     info = machine.machine_info()
     doc.update(blas_threads=blas, bandwidth=bandwidth, machine=info)
     doc.update(n_steps=len(seconds), step_seconds=seconds, total_seconds=float(sum(seconds)))
+    doc.update(batch_sizes=sizes, peak=gemm_peak(ds.dim, args.k, args.child))
     doc.update(final_batch_size=int(algo.batch_size), n_distances=int(n_dist))
     doc.update(centroids=C.tolist(), centroids_sha256=hashlib.sha256(C.tobytes()).hexdigest())
     return {**doc, "phases": timer.table()}
@@ -355,10 +359,12 @@ def summarize(runs: dict[int, dict], targets: Sequence[int], peers: dict | None 
     keys = ["dataset", "description", "n_train", "dim", "k", "bound_mode", "stop"]
     doc = {key: first[key] for key in [*keys, "final_batch_size", "n_distances"]}
     doc.update({"threads": counts, "project_to": list(targets)})
-    per_count = ["n_steps", "numba_threads", "blas_threads", "load", "bandwidth"]
+    per_count = ["n_steps", "numba_threads", "blas_threads", "load", "bandwidth", "peak"]
     for key in [*per_count, "centroids_sha256"]:
         doc[key] = by([runs[n][key] for n in counts])
     doc["identical"] = len(set(doc["centroids_sha256"].values())) == 1
+    doc["lloyd_at_peak"] = by([lloyd_at_peak(runs[n]["batch_sizes"], first["dim"], first["k"],
+                                             runs[n]["peak"]["gflops"]) for n in counts])
     doc["max_abs_diff"] = max(float(np.abs(c - C[0]).max()) for c in C)
     doc.update({"phases": phases, "total": total, "machine": first["machine"]})
     doc["peers"] = {
