@@ -161,7 +161,7 @@ def test_quick_blobs_run_at_one_and_two_threads(tmp_path: Path) -> None:
     assert "## Memory bandwidth" in md and "sklearn.lloyd" in md and "## Machine" in md
     for n in ("1", "2"):  # the peak, at each thread count, and the fit against it
         assert doc["peak"][n]["gflops"] > 0 and doc["peak"][n]["threads"] == int(n)
-        assert 0 < doc["lloyd_at_peak"][n]
+        assert doc["lloyd_at_peak"][n] > 0
     assert "## Fraction of the machine's peak" in md and "Lloyd at the peak" in md
     assert (out / "phases.png").stat().st_size > 0
 
@@ -186,7 +186,8 @@ def test_peak_fractions_are_seconds_at_the_peak_over_seconds() -> None:
 
 def test_gemm_peak_times_the_shape_at_the_thread_count() -> None:
     got = peak.gemm_peak(16, 32, 1, rows=256, repeats=1)
-    assert got["gflops"] > 0 and (got["rows"], got["d"], got["k"], got["threads"]) == (256, 16, 32, 1)
+    assert got["gflops"] > 0
+    assert (got["rows"], got["d"], got["k"], got["threads"]) == (256, 16, 32, 1)
     assert got["gflops"] == pytest.approx(2 * 256 * 16 * 32 / got["seconds"] / 1e9)
 
 
