@@ -5,7 +5,9 @@ The peak is what numpy reaches on a float32 GEMM of the dense pass's shape, ``(r
 iteration (oneDAL's, faiss's) spends its time in. Each dense phase's fraction of it
 (:func:`peak_table`) is the seconds that GEMM would take for the phase's pairs
 (``2 d`` flops per row and centroid) over the phase's seconds: 100% for a BLAS product at
-the peak, and for the kernel after it the share of a peak product's time it adds. The
+the peak, for the kernel after it the share of a peak product's time it adds, and for
+the whole dense pass (product and kernel, or both in one pooled task per chunk) what a
+Lloyd iteration's distance pass reaches. The
 whole fit is compared alike with a Lloyd iteration at the peak over every step's batch
 (``b k`` pairs per step): what an exact pass over the same batches would cost at the least.
 """
@@ -72,8 +74,14 @@ def peak_table(doc: dict[str, Any]) -> dict[str, dict[str, float | None]]:
         if not ph or not ph.get("bytes"):
             continue
         pairs = ph["bytes"] / (4.0 * (d + k)) * k
-        for name in (product, f"{context}: assign kernel"):
-            seconds = doc["phases"].get(name, {}).get("seconds", {})
+        names = [product, f"{context}: assign kernel", f"{context}: pooled product and kernel"]
+        names = [n for n in names if n in doc["phases"]]
+        total: dict[str, float] = {}
+        for name in names:
+            for n, s in doc["phases"][name]["seconds"].items():
+                total[n] = total.get(n, 0.0) + s
+        for name, seconds in [*((n, doc["phases"][n]["seconds"]) for n in names),
+                              (f"{context}: dense pass (all of the above)", total)]:
             row: dict[str, float | None] = {"pairs": pairs}
             for n, s in seconds.items():
                 peak = doc["peak"][n]["gflops"]

@@ -44,8 +44,10 @@ from benchmarks.process import child_env
 __all__ = ["PhaseTimer", "amdahl_fit", "amdahl_time", "instrument", "main", "project"]
 
 ORDER = (
-    "assign new: BLAS product", "assign new: assign kernel", "revisit: bound sweep",
-    "revisit: settle", "revisit: reassign", "revisit: BLAS product", "revisit: assign kernel",
+    "assign new: BLAS product", "assign new: assign kernel",
+    "assign new: pooled product and kernel", "revisit: bound sweep", "revisit: settle",
+    "revisit: reassign", "revisit: BLAS product", "revisit: assign kernel",
+    "revisit: pooled product and kernel",
     "update centroids", "relocate empty", "doubling test", "grow arrays", "other",
 )  # fmt: skip
 Label = str | Callable[[str], str]  # a phase's label, or its label by context
@@ -220,10 +222,11 @@ def instrument(algo: Any, timer: PhaseTimer) -> Callable[[], None]:
         wrap_bounds()  # auto bounds may have switched to group bounds
 
     wrap_bounds()
-    saved = {n: getattr(base, n, None) for n in ("assign_dense", "assign_dense_grouped")}
-    saved = {n: fn for n, fn in saved.items() if fn is not None}
+    names = ("assign_dense", "assign_dense_grouped", "pooled_assign")
+    saved = {n: fn for n in names if (fn := getattr(base, n, None)) is not None}
     for n, fn in saved.items():
-        kernel = timer.wrap(fn, lambda c: f"{c or 'revisit'}: assign kernel", nbytes=kernel_bytes)
+        what = "pooled product and kernel" if n == "pooled_assign" else "assign kernel"
+        kernel = timer.wrap(fn, lambda c, w=what: f"{c or 'revisit'}: {w}", nbytes=kernel_bytes)
         setattr(base, n, kernel)
     dense = "BLAS product" if saved else "dense pass (BLAS and kernel)"
     dense_bytes = lambda data, rows, **kw: rows.shape[0] * 4 * (d + k)  # noqa: E731
