@@ -80,7 +80,9 @@ def peak_table(doc: dict[str, Any]) -> dict[str, dict[str, float | None]]:
         for name in names:
             for n, s in doc["phases"][name]["seconds"].items():
                 total[n] = total.get(n, 0.0) + s
-        for name, seconds in [*((n, doc["phases"][n]["seconds"]) for n in names),
+        # With the pooled pass the product phase holds only what precedes the pool.
+        shown = [] if f"{context}: pooled product and kernel" in names else names
+        for name, seconds in [*((n, doc["phases"][n]["seconds"]) for n in shown),
                               (f"{context}: dense pass (all of the above)", total)]:
             row: dict[str, float | None] = {"pairs": pairs}
             for n, s in seconds.items():
