@@ -58,7 +58,7 @@ def _state(width: int | None, seed: int, *, assigned: bool) -> dict:
 
 
 def _copy(state: dict) -> dict:
-    return {k: (None if v is None else v.copy()) for k, v in state.items()}
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in state.items()}
 
 
 def _reference(X, rows, C, state, group_of, remove) -> int:
@@ -73,15 +73,22 @@ def _reference(X, rows, C, state, group_of, remove) -> int:
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.parametrize("bounds", ["none", "full", "group"])
-@pytest.mark.parametrize(("seed", "remove", "overflow"), [(0, False, False), (1, True, False),
-                                                          (2, True, True)])
-def test_pooled_pass_equals_the_single_thread_kernel(threads, bounds, seed, remove, overflow):
+@pytest.mark.parametrize(("seed", "remove", "overflow", "known"), [
+    (0, False, False, False), (1, True, False, False), (2, True, True, False),
+    (3, True, False, True),
+])  # fmt: skip
+def test_pooled_pass_equals_the_single_thread_kernel(threads, bounds, seed, remove, overflow,
+                                                     known):  # fmt: skip
+    """``known``: the rows' norms are read from ``sqnorms``, not computed and written."""
     X, C = _problem(seed, overflow)
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.choice(N, 4 * PRODUCT_ROWS + 77, replace=False)).astype(np.int64)
     group_of = (np.arange(K) % G).astype(np.int32) if bounds == "group" else None
     width = {"none": None, "full": K, "group": G}[bounds]
     ref = _state(width, seed, assigned=remove)
+    if known:
+        ref["sqnorms"] = (X.astype(np.float64) ** 2).sum(1)
+        ref["sqnorms_known"] = True
     got = _copy(ref)
     threads(1)
     n_ref = _reference(X, rows, C, ref, group_of, remove)
@@ -93,7 +100,7 @@ def test_pooled_pass_equals_the_single_thread_kernel(threads, bounds, seed, remo
                                      remove=remove, **got)  # fmt: skip
     assert n_got == n_ref
     for key, want in ref.items():
-        if want is not None:
+        if isinstance(want, np.ndarray):
             np.testing.assert_array_equal(got[key], want, err_msg=key)
     if not overflow:  # on the nearest centroid; the sums are those of the rows by label
         np.testing.assert_array_equal(got["labels"][rows], brute_nearest(X[rows], C)[0])
