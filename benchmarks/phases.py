@@ -37,14 +37,17 @@ from typing import Any
 import numba
 import numpy as np
 
+from benchmarks.peak import gemm_peak, lloyd_at_peak
 from benchmarks.phases_report import markdown, plot
 from benchmarks.process import child_env
 
 __all__ = ["PhaseTimer", "amdahl_fit", "amdahl_time", "instrument", "main", "project"]
 
 ORDER = (
-    "assign new: BLAS product", "assign new: assign kernel", "revisit: bound sweep",
-    "revisit: settle", "revisit: reassign", "revisit: BLAS product", "revisit: assign kernel",
+    "assign new: BLAS product", "assign new: assign kernel",
+    "assign new: pooled product and kernel", "revisit: bound sweep", "revisit: settle",
+    "revisit: reassign", "revisit: BLAS product", "revisit: assign kernel",
+    "revisit: pooled product and kernel",
     "update centroids", "relocate empty", "doubling test", "grow arrays", "other",
 )  # fmt: skip
 Label = str | Callable[[str], str]  # a phase's label, or its label by context
@@ -219,10 +222,11 @@ def instrument(algo: Any, timer: PhaseTimer) -> Callable[[], None]:
         wrap_bounds()  # auto bounds may have switched to group bounds
 
     wrap_bounds()
-    saved = {n: getattr(base, n, None) for n in ("assign_dense", "assign_dense_grouped")}
-    saved = {n: fn for n, fn in saved.items() if fn is not None}
+    names = ("assign_dense", "assign_dense_grouped", "pooled_assign")
+    saved = {n: fn for n in names if (fn := getattr(base, n, None)) is not None}
     for n, fn in saved.items():
-        kernel = timer.wrap(fn, lambda c: f"{c or 'revisit'}: assign kernel", nbytes=kernel_bytes)
+        what = "pooled product and kernel" if n == "pooled_assign" else "assign kernel"
+        kernel = timer.wrap(fn, lambda c, w=what: f"{c or 'revisit'}: {w}", nbytes=kernel_bytes)
         setattr(base, n, kernel)
     dense = "BLAS product" if saved else "dense pass (BLAS and kernel)"
     dense_bytes = lambda data, rows, **kw: rows.shape[0] * 4 * (d + k)  # noqa: E731
@@ -283,6 +287,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     algo = make_algorithm("nmbatch", store, pr.k, init=pr.init, random_state=pr.seed, **options)
     timer = PhaseTimer()
     seconds: list[float] = []  # of each step, measured around step()
+    sizes: list[int] = []  # each step's batch
     n_dist = 0
 
     def step() -> bool:
@@ -290,6 +295,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         s = algo.step()
         seconds.append(time.perf_counter() - t0)
+        sizes.append(s.batch_size)
         n_dist += s.n_distances
         return s.converged and not fixed  # a fixed count of steps runs past convergence
 
@@ -317,6 +323,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     info = machine.machine_info()
     doc.update(blas_threads=blas, bandwidth=bandwidth, machine=info)
     doc.update(n_steps=len(seconds), step_seconds=seconds, total_seconds=float(sum(seconds)))
+    doc.update(batch_sizes=sizes, peak=gemm_peak(ds.dim, args.k, args.child))
     doc.update(final_batch_size=int(algo.batch_size), n_distances=int(n_dist))
     doc.update(centroids=C.tolist(), centroids_sha256=hashlib.sha256(C.tobytes()).hexdigest())
     return {**doc, "phases": timer.table()}
@@ -355,10 +362,12 @@ def summarize(runs: dict[int, dict], targets: Sequence[int], peers: dict | None 
     keys = ["dataset", "description", "n_train", "dim", "k", "bound_mode", "stop"]
     doc = {key: first[key] for key in [*keys, "final_batch_size", "n_distances"]}
     doc.update({"threads": counts, "project_to": list(targets)})
-    per_count = ["n_steps", "numba_threads", "blas_threads", "load", "bandwidth"]
+    per_count = ["n_steps", "numba_threads", "blas_threads", "load", "bandwidth", "peak"]
     for key in [*per_count, "centroids_sha256"]:
         doc[key] = by([runs[n][key] for n in counts])
     doc["identical"] = len(set(doc["centroids_sha256"].values())) == 1
+    doc["lloyd_at_peak"] = by([lloyd_at_peak(runs[n]["batch_sizes"], first["dim"], first["k"],
+                                             runs[n]["peak"]["gflops"]) for n in counts])
     doc["max_abs_diff"] = max(float(np.abs(c - C[0]).max()) for c in C)
     doc.update({"phases": phases, "total": total, "machine": first["machine"]})
     doc["peers"] = {

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.peak import peak_table
+
 __all__ = ["markdown", "plot"]
 
 
@@ -20,6 +22,28 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """A markdown table, the first column left-aligned, the others right-aligned."""
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _peak_lines(doc: dict[str, Any], ts: list[str]) -> list[str]:
+    """The section on the fraction of the machine's peak (:mod:`.peak`)."""
+    peak = doc["peak"]
+    L = ["\n## Fraction of the machine's peak\n"]
+    shape = ", ".join(f"{peak[n]['gflops']:.1f} GFLOP/s at {n}t" for n in ts)
+    L.append(
+        f"Peak: numpy's float32 GEMM ({peak[ts[0]]['rows']}, {doc['dim']}) @ ({doc['dim']}, "
+        f"{doc['k']}), BLAS on the thread count, best of 5: {shape}. A dense phase's "
+        "fraction: the seconds that GEMM needs for the phase's pairs (2 d flops each) over "
+        "the phase's seconds (the kernel after a product: the share of a peak product's "
+        "time it adds). The fit: one exact pass at the peak over each step's batch "
+        "(b k pairs; a Lloyd iteration's least cost on the same batches) over the step "
+        "time.\n"
+    )
+    rows = [[name, f"{row['pairs'] / 1e6:.1f}", *(f"{_f(row.get(n), '.0%')}" for n in ts)]
+            for name, row in peak_table(doc).items()]  # fmt: skip
+    fit = [f"{doc['lloyd_at_peak'][n] / doc['total']['seconds'][n]:.0%}"
+           if doc["total"]["seconds"][n] else "n/a" for n in ts]  # fmt: skip
+    rows.append(["**fit: Lloyd at the peak / step time**", "", *fit])
+    return L + _table(["phase", "M pairs", *(f"{n}t of peak" for n in ts)], rows)
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -84,6 +108,7 @@ def markdown(doc: dict[str, Any]) -> str:
             cells = [f"{_f(ph['gbps'][n], '.2f')} ({_f(share[n], '.0f')}%)" for n in ts]
             rows.append([name, f"{ph['bytes'] / 1e9:.3f}", *cells])
     L += _table(["phase", "GB", *(f"{n}t GB/s" for n in ts)], rows)
+    L += _peak_lines(doc, ts)
     if doc["peers"]:
         L.append("\n## Peers (--peers), projected alike\n")
         L.append(

@@ -32,6 +32,7 @@ __all__ = [
     "SPAN_PRODUCT_RATIO",
     "chunk_product",
     "chunks_at_once",
+    "pool",
     "products",
 ]
 
@@ -56,13 +57,13 @@ DOTS_BYTES = 32 * 2**20
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
-def _pool(n: int) -> ThreadPoolExecutor:
+def pool(n: int) -> ThreadPoolExecutor:
     """A pool of ``n`` threads, made once per ``n`` and kept (its threads sleep between
     passes)."""
-    pool = _pools.get(n)
-    if pool is None:
-        pool = _pools[n] = ThreadPoolExecutor(n, thread_name_prefix="nmbatch-blas")
-    return pool
+    workers = _pools.get(n)
+    if workers is None:
+        workers = _pools[n] = ThreadPoolExecutor(n, thread_name_prefix="nmbatch-blas")
+    return workers
 
 
 def chunks_at_once(k: int) -> int:
@@ -111,8 +112,8 @@ def products(X: np.ndarray, rows: np.ndarray, Ct: np.ndarray, out: np.ndarray) -
         for lo, hi in spans:
             chunk_product(X, rows[lo:hi], Ct, out[lo:hi])
     else:
-        pool = _pool(n_threads())
-        jobs = [pool.submit(chunk_product, X, rows[lo:hi], Ct, out[lo:hi]) for lo, hi in spans]
+        workers = pool(n_threads())
+        jobs = [workers.submit(chunk_product, X, rows[lo:hi], Ct, out[lo:hi]) for lo, hi in spans]
         for job in jobs:
             job.result()
     return out[:m]

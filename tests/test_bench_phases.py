@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import phases
+from benchmarks import peak, phases
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,7 +159,42 @@ def test_quick_blobs_run_at_one_and_two_threads(tmp_path: Path) -> None:
     assert md in proc.stdout and "bit-identical across thread counts: **yes**" in md
     assert "| phase | 1t s | 2t s | share 1t | share 2t | f | 8 cores s |" in md
     assert "## Memory bandwidth" in md and "sklearn.lloyd" in md and "## Machine" in md
+    for n in ("1", "2"):  # the peak, at each thread count, and the fit against it
+        assert doc["peak"][n]["gflops"] > 0 and doc["peak"][n]["threads"] == int(n)
+        assert doc["lloyd_at_peak"][n] > 0
+    assert "## Fraction of the machine's peak" in md and "Lloyd at the peak" in md
     assert (out / "phases.png").stat().st_size > 0
+
+
+def test_peak_fractions_are_seconds_at_the_peak_over_seconds() -> None:
+    """A product phase at the peak is 100%; its kernel's fraction is the peak product's
+    time over the kernel's; the fit's reference is b k pairs per step at the peak."""
+    d, k, rows = 10, 20, 1000  # 2 d k rows = 400,000 flops: 1 ms at 0.4 GFLOP/s
+    phase = lambda s, b: {"seconds": {"2": s}, "bytes": b}  # noqa: E731
+    doc = {"dim": d, "k": k, "peak": {"2": {"gflops": 0.4}}, "phases": {
+        "assign new: BLAS product": phase(1e-3, rows * 4 * (d + k)),
+        "assign new: assign kernel": phase(4e-3, 1),
+        "revisit: bound sweep": phase(1.0, 1),
+    }}  # fmt: skip
+    got = peak.peak_table(doc)
+    whole = "assign new: dense pass (all of the above)"
+    assert set(got) == {"assign new: BLAS product", "assign new: assign kernel", whole}
+    assert got[whole]["2"] == pytest.approx(0.2)
+    pooled = {**doc, "phases": {**doc["phases"],
+                                "assign new: pooled product and kernel": phase(1e-3, 1)}}
+    only = peak.peak_table(pooled)  # the whole pass only (the product phase holds no BLAS)
+    assert set(only) == {whole} and only[whole]["2"] == pytest.approx(1 / 6)
+    assert got["assign new: BLAS product"]["pairs"] == rows * k
+    assert got["assign new: BLAS product"]["2"] == pytest.approx(1.0)
+    assert got["assign new: assign kernel"]["2"] == pytest.approx(0.25)
+    assert peak.lloyd_at_peak([500, 500], d, k, 0.4) == pytest.approx(1e-3)
+
+
+def test_gemm_peak_times_the_shape_at_the_thread_count() -> None:
+    got = peak.gemm_peak(16, 32, 1, rows=256, repeats=1)
+    assert got["gflops"] > 0
+    assert (got["rows"], got["d"], got["k"], got["threads"]) == (256, 16, 32, 1)
+    assert got["gflops"] == pytest.approx(2 * 256 * 16 * 32 / got["seconds"] / 1e9)
 
 
 @pytest.mark.parametrize("bad", ["0", "1,0", "a", "1,,2"])

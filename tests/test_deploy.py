@@ -258,7 +258,8 @@ def test_warm_up_step_compiles_the_kernels_into_the_cache(
                "dense._assign_dense", "lookup._nearest_serial", "update._centroid_update")
     if numba.config.NUMBA_NUM_THREADS > 1:  # and the parallel ones
         kernels += ("bounded._bound_sweep_blocks", "bounded._settle_blocks",
-                    "bounded._reassign_blocks", "dense._dense_blocks", "lookup._nearest_blocks",
+                    "bounded._reassign_blocks", "dense._dense_blocks", "dense._dense_range",
+                    "lookup._nearest_blocks",
                     "parallel._sum_moves_by_columns", "update._centroid_update_clusters")
     assert set(kernels) <= compiled
 

@@ -22,6 +22,7 @@ from nmbatch.engine.assign import sqnorms
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
+from nmbatch.engine.pooled import pooled_assign, use_pool
 from nmbatch.engine.products import PRODUCT_ROWS, SPAN_PRODUCT_RATIO, chunks_at_once, products
 from nmbatch.engine.seeding import SEEDINGS, initial_centroids
 from nmbatch.engine.state import IterationStats, ModelState
@@ -230,21 +231,24 @@ class KMeansAlgorithm:
         C = self.centroids
         Ct = np.ascontiguousarray(C.T)
         cc = sqnorms(C)
+        common = {
+            "labels": labels, "dist2": dist2, "S": self.S, "v": self.v, "sse": self.sse,
+            "Q": self.Q, "remove": remove, "sqnorms": norms, "sqnorms_known": not fresh,
+            "lower_bounds": lower, "upper_bounds": upper,
+        }  # fmt: skip
+        if use_pool(rows.shape[0], C.shape[0], C.shape[1]):
+            return pooled_assign(data, rows, C, Ct, cc, group_of=groups, **common)
         step = PRODUCT_ROWS * chunks_at_once(C.shape[0])
         out = np.empty((min(step, rows.shape[0]), C.shape[0]), dtype=np.float32)
         changed = 0
         for start in range(0, rows.shape[0], step):
             r = rows[start : start + step]
-            common = {
-                "dots": products(data, r, Ct, out), "cc": cc, "labels": labels,
-                "dist2": dist2, "S": self.S, "v": self.v, "sse": self.sse, "Q": self.Q,
-                "remove": remove, "sqnorms": norms, "sqnorms_known": not fresh,
-                "lower_bounds": lower, "upper_bounds": upper,
-            }  # fmt: skip
+            dots = products(data, r, Ct, out)
             if groups is None:
-                changed += assign_dense(data, r, C, **common)
+                changed += assign_dense(data, r, C, dots=dots, cc=cc, **common)
             else:
-                changed += assign_dense_grouped(data, r, C, group_of=groups, **common)
+                changed += assign_dense_grouped(data, r, C, dots=dots, cc=cc, group_of=groups,
+                                                **common)  # fmt: skip
         return changed
 
     def _update_centroids(self) -> None:
