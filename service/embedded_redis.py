@@ -51,6 +51,7 @@ __all__ = [
     "MEMORY_ARGS",
     "EmbeddedRedis",
     "EmbeddedRedisError",
+    "embedded_url",
     "find_redis_server",
     "free_port",
     "redis_server_version",
@@ -173,6 +174,13 @@ MEMORY_ARGS = ("--maxmemory-policy", "noeviction")
 log entry would be an acknowledged sample lost. ``maxmemory`` itself is set once the
 model's capacity is known (:meth:`EmbeddedRedis.limit_memory`); until then it is 0 (no
 limit)."""
+
+
+def embedded_url(data_dir: str | os.PathLike[str], port: int, host: str = "127.0.0.1") -> str:
+    """The service's URL of the embedded Redis of ``data_dir`` on ``port`` (started by a
+    service: its secret is in the data folder), for tools run by the same user."""
+    secrets = load_secrets(Path(data_dir).resolve())
+    return user_url(host, port, SERVICE_USER, secrets.service)
 
 
 class EmbeddedRedis:

@@ -88,7 +88,7 @@ def test_other_clients_with_their_secret_get_data_commands_only(server: Embedded
     other.set("nmbatch:probe", b"1")
     assert other.get("nmbatch:probe") == b"1"
     for command in DANGEROUS:
-        with pytest.raises(redis.ResponseError, match="NOPERM|no permissions|not allowed"):
+        with pytest.raises(redis.ResponseError, match=r"NOPERM|no permissions|not allowed"):
             other.execute_command(*command)
     service = redis.Redis.from_url(server.url)
     assert service.config_get("appendonly") == {"appendonly": "yes"}  # still persistent
