@@ -41,7 +41,7 @@ from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.models.capacity import ModelCapacity
 from nmbatch.service.models.manager import StartupError
-from nmbatch.service.runtime import WORKER_NICE, tune_worker_thread, warm_up_kernels
+from nmbatch.service.runtime import tune_worker_thread, warm_up_kernels
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import (
     AsyncSampleLog,
@@ -186,7 +186,7 @@ async def start_model(
         WorkerLease(lease_client, settings.model, settings.worker_lock_seconds),
         snapshot=snapshot,
         dim=dim,
-        engine_nice=WORKER_NICE if settings.worker_process else 0,
+        engine_nice=settings.engine_nice if settings.worker_process else 0,
         retention_size=functools.partial(
             retention_size, settings, memory=memory, with_redis=embedded is not None
         ),
@@ -216,7 +216,7 @@ async def start_model(
     # With the engine in a child process the worker thread mostly waits: it keeps the
     # default priority (lowered, it could be parked while holding the GIL), the child
     # gets the lower one.
-    tune_worker_thread(settings.model, 0 if settings.worker_process else WORKER_NICE)
+    tune_worker_thread(settings.model, 0 if settings.worker_process else settings.engine_nice)
 
     sample_log = AsyncSampleLog(async_client, settings.model, local_entries)
     planner = ModelCapacity(

@@ -218,6 +218,19 @@ class Settings(BaseSettings):
             "priority), not in the worker thread."
         ),
     )
+    engine_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Niceness of the engine (its child process; the worker thread without "
+        "one): below the HTTP side, which wins the CPU when both want it, yet a guaranteed "
+        "share of it on a machine saturated by other programs.",
+    )
+    engine_sched_idle: bool = Field(
+        False,
+        description="Run the engine's child process in Linux's SCHED_IDLE class instead: "
+        "only on CPU time nothing else wants; on a saturated machine the model stops.",
+    )
 
     # -- Ray cluster (issue 14) ------------------------------------------------------------
     ray_address: str | None = Field(
