@@ -226,7 +226,7 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        """``redis://nmbatch:<secret>@host:port/0``: the service's URL (holds its password:
+        """``redis://default:<secret>@host:port/0``: the service's URL (holds its password:
         never log it, :func:`nmbatch.service.bootstrap.safe_url`)."""
         if self.port is None or self.secrets is None:
             raise EmbeddedRedisError("the embedded Redis is not running")

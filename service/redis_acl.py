@@ -5,11 +5,15 @@ any local user can connect. It is started with this module's ACL (fed to
 ``redis-server -`` on its standard input, never on its command line, which every local
 user can read in ``/proc``):
 
-- ``default`` is off: a client that does not authenticate gets ``NOAUTH`` to every
-  command;
-- ``nmbatch``, the service (:data:`SERVICE_USER`): every command but those that load
-  code or change who may connect or what the server is (``MODULE``, ``DEBUG``, ``ACL``,
-  ``MONITOR``, replication and migration);
+- ``default``, the service (:data:`SERVICE_USER`), has a password: a client that does
+  not authenticate gets ``NOAUTH`` to every command. It may run every command but those
+  that load code or change who may connect or what the server is (``MODULE``,
+  ``DEBUG``, ``ACL``, ``MONITOR``, replication and migration). It must be ``default``,
+  not a user of its own with ``default`` turned off: Redis replays the transactions
+  (``MULTI``/``EXEC``) of its append-only file as ``default`` and checks their commands
+  against its rules; with ``default`` off, Redis 7.0 drops every logged transaction at
+  start-up, acknowledged samples included (the fault test of a Redis restart
+  ``tests/faults/test_redis_outage.py`` found it);
 - ``client`` (:data:`CLIENT_USER`), for anything else the operator lets in (a
   ``redis-cli`` session, another service on the same data): the data commands, none of
   Redis's ``@dangerous`` category (``CONFIG``, ``SHUTDOWN``, ``FLUSHALL``, ``KEYS``,
@@ -50,7 +54,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SECRET_FILE = "redis.secret"
-SERVICE_USER = "nmbatch"
+SERVICE_USER = "default"
 CLIENT_USER = "client"
 SERVICE_RULES = (
     "~* &* +@all -module -debug -acl -monitor -replicaof -slaveof -failover -sync -psync "
@@ -109,8 +113,7 @@ def load_secrets(folder: Path) -> RedisSecrets:
 def acl_config(secrets_: RedisSecrets) -> bytes:
     """Configuration lines of the ACL, for ``redis-server -`` (its standard input)."""
     lines = [
-        "user default off",
-        f"user {SERVICE_USER} on >{secrets_.service} {SERVICE_RULES}",
+        f"user {SERVICE_USER} on resetpass >{secrets_.service} {SERVICE_RULES}",
         f"user {CLIENT_USER} on >{secrets_.client} {CLIENT_RULES}",
     ]
     return ("\n".join(lines) + "\n").encode()
