@@ -59,6 +59,8 @@ class Server:
             "NMBATCH_LOG_LEVEL": "warning",
             "NMBATCH_ACCESS_LOG": "false",
             "NMBATCH_WORKER_PROCESS": "true" if args.worker_process else "false",
+            "NMBATCH_ENGINE_SCHED_IDLE": "true" if getattr(args, "engine_sched_idle", False)
+            else "false",
         }
         env.update(self.settings)
         repo = Path(__file__).resolve().parents[2]
