@@ -86,7 +86,7 @@ def lower_priority(config: EngineConfig) -> None:
       loop preempts it at once, but on a machine saturated by other programs it gets no
       CPU at all and the model stops. The service uses a niceness alone by default
       (``NMBATCH_ENGINE_NICE``; measured against ``SCHED_IDLE`` in
-      ``docs/operations/security.md``). Safe in the child, which holds no lock the
+      ``docs/operations/processes.md``). Safe in the child, which holds no lock the
       server needs; the worker *thread* never gets it (it would hold the GIL);
     - ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it: OpenMP's threads
       (numba's ``omp`` layer) sleep at the end of a parallel region instead of spinning,
