@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from contextlib import AsyncExitStack
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
@@ -40,7 +41,7 @@ from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.models.capacity import ModelCapacity
 from nmbatch.service.models.manager import StartupError
-from nmbatch.service.runtime import WORKER_NICE, tune_worker_thread, warm_up_kernels
+from nmbatch.service.runtime import tune_worker_thread, warm_up_kernels
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import (
     AsyncSampleLog,
@@ -97,7 +98,7 @@ async def start_redis(
         # exit when the thread that started it ends (Linux), and pool threads come and go.
         url = embedded.start()
         stack.callback(embedded.stop)
-        log.info("embedded Redis at %s, data in %s", url, embedded.data_dir)
+        log.info("embedded Redis at %s, data in %s", safe_url(url), embedded.data_dir)
 
     # Request handlers use the async client; the synchronous one serves the start-up checks
     # and then the worker thread; the lease has a connection of its own (its CLIENT ID
@@ -185,7 +186,7 @@ async def start_model(
         WorkerLease(lease_client, settings.model, settings.worker_lock_seconds),
         snapshot=snapshot,
         dim=dim,
-        engine_nice=WORKER_NICE if settings.worker_process else 0,
+        engine_nice=settings.engine_nice if settings.worker_process else 0,
         retention_size=functools.partial(
             retention_size, settings, memory=memory, with_redis=embedded is not None
         ),
@@ -215,7 +216,7 @@ async def start_model(
     # With the engine in a child process the worker thread mostly waits: it keeps the
     # default priority (lowered, it could be parked while holding the GIL), the child
     # gets the lower one.
-    tune_worker_thread(settings.model, 0 if settings.worker_process else WORKER_NICE)
+    tune_worker_thread(settings.model, 0 if settings.worker_process else settings.engine_nice)
 
     sample_log = AsyncSampleLog(async_client, settings.model, local_entries)
     planner = ModelCapacity(
@@ -232,9 +233,17 @@ async def start_model(
 
 
 def _unusable(url: str, exc: redis.RedisError) -> StartupError:
-    """Log that the Redis at ``url`` cannot be used, and the error to raise for it."""
-    log.error("start-up refused: Redis at %s unusable: %s", safe_url(url), exc)
-    return StartupError(f"Redis at {safe_url(url)} is unusable: {exc}")
+    """Log that the Redis at ``url`` cannot be used, and the error to raise for it.
+
+    The log has the details (the URL masked by :func:`safe_url`, Redis's message); the
+    error, whose text may reach an HTTP client (a ``409`` to ``PUT /models/{name}``), names
+    only the kind of failure: no host, port or URL.
+    """
+    log.error("start-up refused: Redis at %s unusable: %s", safe_url(url), _masked(str(exc), url))
+    return StartupError(
+        f"Redis at {safe_url(url)} is unusable: {_masked(str(exc), url)}",
+        public=f"Redis is unusable ({type(exc).__name__}); the service's log has the details",
+    )
 
 
 def _warn_without_persistence(client: redis.Redis, url: str) -> None:
@@ -251,10 +260,38 @@ def _warn_without_persistence(client: redis.Redis, url: str) -> None:
         )
 
 
+_SECRET_PARAMETER = re.compile(r"pass|secret|token|auth|credential|username", re.IGNORECASE)
+
+
 def safe_url(url: str) -> str:
-    """``url`` without its credentials (``redis://***@host:6379/0``) if it has a password."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.rsplit("@", 1)[-1]
-        return urlunsplit(parts._replace(netloc=f"***@{netloc}"))
-    return url
+    """``url`` with every credential redis-py would use masked as ``***``.
+
+    The user information (``redis://user:password@``, ``redis://:password@``,
+    ``rediss://``, ``unix://user:password@/path``, and a lone ``redis://name@``, which some
+    write for a password) becomes ``***@``; query parameters that carry one
+    (``?password=``, ``?username=``, any name with pass, secret, token, auth or
+    credential) keep their names with the value ``***``; the rest is left as written.
+    A URL that cannot be parsed is shown as its scheme only.
+    """
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            netloc = "***@" + netloc.rsplit("@", 1)[1]
+        fields = []
+        for field in parts.query.split("&") if parts.query else []:
+            name, equals, _ = field.partition("=")
+            secret = _SECRET_PARAMETER.search(unquote(name))
+            fields.append(f"{name}{equals}***" if secret else field)
+        return urlunsplit(parts._replace(netloc=netloc, query="&".join(fields)))
+    except ValueError:
+        return f"{url.split(':', 1)[0][:16]}://***"
+
+
+def _masked(text: str, url: str) -> str:
+    """``text`` (an error message) without the password of ``url`` should it quote it."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return text
+    return text.replace(password, "***") if password else text

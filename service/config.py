@@ -8,6 +8,7 @@ environment. Every field is documented in the settings table of
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,17 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "default_worker_threads"]
+
+
+def _loopback(host: str) -> bool:
+    """True if ``host`` names only the loopback interface (``127.0.0.0/8``, ``::1``,
+    ``localhost``)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def default_worker_threads() -> int:
@@ -133,13 +145,29 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         None,
         min_length=16,
-        description="When set, writes need 'Authorization: Bearer <key>' (never logged or shown "
-        "in the settings' repr).",
+        description="One API key with scope admin on every model: writes and model creation "
+        "and deletion need 'Authorization: Bearer <key>' (never logged or shown in the "
+        "settings' repr).",
+    )
+    api_keys: SecretStr | None = Field(
+        None,
+        description="Scoped API keys: entries '<key> <scope> [<model pattern> ...]' separated "
+        "by ';' or new lines; scope read, write or admin (docs/operations/security.md).",
+    )
+    api_key_file: Path | None = Field(
+        None,
+        description="File of API key entries as NMBATCH_API_KEYS, one per line (a line with "
+        "only a key: admin); keeps the keys out of the process environment.",
     )
     api_key_reads: bool = Field(
         False,
-        description="With api_key set, reads (centroids, assign, stats, metrics) need it too; "
-        "healthz and readyz stay open.",
+        description="With API keys set, reads (centroids, assign, stats, models, metrics) need "
+        "a key too (scope read or above); healthz and readyz stay open.",
+    )
+    allow_anonymous: bool = Field(
+        False,
+        description="Start without any API key on an address other than loopback (refused "
+        "otherwise): anyone who reaches the port may write, create and delete models.",
     )
     idempotency_seconds: float = Field(
         86_400.0, gt=0, description="How long an Idempotency-Key of POST /samples is kept."
@@ -190,6 +218,19 @@ class Settings(BaseSettings):
             "priority), not in the worker thread."
         ),
     )
+    engine_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Niceness of the engine (its child process; the worker thread without "
+        "one): below the HTTP side, which wins the CPU when both want it, yet a guaranteed "
+        "share of it on a machine saturated by other programs.",
+    )
+    engine_sched_idle: bool = Field(
+        False,
+        description="Run the engine's child process in Linux's SCHED_IDLE class instead: "
+        "only on CPU time nothing else wants; on a saturated machine the model stops.",
+    )
 
     # -- Ray cluster (issue 14) ------------------------------------------------------------
     ray_address: str | None = Field(
@@ -205,6 +246,22 @@ class Settings(BaseSettings):
         le=4096,
         description="Shard actors of the model on the Ray cluster (with NMBATCH_RAY_ADDRESS).",
     )
+
+    @property
+    def has_keys(self) -> bool:
+        """True if any API key source is set (NMBATCH_API_KEY, _KEYS or _KEY_FILE)."""
+        return any(v is not None for v in (self.api_key, self.api_keys, self.api_key_file))
+
+    @model_validator(mode="after")
+    def _no_open_service_on_the_network(self) -> Settings:
+        if not self.has_keys and not self.allow_anonymous and not _loopback(self.host):
+            raise ValueError(
+                f"NMBATCH_HOST = {self.host} is not a loopback address and no API key is set: "
+                "anyone who reaches the port could write, create and delete models. Set "
+                "NMBATCH_API_KEY, NMBATCH_API_KEYS or NMBATCH_API_KEY_FILE, or "
+                "NMBATCH_ALLOW_ANONYMOUS=true to run open on purpose"
+            )
+        return self
 
     @model_validator(mode="after")
     def _retention_holds_k_samples(self) -> Settings:

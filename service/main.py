@@ -39,9 +39,10 @@ from nmbatch.service.bootstrap import (
 from nmbatch.service.config import Settings
 from nmbatch.service.context import MODEL_PREFIX, model_path
 from nmbatch.service.fastpath import AssignFastPath
+from nmbatch.service.keys import load_keys
 from nmbatch.service.metrics import RequestTimingMiddleware, ServiceMetrics
 from nmbatch.service.models import ModelManager
-from nmbatch.service.openapi import with_dimension
+from nmbatch.service.openapi import with_dimension, with_key_refusals
 from nmbatch.service.problems import install_problem_handlers, problem_responses
 from nmbatch.service.redis_errors import redis_error_handler
 from nmbatch.service.routes import assign, centroids, dashboard, health, models, samples, stats
@@ -89,6 +90,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.keys = load_keys(settings)  # KeyRingError on an unusable key or key file
     app.state.metrics = metrics
     app.state.models = None
     install_problem_handlers(app)
@@ -110,17 +112,18 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
         )
     # After the routers: the methods /assign does not take (405, Allow: GET, POST).
     app.router.routes += [assign.OTHER_METHODS, assign.MODEL_OTHER_METHODS]
-    if settings.dim is not None:
-        app.openapi = _openapi_with_dimension(app, settings.dim)  # type: ignore[method-assign]
+    app.openapi = _openapi(app, settings.dim)  # type: ignore[method-assign]
     return app
 
 
-def _openapi_with_dimension(app: FastAPI, dim: int) -> Callable[[], dict[str, Any]]:
-    """``app.openapi`` whose document gives every vectors body the length ``dim``."""
+def _openapi(app: FastAPI, dim: int | None) -> Callable[[], dict[str, Any]]:
+    """``app.openapi`` whose document lists the 401/403 answers of every operation that
+    takes a key and, with ``dim``, gives every vectors body the length ``dim``."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = with_dimension(FastAPI.openapi(app), dim)
+            document = with_key_refusals(FastAPI.openapi(app))
+            app.openapi_schema = with_dimension(document, dim) if dim is not None else document
         return app.openapi_schema
 
     return openapi

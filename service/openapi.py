@@ -10,9 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from nmbatch.service.parsing import JSON, NPY, OCTET
+from nmbatch.service.problems import problem_responses
 from nmbatch.service.schemas import vectors_schema
 
-__all__ = ["VECTORS_BODY", "VECTORS_REFUSED", "vectors_body", "with_dimension"]
+__all__ = [
+    "KEY_REFUSALS",
+    "VECTORS_BODY",
+    "VECTORS_REFUSED",
+    "vectors_body",
+    "with_dimension",
+    "with_key_refusals",
+]
 
 VECTORS_REFUSED = (
     "The vectors are refused; nothing is stored. `type` names the fault: "
@@ -73,4 +81,29 @@ def with_dimension(document: dict[str, Any], dim: int) -> dict[str, Any]:
         for operation in operations.values():
             if operation.get("requestBody") == VECTORS_BODY["requestBody"]:
                 operation["requestBody"] = body
+    return document
+
+
+KEY_REFUSALS = {
+    401: "No API key, or one the service does not know (`urn:nmbatch:problem:unauthorized`, "
+    "`WWW-Authenticate: Bearer`); only when the service has keys (and, for reads, "
+    "NMBATCH_API_KEY_READS=true).",
+    403: "The API key lacks the scope this operation needs (read, write or admin) or does "
+    "not cover this model (`urn:nmbatch:problem:forbidden`, member `scope`).",
+}
+"""Descriptions of the answers to a request without a usable API key."""
+
+
+def with_key_refusals(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` (OpenAPI) with the ``401`` and ``403`` answers on every operation that
+    takes the API key (its ``security`` names the bearer scheme); edited in place."""
+    refusals = problem_responses(401, 403, described=KEY_REFUSALS)
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            if not isinstance(operation, dict):
+                continue
+            if any("apiKey" in requirement for requirement in operation.get("security", [])):
+                responses = operation.setdefault("responses", {})
+                for status, answer in refusals.items():
+                    responses[str(status)] = answer
     return document

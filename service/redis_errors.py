@@ -55,7 +55,8 @@ def redis_problem(
     return ProblemError(
         500,
         "storage-error",
-        f"Redis refused the operation ({type(exc).__name__}: {exc})"[:300],
+        f"Redis refused the operation ({type(exc).__name__}); the service's log has the "
+        "details",
         title="Storage error",
     )
 

@@ -32,8 +32,8 @@ __all__ = ["WORKER_NICE", "freeze_heap", "tune_worker_thread", "warm_up_kernels"
 log = logging.getLogger("service")
 
 WORKER_NICE = 10
-"""Scheduling niceness of the engine's process (or of the worker thread when the engine
-runs in it): the HTTP side wins the CPU when both want it."""
+"""Default niceness of the engine's process, or of the worker thread when the engine runs
+in it (``NMBATCH_ENGINE_NICE``): the HTTP side wins the CPU when both want it."""
 
 
 def warm_up_kernels() -> float:

@@ -108,8 +108,14 @@ class Health(BaseModel):
 
 class Readiness(BaseModel):
     ready: bool
-    redis: str = Field(description="'ok' or the error met.")
-    worker: str = Field(description="Worker phase: replaying, iterating, converged, ...")
+    redis: str = Field(
+        description="'ok', or 'unavailable (<error class>)' (the details are in the "
+        "service's log: this route is open, it shows no host, port or message)."
+    )
+    worker: str = Field(
+        description="Worker phase: replaying, iterating, converged, ..., or 'failed' (the "
+        "error is in the service's log)."
+    )
     role: str = Field(
         description="'worker' (this process runs the model's iterations) or 'standby' "
         "(it serves the worker's snapshots and takes over if the worker dies)."

@@ -1,19 +1,28 @@
-"""Optional API key: ``Authorization: Bearer <NMBATCH_API_KEY>`` on writes, and on reads too.
+"""API keys on the routes: ``Authorization: Bearer <key>``, each key with a scope.
 
-With ``NMBATCH_API_KEY`` unset every route is open. When it is set:
+The keys and their scopes are :mod:`nmbatch.service.keys` (``NMBATCH_API_KEY``,
+``NMBATCH_API_KEYS``, ``NMBATCH_API_KEY_FILE``), loaded once into ``app.state.keys``.
+With no key configured every route is open (the service then refuses to start on an
+address other than loopback unless ``NMBATCH_ALLOW_ANONYMOUS=true``, see
+:class:`~nmbatch.service.config.Settings`). With keys:
 
-- writes (``POST /samples``) need the key;
-- with ``NMBATCH_API_KEY_READS=true`` reads need it too (``GET /centroids``, ``GET`` and
-  ``POST /assign``, ``GET /stats``, ``GET /metrics``);
-- ``GET /healthz`` and ``GET /readyz`` always stay open, for orchestrators and load
-  balancers, and so do the API documentation pages.
+- :func:`require_admin_key`: ``PUT`` and ``DELETE /models/{name}`` need scope ``admin``;
+- :func:`require_write_key`: ``POST /samples`` needs ``write`` (or ``admin``);
+- :func:`require_read_key`: reads (``GET /centroids``, ``GET`` and ``POST /assign``,
+  ``GET /stats``, the dashboard, ``GET /models``, ``GET /metrics``) need ``read`` or
+  above only with ``NMBATCH_API_KEY_READS=true``; else they stay open;
+- ``GET /healthz`` and ``GET /readyz`` always stay open (orchestrators probe them; they
+  tell no internals), and so do the API documentation pages.
 
-A missing or wrong key is a ``401`` problem with ``WWW-Authenticate: Bearer``
-(``error="invalid_token"`` when a key was sent). The check runs before the body is read,
-so an unauthenticated upload costs nothing. The comparison is constant-time
-(:func:`hmac.compare_digest` over SHA-256 digests, so not even the key's length shows in
-the timing), and neither the key nor the token sent is ever logged or echoed: the
-setting is a :class:`pydantic.SecretStr`.
+A key restricted to model patterns reaches the routes of the models they match (the
+``name`` path parameter, or ``NMBATCH_MODEL`` on the routes without the prefix) and no
+route over every model (``GET /models``, ``/metrics``).
+
+A missing or unknown key is a ``401`` problem with ``WWW-Authenticate: Bearer``
+(``error="invalid_token"`` when a key was sent); a known key without the scope, or
+outside its patterns, is a ``403`` ``forbidden`` problem (``error="insufficient_scope"``).
+The checks run before any body is read, so an unauthenticated upload costs nothing.
+Neither the keys nor the token sent are ever logged or echoed.
 """
 
 from __future__ import annotations
@@ -25,13 +34,14 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from nmbatch.service.config import Settings
+from nmbatch.service.keys import KeyRing
 from nmbatch.service.problems import ProblemError
 
 __all__ = [
     "OPTIONAL_KEY",
     "bearer_scheme",
     "key_matches",
+    "require_admin_key",
     "require_read_key",
     "require_write_key",
 ]
@@ -42,8 +52,10 @@ REALM = "nmbatch"
 #: every refusal is this module's problem answer.
 bearer_scheme = HTTPBearer(
     scheme_name="apiKey",
-    description="NMBATCH_API_KEY, when the service has one (writes; reads too with "
-    "NMBATCH_API_KEY_READS=true).",
+    description="An API key (NMBATCH_API_KEY, NMBATCH_API_KEYS, NMBATCH_API_KEY_FILE), when "
+    "the service has keys: scope read (reads, with NMBATCH_API_KEY_READS=true), write (POST "
+    "samples) or admin (PUT and DELETE models). 401: no key or an unknown one; 403: the key "
+    "lacks the scope or does not cover the model.",
     auto_error=False,
 )
 
@@ -61,33 +73,66 @@ def key_matches(token: str, key: str) -> bool:
     return hmac.compare_digest(sent, wanted)
 
 
-def _verify(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> None:
-    assert settings.api_key is not None
+def _authorize(
+    request: Request, credentials: HTTPAuthorizationCredentials | None, scope: str
+) -> None:
+    """Raise the ``401``/``403`` problem unless the request's key allows ``scope`` on the
+    model the request names."""
+    keys: KeyRing = request.app.state.keys
     if credentials is None:
         raise ProblemError(
             401,
             "unauthorized",
-            "this endpoint needs the service's API key: send 'Authorization: Bearer <key>'",
+            "this endpoint needs an API key: send 'Authorization: Bearer <key>'",
             headers={"WWW-Authenticate": f'Bearer realm="{REALM}"'},
         )
-    if not key_matches(credentials.credentials, settings.api_key.get_secret_value()):
+    grant = keys.find(credentials.credentials)
+    if grant is None:
         raise ProblemError(
             401,
             "unauthorized",
-            "the API key sent in 'Authorization: Bearer' is not the service's",
+            "the API key sent in 'Authorization: Bearer' is not one of the service's",
             headers={"WWW-Authenticate": f'Bearer realm="{REALM}", error="invalid_token"'},
+        )
+    model = _model_of(request)
+    if not grant.allows(scope, model):
+        what = f"model '{model}'" if model is not None else "every model"
+        raise ProblemError(
+            403,
+            "forbidden",
+            f"this API key does not allow scope '{scope}' on {what}",
+            title="Forbidden",
+            headers={
+                "WWW-Authenticate": f'Bearer realm="{REALM}", error="insufficient_scope", '
+                f'scope="{scope}"'
+            },
+            scope=scope,
         )
 
 
+def _model_of(request: Request) -> str | None:
+    """The model the request names, or None for a route over every model."""
+    name = request.path_params.get("name")
+    if name is not None:
+        return str(name)
+    if request.url.path.rstrip("/") in ("/models", "/metrics"):
+        return None
+    return str(request.app.state.settings.model)
+
+
+async def require_admin_key(request: Request, credentials: Credentials) -> None:
+    """FastAPI dependency of model creation and deletion: scope ``admin``, when keys exist."""
+    if not request.app.state.keys.empty:
+        _authorize(request, credentials, "admin")
+
+
 async def require_write_key(request: Request, credentials: Credentials) -> None:
-    """FastAPI dependency of write routes: the API key, when one is configured."""
-    settings: Settings = request.app.state.settings
-    if settings.api_key is not None:
-        _verify(settings, credentials)
+    """FastAPI dependency of write routes: scope ``write``, when keys exist."""
+    if not request.app.state.keys.empty:
+        _authorize(request, credentials, "write")
 
 
 async def require_read_key(request: Request, credentials: Credentials) -> None:
-    """FastAPI dependency of read routes: the API key when configured for reads too."""
-    settings: Settings = request.app.state.settings
-    if settings.api_key is not None and settings.api_key_reads:
-        _verify(settings, credentials)
+    """FastAPI dependency of read routes: scope ``read`` with NMBATCH_API_KEY_READS=true."""
+    if not request.app.state.keys.empty and request.app.state.settings.api_key_reads:
+        _authorize(request, credentials, "read")

@@ -10,6 +10,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from nmbatch.service.config import Settings
+from nmbatch.service.keys import KeyRingError
 from nmbatch.service.main import create_app
 
 SWITCH_INTERVAL = 0.0005
@@ -31,7 +32,11 @@ def main() -> int:
     # a thread waiting for it waits up to the switch interval (default 5 ms) whenever
     # another one runs Python. 0.5 ms keeps the loop's turns (and /assign) short.
     sys.setswitchinterval(SWITCH_INTERVAL)
-    app = create_app(settings, freeze_heap=True)
+    try:
+        app = create_app(settings, freeze_heap=True)
+    except KeyRingError as exc:
+        print(f"invalid API key setting: {exc}", file=sys.stderr)
+        return 2
     config = uvicorn.Config(
         app,
         host=settings.host,

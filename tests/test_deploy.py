@@ -31,6 +31,7 @@ from typing import Any
 
 import numba
 import pytest
+from pydantic import ValidationError
 
 from nmbatch.service.embedded_redis import free_port
 from tests.testkit import stop_process
@@ -43,7 +44,11 @@ COMPOSE_SCHEMA = REPO / "tests" / "data" / "compose-spec.json"
 VENV_BIN = Path(sys.executable).parent
 SERVICE_NAME = "nmbatch"
 NMBATCH_VAR = re.compile(r"\bNMBATCH_[A-Z0-9_]+\b")
-INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\}")
+INTERPOLATION = re.compile(
+    r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?(?P<op>[-?])(?P<default>[^}]*))?\}"
+)
+REQUIRED_STAND_IN = "stand-in-for-a-required-variable"
+"""What ``${VAR:?message}`` (the variable must be set) becomes here."""
 
 
 # -- reading the files ------------------------------------------------------------------
@@ -124,8 +129,11 @@ def compose() -> dict[str, Any]:
 
 
 def interpolate(value: str) -> str:
-    """Compose's ``${VAR:-default}`` with VAR unset: the default (empty if none)."""
-    return INTERPOLATION.sub(lambda m: m.group("default") or "", value)
+    """Compose's ``${VAR:-default}`` with VAR unset: the default (empty if none);
+    ``${VAR:?message}`` (compose refuses to start without VAR): :data:`REQUIRED_STAND_IN`."""
+    return INTERPOLATION.sub(
+        lambda m: REQUIRED_STAND_IN if m.group("op") == "?" else m.group("default") or "", value
+    )
 
 
 def compose_environment(service: dict[str, Any]) -> dict[str, str]:
@@ -446,11 +454,21 @@ def test_compose_settings_are_valid(
     assert settings.k == int(env["NMBATCH_K"])
 
 
+def test_compose_asks_for_an_api_key_from_the_environment(compose: dict[str, Any]) -> None:
+    raw = compose["services"][SERVICE_NAME]["environment"]["NMBATCH_API_KEY"]
+    assert raw.startswith("${NMBATCH_API_KEY:?"), raw  # compose stops if it is unset
+    env = compose_environment(compose["services"][SERVICE_NAME])
+    assert "NMBATCH_ALLOW_ANONYMOUS" not in env
+
+
 def test_dockerfile_settings_are_valid(
     runtime_stage: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env = env_of(runtime_stage)
-    settings = settings_from(env, monkeypatch)
+    # On 0.0.0.0 the image needs a key from the environment: without one it refuses.
+    with pytest.raises(ValidationError, match="NMBATCH_ALLOW_ANONYMOUS"):
+        settings_from(env, monkeypatch)
+    settings = settings_from(env | {"NMBATCH_API_KEY": REQUIRED_STAND_IN}, monkeypatch)
     assert settings.host == "0.0.0.0"
     assert settings.port == int(env["NMBATCH_PORT"])
     assert str(settings.data_dir) == env["NMBATCH_DATA_DIR"]

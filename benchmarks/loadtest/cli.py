@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--worker-threads", type=int, default=1,
         help="threads of the engine's kernels (NMBATCH_WORKER_THREADS)")  # fmt: skip
+    add("--engine-sched-idle", action="store_true",
+        help="the engine process in SCHED_IDLE, not at its niceness alone "
+             "(NMBATCH_ENGINE_SCHED_IDLE)")  # fmt: skip
     return parser
 
 

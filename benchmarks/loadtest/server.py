@@ -30,7 +30,7 @@ from benchmarks.loadtest.probes import (
     rss_bytes,
     worker_thread_cpu_seconds,
 )
-from nmbatch.service.embedded_redis import free_port
+from nmbatch.service.embedded_redis import embedded_url, free_port
 
 __all__ = ["Sampler", "Server"]
 
@@ -59,6 +59,8 @@ class Server:
             "NMBATCH_LOG_LEVEL": "warning",
             "NMBATCH_ACCESS_LOG": "false",
             "NMBATCH_WORKER_PROCESS": "true" if args.worker_process else "false",
+            "NMBATCH_ENGINE_SCHED_IDLE": "true" if getattr(args, "engine_sched_idle", False)
+            else "false",
         }
         env.update(self.settings)
         repo = Path(__file__).resolve().parents[2]
@@ -92,7 +94,8 @@ class Server:
             time.sleep(0.2)
         else:
             raise RuntimeError("the service did not become ready")
-        self._redis = redis.Redis(host=HOST, port=self.redis_port, socket_timeout=10)
+        url = embedded_url(self.data_dir, self.redis_port, HOST)  # its secret, in data_dir
+        self._redis = redis.Redis.from_url(url, socket_timeout=10)
         self.redis_pid = int(self._redis.info("server")["process_id"])
 
     def get_json(self, path: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.soak.cgroup import MemoryCgroup
-from nmbatch.service.embedded_redis import free_port
+from nmbatch.service.embedded_redis import embedded_url, free_port
 
 __all__ = ["HOST", "REPO", "Service"]
 
@@ -121,7 +121,8 @@ class Service:
         else:
             raise RuntimeError(f"the service was not ready within {timeout:g} s")
         self.ready_seconds = time.monotonic() - self.started
-        self.redis = redis.Redis(host=HOST, port=self.redis_port, socket_timeout=60)
+        url = embedded_url(self.data_dir, self.redis_port, HOST)  # its secret, in data_dir
+        self.redis = redis.Redis.from_url(url, socket_timeout=60)
         self.redis_pid = int(self.redis.info("server")["process_id"])
 
     def get_json(self, path: str, timeout: float = 30.0) -> Any:

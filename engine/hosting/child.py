@@ -82,10 +82,11 @@ def lower_priority(config: EngineConfig) -> None:
 
     - niceness ``config.nice``;
     - with ``config.idle``, the ``SCHED_IDLE`` class where the OS has it: the child runs
-      on CPU time no task of a normal class wants, so a request that wakes the event
-      loop preempts it at once, whatever the niceness arithmetic on the run queue says
-      (on 2 cores with the engine on both, /assign p99 went from 17-115 ms to 8-12 ms;
-      ``docs/bench/threads/load-2-threads``). Safe in the child, which holds no lock the
+      only on CPU time no task of a normal class wants, so a request that wakes the event
+      loop preempts it at once, but on a machine saturated by other programs it gets no
+      CPU at all and the model stops. The service uses a niceness alone by default
+      (``NMBATCH_ENGINE_NICE``; measured against ``SCHED_IDLE`` in
+      ``docs/operations/processes.md``). Safe in the child, which holds no lock the
       server needs; the worker *thread* never gets it (it would hold the GIL);
     - ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it: OpenMP's threads
       (numba's ``omp`` layer) sleep at the end of a parallel region instead of spinning,

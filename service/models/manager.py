@@ -65,7 +65,15 @@ SYNC_SECONDS = 2.0
 
 
 class StartupError(RuntimeError):
-    """A model cannot start (Redis unreachable, settings contradicting Redis ...)."""
+    """A model cannot start (Redis unreachable, settings contradicting Redis ...).
+
+    ``str(exc)`` is for the operator (start-up output; credentials masked); ``public``,
+    what an HTTP client may be told (no host, port, URL or Redis message), defaults to it.
+    """
+
+    def __init__(self, message: str, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = public if public is not None else message
 
 
 class StartModel(Protocol):
@@ -312,7 +320,7 @@ class ModelManager:
             try:
                 return await self.start_named(name, spec)
             except StartupError as exc:
-                raise ModelCannotStartError(name, str(exc)) from None
+                raise ModelCannotStartError(name, exc.public) from None
 
     async def handle(self, name: str) -> ModelHandle:
         """The handle of model ``name`` (:meth:`running_model`)."""

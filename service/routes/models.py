@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from nmbatch.service.context import Name
 from nmbatch.service.models import ModelManager, ModelSpec
 from nmbatch.service.problems import ProblemError, problem_responses
-from nmbatch.service.security import OPTIONAL_KEY, require_read_key, require_write_key
+from nmbatch.service.security import OPTIONAL_KEY, require_admin_key, require_read_key
 from nmbatch.service.usecases import catalog
 
 __all__ = ["router"]
@@ -76,7 +76,7 @@ TOO_LARGE = (
     description="201 when created (its worker starts at once), 200 when it exists with "
     "the same settings, 409 when they differ. Nothing is stored when refused.",
     openapi_extra=OPTIONAL_KEY,
-    dependencies=[Depends(require_write_key)],
+    dependencies=[Depends(require_admin_key)],
     responses={
         201: {"model": ModelInfo, "description": "Created"},
         **problem_responses(
@@ -123,7 +123,7 @@ async def get_model(request: Request, name: Name) -> dict[str, Any]:
     description="Stops its worker and deletes its log, meta, snapshot, lease, idempotency "
     "records and retained bases from Redis. Needs `confirm` equal to the name.",
     openapi_extra=OPTIONAL_KEY,
-    dependencies=[Depends(require_write_key)],
+    dependencies=[Depends(require_admin_key)],
     responses=problem_responses(400, 401, 404, 409, 422, 503),
 )
 async def delete_model(

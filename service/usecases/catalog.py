@@ -112,7 +112,7 @@ async def create_model(
         except StartupError as exc:
             if status == 1:  # registered just now: leave no entry behind
                 await models.registry.remove(name)
-            raise ModelCannotStartError(name, str(exc)) from None
+            raise ModelCannotStartError(name, exc.public) from None
     return status == 1, await describe_model(models, name)
 
 

@@ -10,6 +10,7 @@ Redis errors propagate (the app answers them). The inputs are validated by the c
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 
 import numpy as np
@@ -22,6 +23,8 @@ from nmbatch.engine.assign import nearest_one
 from nmbatch.service.schemas import DoublingOut, Readiness, Stats
 from nmbatch.service.state import PublishedModel
 from nmbatch.service.usecases.serving import ModelHandle, iso_time
+
+log = logging.getLogger("service")
 
 __all__ = [
     "assign",
@@ -126,9 +129,11 @@ async def readiness(handle: ModelHandle) -> Readiness:
     try:
         await asyncio.wait_for(handle.sample_log.client.ping(), _PING_TIMEOUT)
         redis_state = "ok"
-    except Exception as exc:  # any failure means not ready; say which
-        redis_state = f"{type(exc).__name__}: {exc}"[:200]
+    except Exception as exc:  # any failure means not ready; say which kind, log the rest
+        # The route is open to anyone: no host, port, URL or Redis message in the answer.
+        redis_state = f"unavailable ({type(exc).__name__})"
+        log.warning("readiness: Redis unavailable: %s: %s", type(exc).__name__, exc)
     worker = handle.worker
-    worker_state = worker.phase if worker.error is None else f"failed: {worker.error!r}"[:200]
+    worker_state = worker.phase if worker.error is None else "failed (see the service's log)"
     ready = redis_state == "ok" and worker.alive()
     return Readiness(ready=ready, redis=redis_state, worker=worker_state, role=worker.role)

@@ -28,7 +28,8 @@ def build_engine(
     """
     s = settings
     config = EngineConfig(dim, s.k, s.init, s.rho, s.batch_size, s.seed,
-                          threads=s.worker_threads, nice=nice, idle=nice > 0,
+                          threads=s.worker_threads, nice=nice,
+                          idle=s.engine_sched_idle and s.worker_process,
                           swap=swap_wanted("auto", s.retention, n_clusters=s.k,
                                            batch_size=s.batch_size))  # fmt: skip
     if s.ray_address is None:

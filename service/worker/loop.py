@@ -59,8 +59,9 @@ class Worker(EngineRecovery):
     dim : int or None
         The model's dimension if already known.
     engine_nice : int
-        Niceness of the engine's child process (0: unchanged); above 0, the child also
-        runs in Linux's ``SCHED_IDLE`` class (:func:`~nmbatch.engine.hosting.child.
+        Niceness of the engine's child process (0: unchanged); with
+        ``NMBATCH_ENGINE_SCHED_IDLE`` the child runs in Linux's ``SCHED_IDLE`` class
+        instead of sharing the CPU by niceness (:func:`~nmbatch.engine.hosting.child.
         lower_priority`).
     retention_size : callable or None
         The retention policy's size for a dimension (:func:`~nmbatch.service.worker.

@@ -19,7 +19,7 @@ from fault_helpers import (
     http_post,
 )
 
-from nmbatch.service.embedded_redis import EmbeddedRedis, free_port
+from nmbatch.service.embedded_redis import EmbeddedRedis, embedded_url, free_port
 from nmbatch.service.storage import ModelKeys
 from tests.testkit import wait_until
 
@@ -77,10 +77,11 @@ def test_kill_9_during_ingestion_loses_no_acknowledged_sample_and_keeps_the_vers
         settings["redis_url"] = url
     else:  # the service's own redis-server child; it stops when the service dies
         port = free_port()
-        url = f"redis://127.0.0.1:{port}/0"
         settings.update(data_dir=tmp_path / "data", embedded_redis_port=port)
     first = start_service("first", **settings)
     assert first.ready()["role"] == "worker"
+    if redis_kind != "external":  # the service's secret, in its data folder
+        url = embedded_url(tmp_path / "data", port)
     client = redis.Redis.from_url(url)
     keys = ModelKeys(MODEL)
 

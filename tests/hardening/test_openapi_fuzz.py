@@ -86,3 +86,54 @@ def test_every_generated_request_is_answered_within_the_contract(
         case.call_and_validate(checks=CHECKS)
 
     fuzz()
+
+
+# With scoped keys (issue 34, item 10): every keyed operation answers 401 without a key
+# and 403 with a key lacking its scope, within the documented contract. A read key
+# reaches reads and is refused writes and model changes; no key is refused everything
+# keyed (NMBATCH_API_KEY_READS=true).
+READ_KEY = "fuzz-read-key-0123456789"
+ADMIN_KEY = "fuzz-admin-key-0123456789"
+KEYED_CASES = [
+    (method.upper(), path, who)
+    for path, ops in _DOCUMENT["paths"].items()
+    for method, op in ops.items()
+    if op.get("security")
+    for who in ("none", "read")
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "who"), KEYED_CASES, ids=[f"{m} {p} {w}" for m, p, w in KEYED_CASES]
+)
+def test_keyed_operations_answer_401_and_403_within_the_contract(
+    make_settings: SettingsFactory, method: str, path: str, who: str
+) -> None:
+    settings_ = make_settings(
+        max_vectors=1000,
+        max_body_bytes=256 * 1024,
+        api_keys=f"{READ_KEY} read; {ADMIN_KEY} admin",
+        api_key_reads=True,
+    )
+    schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(settings_))
+    operation = schema[path][method]
+    headers = {"Authorization": f"Bearer {READ_KEY}"} if who == "read" else {}
+
+    @settings(
+        max_examples=10,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    def fuzz(case: schemathesis.Case) -> None:
+        response = case.call_and_validate(checks=CHECKS, headers=headers)
+        if who == "none":
+            assert response.status_code == 401, (method, path, response.text)
+        elif method in ("PUT", "DELETE") or path.endswith("/samples"):
+            assert response.status_code == 403, (method, path, response.text)
+        else:
+            assert response.status_code not in (401, 403), (method, path, response.text)
+
+    fuzz()
