@@ -1,0 +1,188 @@
+"""Bounds on what all requests together hold (issue 34, item 4), against a real
+``python -m nmbatch`` process on the test redis-server: a budget of in-flight body
+bytes and a concurrency limit (503 problems with ``Retry-After`` past them, the
+server's memory bounded), a connection cap, and a deadline for a request's headers.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from hardening_helpers import read_response, service_process, status_kib
+
+from nmbatch.service.main import create_app
+from tests.faults.fault_helpers import ServiceProcess
+from tests.testkit import SettingsFactory, TestClient, assert_problem, log_state
+
+J = "application/json"
+
+MAX_BODY = 1024 * 1024
+BUDGET = 4 * MAX_BODY
+MAX_REQUESTS = 8
+MAX_CONNECTIONS = 64
+HEADER_TIMEOUT = 1.0
+
+
+@pytest.fixture
+def server(tmp_path: Path, redis_url: str, model_name: str) -> Iterator[ServiceProcess]:
+    with service_process(
+        tmp_path, redis_url=redis_url, model=model_name, k=1, worker_threads=1,
+        worker_process="false", max_body_bytes=MAX_BODY, max_inflight_body_bytes=BUDGET,
+        max_concurrent_requests=MAX_REQUESTS, max_connections=MAX_CONNECTIONS,
+        header_timeout_seconds=HEADER_TIMEOUT, body_timeout_seconds=30, access_log="false",
+    ) as proc:  # fmt: skip
+        yield proc
+
+
+def head(length: int, path: str = "/samples") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def answered(sock: socket.socket, wait: float) -> bool:
+    sock.settimeout(wait)
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except TimeoutError:
+        return False
+
+
+def problem_of(sock: socket.socket) -> tuple[int, dict[str, str], str]:
+    status, headers, body = read_response(sock, 10)
+    return status, headers, json.loads(body)["type"].rsplit(":", 1)[-1]
+
+
+def test_slow_bodies_beyond_the_budget_are_503_and_memory_stays_bounded(
+    server: ServiceProcess,
+) -> None:
+    assert server.proc is not None
+    rss_before = status_kib(server.proc.pid)
+    with ExitStack() as stack:
+        held = []
+        refused = []
+        # 40 clients each announce a 1 MiB body; those let in send 900 KB of it, then
+        # stall (without the budget, the server would hold 40 of them).
+        for _ in range(40):
+            sock = stack.enter_context(socket.create_connection(("127.0.0.1", server.port)))
+            sock.sendall(head(MAX_BODY))
+            if answered(sock, 0.3):
+                refused.append(sock)
+                continue
+            held.append(sock)
+            sock.sendall(b'{"vectors": [[' + b"1," * 450_000)
+        time.sleep(0.5)  # the server reads what was sent
+        grown = status_kib(server.proc.pid) - rss_before
+        # Four bodies and their buffers: a few MiB, not 40 of them.
+        assert grown < 20 * 1024, f"RSS grew by {grown} KiB ({len(held)} bodies held)"
+        # The budget holds four 1 MiB bodies: the others were refused at once.
+        assert len(held) == BUDGET // MAX_BODY, (len(held), len(refused))
+        for sock in refused:
+            status, headers, slug = problem_of(sock)
+            assert (status, slug) == (503, "body-budget-exhausted")
+            assert headers["retry-after"] == "1" and headers["connection"] == "close"
+        # A small request still fits the concurrency limit but not the budget ...
+        answer = httpx.post(f"{server.base}/samples", json={"vectors": [[1.0, 2.0]]}, timeout=10)
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+        assert answer.json()["type"] == "urn:nmbatch:problem:body-budget-exhausted"
+        # ... and probes are never refused.
+        assert server.get("/healthz").status_code == 200
+    # The held requests ended with their clients: the budget is free again.
+    time.sleep(0.5)
+    answer = httpx.post(f"{server.base}/samples", json={"vectors": [[1.0, 2.0]]}, timeout=30)
+    assert answer.status_code == 202, answer.text
+
+
+def test_requests_beyond_the_concurrency_limit_are_503(server: ServiceProcess) -> None:
+    with ExitStack() as stack:
+        # MAX_REQUESTS requests in flight, each waiting for the 10 bytes it announced.
+        for _ in range(MAX_REQUESTS):
+            sock = stack.enter_context(socket.create_connection(("127.0.0.1", server.port)))
+            sock.sendall(head(10))
+            assert not answered(sock, 0.2)
+        answer = httpx.get(f"{server.base}/stats", timeout=10)
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+        assert answer.json()["type"] == "urn:nmbatch:problem:too-many-requests"
+        assert server.get("/readyz").status_code == 200
+    time.sleep(0.5)
+    assert httpx.get(f"{server.base}/stats", timeout=10).status_code == 200
+
+
+def test_a_client_that_never_finishes_its_headers_is_disconnected(
+    server: ServiceProcess,
+) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        start = time.monotonic()
+        sock.sendall(b"GET /stats HTTP/1.1\r\nHost: test\r\n")
+        received = b""
+        # One header byte every 0.1 s: never idle, never done.
+        for _ in range(200):
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                break
+            if answered(sock, 0.1):
+                try:
+                    chunk = sock.recv(65536)
+                except ConnectionResetError:
+                    break
+                if not chunk:
+                    break
+                received += chunk
+        elapsed = time.monotonic() - start
+    assert elapsed < HEADER_TIMEOUT + 2, f"still connected after {elapsed:.1f} s"
+    assert received.startswith(b"HTTP/1.1 408"), received[:200]
+    assert b"header-timeout" in received
+
+
+def test_an_idle_connection_is_closed_by_the_header_deadline(server: ServiceProcess) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        start = time.monotonic()
+        sock.settimeout(HEADER_TIMEOUT + 5)
+        assert sock.recv(1) == b""  # closed without a word: nothing was asked
+        assert time.monotonic() - start < HEADER_TIMEOUT + 2
+
+
+def test_connections_beyond_the_cap_are_closed(server: ServiceProcess) -> None:
+    with ExitStack() as stack:
+        socks = [
+            stack.enter_context(socket.create_connection(("127.0.0.1", server.port)))
+            for _ in range(MAX_CONNECTIONS + 10)
+        ]
+        time.sleep(0.3)
+        closed = 0
+        for sock in socks:
+            sock.setblocking(False)
+            try:
+                closed += sock.recv(1) == b""
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed >= 10
+
+
+def test_a_chunked_body_is_counted_against_the_budget_as_it_arrives(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    settings = make_settings(max_body_bytes=64 * 1024, max_inflight_body_bytes=8 * 1024)
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: nothing to reserve up front
+        yield b'{"vectors": [[' + b"1," * 10_000 + b"1]]}"
+
+    with TestClient(create_app(settings)) as client:
+        answer = client.post("/samples", content=chunks(), headers={"content-type": J})
+        problem = assert_problem(answer, 503, "body-budget-exhausted")
+        assert problem["limit"] == 8 * 1024 and answer.headers["retry-after"] == "1"
+        assert log_state(redis_client, model_name) == (0, 0, None)
+        # What was counted is released: a small body fits again.
+        assert client.post("/samples", json={"vectors": [[1.0, 2.0]]}).status_code == 202
