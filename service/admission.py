@@ -15,7 +15,8 @@ middleware, bounds the sum over all requests:
   is answered the same ``503`` (``Connection: close``) at the first chunk that does not
   fit (unless that chunk takes the body past its own limit: then the route's ``413``).
   A length above ``NMBATCH_MAX_BODY_BYTES`` reserves nothing: the route refuses it
-  (``413``) without reading it.
+  (``413``) without reading it. A request with neither header has no body (HTTP/1.1):
+  its ``receive`` is passed on as it is (the ``GET /assign`` fast path costs no more).
 
 Both answers are problem details with ``Retry-After`` (:data:`RETRY_AFTER_SECONDS`) and
 ``Connection: close`` (a body is not read to keep the connection); the request never
@@ -62,19 +63,26 @@ class AdmissionControl:
         if self.in_flight >= self.max_requests:
             await _answer(self._too_many(), scope, receive, send)
             return
-        declared = _declared_length(scope)
+        declared, chunked = _framing(scope)
         reserved = declared if declared is not None and declared <= self.max_body else 0
         if reserved and self.body_bytes + reserved > self.budget:
             await _answer(self._over_budget(reserved), scope, receive, send)
             return
         self.in_flight += 1
-        self.body_bytes += reserved
-        counted = 0  # bytes of a body without Content-Length, counted as they arrive
+        if not chunked:  # no body, or its declared length is reserved (the common case)
+            self.body_bytes += reserved
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.in_flight -= 1
+                self.body_bytes -= reserved
+            return
+        counted = 0  # bytes of a chunked body, counted as they arrive
 
         async def counting_receive() -> Message:
             nonlocal counted
             message = await receive()
-            if declared is None and message["type"] == "http.request":
+            if message["type"] == "http.request":
                 size = len(message.get("body", b""))
                 # Past its own limit the body is the route's to refuse (413), not ours.
                 within = counted + size <= self.max_body
@@ -85,10 +93,10 @@ class AdmissionControl:
             return message
 
         try:
-            await self.app(scope, counting_receive if declared is None else receive, send)
+            await self.app(scope, counting_receive, send)
         finally:
             self.in_flight -= 1
-            self.body_bytes -= reserved + counted
+            self.body_bytes -= counted
 
     def _too_many(self) -> ProblemError:
         return ProblemError(
@@ -112,13 +120,18 @@ class AdmissionControl:
         )
 
 
-def _declared_length(scope: Scope) -> int | None:
-    """The request's ``Content-Length`` (None: absent or not a non-negative integer,
-    which the route refuses; h11 refuses two different ones)."""
+def _framing(scope: Scope) -> tuple[int | None, bool]:
+    """``(Content-Length, chunked)`` of the request: the declared length (None: absent or
+    not a non-negative integer, which the route refuses; h11 refuses two different ones)
+    and whether a ``Transfer-Encoding`` frames the body (then it is counted as it
+    arrives, whatever the length says). Neither: an HTTP/1.1 request without a body."""
+    declared, chunked = None, False
     for name, value in scope["headers"]:
         if name == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
+            declared = int(value) if value.isdigit() else None
+        elif name == b"transfer-encoding":
+            chunked = True
+    return (None, True) if chunked else (declared, False)
 
 
 async def _answer(problem: ProblemError, scope: Scope, receive: Receive, send: Send) -> None:

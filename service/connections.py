@@ -52,41 +52,51 @@ def bounded_h11(settings: Settings) -> type[H11Protocol]:
     header_timeout = settings.header_timeout_seconds
 
     class BoundedH11Protocol(H11Protocol):
-        """:class:`H11Protocol` plus the connection cap and the header deadline."""
+        """:class:`H11Protocol` plus the connection cap and the header deadline.
+
+        One timer per connection, not one per answer: an answer moves the deadline
+        (``_deadline``, loop time) and arms the timer only when none is pending; a timer
+        firing before the deadline re-arms itself for the rest.
+        """
 
         _header_timer: asyncio.TimerHandle | None = None
-        _armed_for: object = None  # the request cycle current when the timer was armed
+        _deadline = 0.0  # loop time by which the next request's headers must be in
+        _armed_for: object = None  # the request cycle current when the deadline was set
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > max_connections:
                 transport.abort()  # connection_lost follows and forgets it
                 return
-            self._arm_header_timer()
+            self._await_headers()
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
+            # Before uvicorn's: it may start a pipelined request's cycle, whose headers
+            # are in (a new cycle), and that request may take longer than the deadline.
             if not self.transport.is_closing():
-                self._arm_header_timer()  # the next request's headers have a deadline too
+                self._await_headers()  # the next request's headers have a deadline too
+            super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_header_timer()
-            super().connection_lost(exc)
-
-        def _arm_header_timer(self) -> None:
-            self._cancel_header_timer()
-            self._armed_for = self.cycle
-            self._header_timer = self.loop.call_later(header_timeout, self._headers_late)
-
-        def _cancel_header_timer(self) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
+            super().connection_lost(exc)
+
+        def _await_headers(self) -> None:
+            self._armed_for = self.cycle
+            self._deadline = self.loop.time() + header_timeout
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_at(self._deadline, self._headers_late)
 
         def _headers_late(self) -> None:
             self._header_timer = None
-            # A new cycle means a request's headers arrived since the timer was armed.
+            # A new cycle means a request's headers arrived since the deadline was set:
+            # its answer sets the next one.
             if self.cycle is not self._armed_for or self.transport.is_closing():
+                return
+            if self.loop.time() < self._deadline:  # moved by an answer since armed
+                self._header_timer = self.loop.call_at(self._deadline, self._headers_late)
                 return
             pending, _ = self.conn.trailing_data
             if pending:  # part of a request arrived: say why the connection ends

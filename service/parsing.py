@@ -210,8 +210,20 @@ def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
 
 # -- decoders: body -> array of any dtype/shape ------------------------------------------
 def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarray:
-    # Each vector needs its own "[": far more of them means too many vectors (or nesting
-    # no matrix has), found without building one Python object.
+    # The common form, read without Python floats and without holding the GIL; any
+    # other body (or a number not converted exactly there) takes the orjson path. That
+    # form has one object, one string and a "[" per vector (its row count is checked
+    # here), so the byte counts below, which hold the GIL (about 1 ms per MB each),
+    # are needed only on the other path.
+    fast = parse_json_matrix(body)
+    if (
+        fast is not None
+        and fast.shape[0] <= max_vectors
+        and (max_dim is None or fast.shape[1] <= max_dim)
+    ):
+        return fast
+    # The orjson path. Each vector needs its own "[": far more of them means too many
+    # vectors (or nesting no matrix has), found without building one Python object.
     brackets = body.count(b"[")
     if brackets > max_vectors + 1:
         raise ProblemError(
@@ -240,15 +252,6 @@ def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarr
             f"the JSON body holds {quotes} quotes (strings); only numbers are coordinates, "
             'and a vectors body has one string, its key "vectors"',
         )
-    # The common form, read without Python floats and without holding the GIL; any
-    # other body (or a number not converted exactly there) takes the orjson path.
-    fast = parse_json_matrix(body)
-    if (
-        fast is not None
-        and fast.shape[0] <= max_vectors
-        and (max_dim is None or fast.shape[1] <= max_dim)
-    ):
-        return fast
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

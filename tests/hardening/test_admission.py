@@ -13,11 +13,14 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 import redis
 from hardening_helpers import read_response, service_process, status_kib
 
+from nmbatch.service.admission import AdmissionControl
+from nmbatch.service.config import Settings
 from nmbatch.service.main import create_app
 from tests.faults.fault_helpers import ServiceProcess
 from tests.testkit import SettingsFactory, TestClient, assert_problem, log_state
@@ -186,3 +189,40 @@ def test_a_chunked_body_is_counted_against_the_budget_as_it_arrives(
         assert log_state(redis_client, model_name) == (0, 0, None)
         # What was counted is released: a small body fits again.
         assert client.post("/samples", json={"vectors": [[1.0, 2.0]]}).status_code == 202
+
+
+def test_a_pipelined_request_slower_than_the_header_deadline_is_answered(
+    server: ServiceProcess,
+) -> None:
+    # Two requests in one write: the second one's headers are in when the first is
+    # answered. Its body then takes twice the header deadline: it has its headers in
+    # time, only the body timeout (30 s) applies to it.
+    body = json.dumps({"vectors": [[1.0, 2.0]]}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n" + head(len(body)))
+        status, _, _ = read_response(sock, 10)
+        assert status == 200
+        time.sleep(2 * HEADER_TIMEOUT)
+        sock.sendall(body)
+        status, _, answer = read_response(sock, 10)
+    assert status == 202, answer[:300]
+
+
+def test_a_request_without_a_body_is_passed_on_unwrapped() -> None:
+    # The fast path of GET /assign: admission control adds no receive wrapper (and no
+    # per-request closure) to a request that cannot carry a body.
+    seen: list[object] = []
+
+    async def inner(scope: dict, receive: object, send: object) -> None:
+        seen.append(receive)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    gate = AdmissionControl(inner, Settings(k=1))  # type: ignore[arg-type]
+    scope = {"type": "http", "path": "/assign", "method": "GET", "headers": [(b"host", b"x")]}
+    anyio.run(gate, scope, receive, None)
+    assert seen == [receive] and gate.in_flight == 0 and gate.body_bytes == 0
+    chunked = scope | {"headers": [(b"transfer-encoding", b"chunked")], "method": "POST"}
+    anyio.run(gate, chunked, receive, None)
+    assert seen[-1] is not receive  # a chunked body is counted as it arrives

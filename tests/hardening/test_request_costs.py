@@ -18,6 +18,8 @@ import httpx
 import pytest
 from hardening_helpers import service_process, status_kib
 
+from nmbatch.service.parsing import parse_vectors
+from nmbatch.service.problems import ProblemError
 from tests.faults.fault_helpers import ServiceProcess
 from tests.testkit import PROBLEM, wait_until
 
@@ -140,3 +142,23 @@ def test_one_long_string_among_many_short_ones_allocates_no_string_array(
         assert answer.status_code == 422 and answer.json()["type"].endswith(":non-numeric")
     grown = status_kib(server.proc.pid, "VmHWM") - peak_before
     assert grown * 1024 < 48 * BODY + (8 << 20), f"resident peak grew by {grown} KiB"
+
+
+def test_the_common_json_body_is_parsed_without_a_scan_holding_the_gil() -> None:
+    # The byte counts that bound the orjson path's memory hold the GIL (about 1 ms per
+    # MB each, the event loop waits meanwhile); the common form, read by the GIL-free
+    # kernel, needs none of them. Another body still takes them.
+    scans: list[bytes] = []
+
+    class Spied(bytes):
+        def count(self, sub: object, *args: object) -> int:  # type: ignore[override]
+            scans.append(sub)  # type: ignore[arg-type]
+            return super().count(sub, *args)  # type: ignore[arg-type]
+
+    body = Spied(json.dumps({"vectors": [[0.5, 1.25, -3.0]] * 200}).encode())
+    X = parse_vectors(body, "application/json", dim=3, max_vectors=1000)
+    assert X.shape == (200, 3) and scans == []
+    with pytest.raises(ProblemError):
+        parse_vectors(Spied(b'{"vectors": [["a", 1.0]]}'), "application/json", dim=2,
+                      max_vectors=1000)  # fmt: skip
+    assert scans  # the orjson path counts before it decodes
