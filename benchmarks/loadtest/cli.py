@@ -84,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--worker-threads", type=int, default=1,
         help="threads of the engine's kernels (NMBATCH_WORKER_THREADS)")  # fmt: skip
+    add(
+        "--retention",
+        choices=("all", "window", "age", "reservoir"),
+        default="all",
+        help="the server's retention policy (NMBATCH_RETENTION)",
+    )
+    add("--max-samples", type=int, default=None,
+        help="window or reservoir size, capacity of all and age (NMBATCH_MAX_SAMPLES)")  # fmt: skip
+    add("--max-age-seconds", type=float, default=None,
+        help="age of the age retention (NMBATCH_MAX_AGE_SECONDS)")  # fmt: skip
     return parser
 
 

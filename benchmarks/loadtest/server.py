@@ -60,6 +60,12 @@ class Server:
             "NMBATCH_ACCESS_LOG": "false",
             "NMBATCH_WORKER_PROCESS": "true" if args.worker_process else "false",
         }
+        optional = {
+            "NMBATCH_RETENTION": getattr(args, "retention", "all"),
+            "NMBATCH_MAX_SAMPLES": getattr(args, "max_samples", None),
+            "NMBATCH_MAX_AGE_SECONDS": getattr(args, "max_age_seconds", None),
+        }
+        self.settings.update({k: str(v) for k, v in optional.items() if v is not None})
         env.update(self.settings)
         repo = Path(__file__).resolve().parents[2]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
