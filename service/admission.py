@@ -18,7 +18,14 @@ middleware, bounds the sum over all requests:
   (``413``) without reading it. A request with neither header has no body (HTTP/1.1):
   its ``receive`` is passed on as it is (the ``GET /assign`` fast path costs no more).
 
-Both answers are problem details with ``Retry-After`` (:data:`RETRY_AFTER_SECONDS`) and
+- writes are shed before reads slow down: while the event loop runs more than
+  ``NMBATCH_WRITE_SHED_LAG_MS`` behind (:class:`nmbatch.service.looplag.LoopLag`, the
+  wait a request arriving now has) and another write is in flight, a new
+  ``POST .../samples`` is answered ``503`` ``urn:nmbatch:problem:overloaded`` at once,
+  its body not read (its parse and its append would take the loop from the reads).
+  Reads are never shed. A lone writer is never shed: the lag is then not its doing.
+
+All three answers are problem details with ``Retry-After`` (:data:`RETRY_AFTER_SECONDS`) and
 ``Connection: close`` (a body is not read to keep the connection); the request never
 reaches a route, so nothing changes. What is held is released when the
 request's answer is complete. Everything runs on the event loop: plain integers, no lock.
@@ -26,11 +33,14 @@ request's answer is complete. Everything runs on the event loop: plain integers,
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nmbatch.service.config import Settings
+from nmbatch.service.looplag import LoopLag
 from nmbatch.service.problems import PROBLEM_MEDIA_TYPE, ProblemError, problem_document
 
 __all__ = ["RETRY_AFTER_SECONDS", "UNCOUNTED_PATHS", "AdmissionControl"]
@@ -44,8 +54,9 @@ UNCOUNTED_PATHS = frozenset(("/healthz", "/readyz"))
 class AdmissionControl:
     """ASGI middleware refusing requests past the concurrency limit or the body budget.
 
-    ``in_flight`` (requests) and ``body_bytes`` (reserved body bytes) are the current
-    totals; tests read them.
+    ``in_flight`` (requests), ``writes`` (``POST .../samples`` among them) and
+    ``body_bytes`` (reserved body bytes) are the current totals, ``shed`` the writes
+    shed so far; tests read them.
     """
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
@@ -53,8 +64,12 @@ class AdmissionControl:
         self.max_requests = settings.max_concurrent_requests
         self.max_body = settings.max_body_bytes
         self.budget = settings.inflight_body_budget
+        self.shed_lag = settings.write_shed_lag_ms / 1000.0  # 0: never shed
         self.in_flight = 0
+        self.writes = 0
+        self.shed = 0
         self.body_bytes = 0
+        self.loop_lag: LoopLag | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNCOUNTED_PATHS:
@@ -63,6 +78,23 @@ class AdmissionControl:
         if self.in_flight >= self.max_requests:
             await _answer(self._too_many(), scope, receive, send)
             return
+        if scope["method"] != "POST" or not scope["path"].endswith("/samples"):
+            await self._admit(scope, receive, send)  # reads are never shed
+            return
+        if self.shed_lag:
+            lag = self._loop_lag().lag
+            if self.writes and lag > self.shed_lag:
+                self.shed += 1
+                await _answer(self._overloaded(lag), scope, receive, send)
+                return
+        self.writes += 1
+        try:
+            await self._admit(scope, receive, send)
+        finally:
+            self.writes -= 1
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The body budget, then the app."""
         declared, chunked = _framing(scope)
         reserved = declared if declared is not None and declared <= self.max_body else 0
         if reserved and self.body_bytes + reserved > self.budget:
@@ -97,6 +129,27 @@ class AdmissionControl:
         finally:
             self.in_flight -= 1
             self.body_bytes -= counted
+
+    def _loop_lag(self) -> LoopLag:
+        """The lag monitor of the running loop (started on the first write)."""
+        loop = asyncio.get_running_loop()
+        if self.loop_lag is None or self.loop_lag.loop is not loop:
+            if self.loop_lag is not None:
+                self.loop_lag.stop()
+            self.loop_lag = LoopLag(loop).start()
+        return self.loop_lag
+
+    def _overloaded(self, lag: float) -> ProblemError:
+        return ProblemError(
+            503,
+            "overloaded",
+            f"the server runs {lag * 1000:.1f} ms behind (more than "
+            f"NMBATCH_WRITE_SHED_LAG_MS, {self.shed_lag * 1000:g} ms) with {self.writes} "
+            "write(s) in flight: writes are refused so that reads keep their latency; "
+            "nothing was stored, retry shortly",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Connection": "close"},
+            lag_ms=round(lag * 1000, 1),
+        )
 
     def _too_many(self) -> ProblemError:
         return ProblemError(

@@ -138,6 +138,13 @@ class Settings(BaseSettings):
         "Content-Length is reserved before the body is read); past it 503 "
         "body-budget-exhausted with Retry-After. Unset: twice NMBATCH_MAX_BODY_BYTES.",
     )
+    write_shed_lag_ms: float = Field(
+        5.0,
+        ge=0,
+        description="Writes are shed before reads slow down: while the event loop runs more "
+        "than this many milliseconds behind and another write is in flight, a POST of samples "
+        "is answered 503 overloaded with Retry-After, its body not read. 0: never shed.",
+    )
     max_connections: int = Field(
         1024,
         ge=1,

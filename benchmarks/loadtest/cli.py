@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="window or reservoir size, capacity of all and age (NMBATCH_MAX_SAMPLES)")  # fmt: skip
     add("--max-age-seconds", type=float, default=None,
         help="age of the age retention (NMBATCH_MAX_AGE_SECONDS)")  # fmt: skip
+    add("--set", action="append", default=[], metavar="NMBATCH_NAME=VALUE",
+        help="another server setting (repeatable): NMBATCH_WRITE_SHED_LAG_MS=0")  # fmt: skip
     return parser
 
 

@@ -38,7 +38,10 @@ __all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
 
-_LOG_PAGE = 32  # log entries read at a time (<= 1 MiB each): bounded replies, also in replay
+_LOG_PAGE = 4
+"""Log entries read at a time (<= 1 MiB each), also in replay. hiredis turns a reply into
+Python objects in one call that holds the GIL (about a millisecond per MiB): 32 entries
+a page kept the event loop, and every ``/assign``, waiting tens of milliseconds."""
 
 
 class Worker(EngineRecovery):

@@ -226,3 +226,60 @@ def test_a_request_without_a_body_is_passed_on_unwrapped() -> None:
     chunked = scope | {"headers": [(b"transfer-encoding", b"chunked")], "method": "POST"}
     anyio.run(gate, chunked, receive, None)
     assert seen[-1] is not receive  # a chunked body is counted as it arrives
+
+
+# -- item 13: writes are shed before reads slow down ------------------------------------------
+def test_writes_are_shed_while_the_loop_lags_and_reads_are_not() -> None:
+    # The mechanism on a real event loop: a write held in flight, then the loop stalled
+    # for 300 ms (what a GIL-holding thread or a body's parse does to it). A second write
+    # is answered 503 overloaded without its body being read; a read goes through; once
+    # the loop keeps time again, writes are taken again; a lone writer is never shed.
+    release = anyio.Event()
+    reached: list[str] = []
+
+    async def inner(scope: dict, receive: object, send: object) -> None:
+        reached.append(f"{scope['method']} {scope['path']}")
+        if scope["path"] == "/samples" and scope.get("hold"):
+            await release.wait()
+
+    def request(method: str, path: str, **extra: object) -> dict:
+        headers = [(b"content-length", b"10")] if method == "POST" else []
+        return {"type": "http", "method": method, "path": path, "headers": headers, **extra}
+
+    async def receive() -> dict:
+        raise AssertionError("a shed write's body is not read")
+
+    async def main() -> None:
+        gate = AdmissionControl(inner, Settings(k=1, write_shed_lag_ms=50))  # type: ignore[arg-type]
+        answers: list[dict] = []
+
+        async def send(message: dict) -> None:
+            answers.append(message)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gate, request("POST", "/samples", hold=True), receive, send)
+            await anyio.sleep(0.05)  # the write is in flight, the lag monitor runs
+            assert gate.writes == 1 and gate.loop_lag is not None
+            time.sleep(0.3)  # the loop stalls
+            await anyio.sleep(0.01)  # the monitor's late tick runs
+            assert gate.loop_lag.lag > 0.2
+            await gate(request("POST", "/models/m/samples"), receive, send)
+            assert answers[0]["status"] == 503 and gate.shed == 1
+            headers = dict(answers[0]["headers"])
+            assert headers[b"retry-after"] == b"1" and headers[b"connection"] == b"close"
+            assert b"urn:nmbatch:problem:overloaded" in answers[1]["body"]
+            await gate(request("GET", "/assign"), receive, send)
+            assert reached == ["POST /samples", "GET /assign"]  # the read went through
+            await anyio.sleep(0.5)  # the loop keeps time: the lag decays (10 half-lives)
+            assert gate.loop_lag.lag < 0.05
+            await gate(request("POST", "/samples"), receive, send)
+            assert reached[-1] == "POST /samples" and gate.shed == 1
+            release.set()
+        # A lone writer, however late the loop: the lag is not its doing.
+        time.sleep(0.3)
+        await anyio.sleep(0.01)
+        assert gate.loop_lag.lag > 0.2
+        await gate(request("POST", "/samples"), receive, send)
+        assert gate.shed == 1 and gate.writes == 0
+
+    anyio.run(main)
