@@ -28,7 +28,7 @@ MIN_HANDOFF_BYTES = 64 << 20
 """Fewest bytes held, however small the retained set: a largest body
 (``NMBATCH_MAX_BODY_BYTES``' default), a second or so of a fast stream. At 8 MiB a
 window of 500,000 x 128 held less than two 10,000-row requests: with two writers most
-entries were read back from Redis (32 MiB replies), which stalled the event loop."""
+entries were read back from Redis, decoded holding the GIL the event loop needs."""
 HANDOFF_SHARE = 64
 """A bounded retention holds at most ``1 / HANDOFF_SHARE`` of its rows' bytes here."""
 
