@@ -22,8 +22,10 @@ middleware, bounds the sum over all requests:
   ``NMBATCH_WRITE_SHED_LAG_MS`` behind (:class:`nmbatch.service.looplag.LoopLag`, the
   wait a request arriving now has) and another write is in flight, a new
   ``POST .../samples`` is answered ``503`` ``urn:nmbatch:problem:overloaded`` at once,
-  its body not read (its parse and its append would take the loop from the reads).
-  Reads are never shed. A lone writer is never shed: the lag is then not its doing.
+  its body not read (its parse and its append would take the loop from the reads),
+  if a read came within the last :data:`READ_WINDOW_SECONDS` (no reader, no latency
+  to keep). Reads are never shed. A lone writer is never shed: the lag is then not
+  its doing.
 
 All three answers are problem details with ``Retry-After`` (:data:`RETRY_AFTER_SECONDS`) and
 ``Connection: close`` (a body is not read to keep the connection); the request never
@@ -34,6 +36,8 @@ request's answer is complete. Everything runs on the event loop: plain integers,
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 
 import orjson
 from starlette.responses import Response
@@ -49,6 +53,9 @@ RETRY_AFTER_SECONDS = 1
 """``Retry-After`` of the ``503`` answers (requests in flight finish in about that)."""
 UNCOUNTED_PATHS = frozenset(("/healthz", "/readyz"))
 """Probes that are neither counted nor refused."""
+READ_WINDOW_SECONDS = 1.0
+"""Writes are shed only if a read came within this long: with no reader there is no
+latency to keep, and writers have the loop to themselves."""
 
 
 class AdmissionControl:
@@ -70,6 +77,7 @@ class AdmissionControl:
         self.shed = 0
         self.body_bytes = 0
         self.loop_lag: LoopLag | None = None
+        self.read_at = -math.inf  # time.monotonic() of the last request other than a write
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNCOUNTED_PATHS:
@@ -79,11 +87,13 @@ class AdmissionControl:
             await _answer(self._too_many(), scope, receive, send)
             return
         if scope["method"] != "POST" or not scope["path"].endswith("/samples"):
+            self.read_at = time.monotonic()
             await self._admit(scope, receive, send)  # reads are never shed
             return
         if self.shed_lag:
             lag = self._loop_lag().lag
-            if self.writes and lag > self.shed_lag:
+            reading = time.monotonic() - self.read_at < READ_WINDOW_SECONDS
+            if self.writes and reading and lag > self.shed_lag:
                 self.shed += 1
                 await _answer(self._overloaded(lag), scope, receive, send)
                 return

@@ -142,8 +142,9 @@ class Settings(BaseSettings):
         5.0,
         ge=0,
         description="Writes are shed before reads slow down: while the event loop runs more "
-        "than this many milliseconds behind and another write is in flight, a POST of samples "
-        "is answered 503 overloaded with Retry-After, its body not read. 0: never shed.",
+        "than this many milliseconds behind, another write is in flight and a read came within "
+        "the last second, a POST of samples is answered 503 overloaded with Retry-After, its "
+        "body not read. 0: never shed.",
     )
     max_connections: int = Field(
         1024,
