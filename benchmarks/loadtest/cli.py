@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         if ing:
             print(f"  ingest {ing['vectors_per_second']:,.0f} vectors/s, errors {ing['errors']}",
                   flush=True)  # fmt: skip
-        if asg:
+        if asg and asg["requests_per_second"] is None:
+            print(f"  assign: no answer within the phase, errors {asg['errors']}", flush=True)
+        elif asg:
             lat = asg["latency_ms"]
             print(f"  assign {asg['requests_per_second']:,.0f} req/s, median "
                   f"{lat['median']:.2f} ms, p99 {lat['p99']:.2f} ms, errors {asg['errors']}",
