@@ -137,6 +137,38 @@ class Settings(BaseSettings):
         description="Longest time to receive a whole request body (408 after it); stops clients "
         "that trickle a body from holding a request open.",
     )
+    max_concurrent_requests: int = Field(
+        128,
+        ge=1,
+        description="Most requests in flight at once (/healthz and /readyz not counted); one "
+        "more is answered 503 too-many-requests with Retry-After.",
+    )
+    max_inflight_body_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="Most body bytes all requests in flight may hold together (a declared "
+        "Content-Length is reserved before the body is read); past it 503 "
+        "body-budget-exhausted with Retry-After. Unset: twice NMBATCH_MAX_BODY_BYTES.",
+    )
+    write_shed_lag_ms: float = Field(
+        5.0,
+        ge=0,
+        description="Writes are shed before reads slow down: while the event loop runs more "
+        "than this many milliseconds behind, another write is in flight and a read came within "
+        "the last second, a POST of samples is answered 503 overloaded with Retry-After, its "
+        "body not read. 0: never shed.",
+    )
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        description="Most open HTTP connections; one more is closed as soon as it is accepted.",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Longest time a connection may take to send a request's headers (from "
+        "its opening, or from the previous answer); then 408 and the connection is closed.",
+    )
     log_level: str = Field("info", description="uvicorn log level.")
     access_log: bool = Field(
         True,
@@ -284,6 +316,14 @@ class Settings(BaseSettings):
                 f"{self.retention}"
             )
         return self
+
+    @property
+    def inflight_body_budget(self) -> int:
+        """Bytes the bodies in flight may hold together (``max_inflight_body_bytes``,
+        default twice ``max_body_bytes``)."""
+        if self.max_inflight_body_bytes is not None:
+            return self.max_inflight_body_bytes
+        return 2 * self.max_body_bytes
 
     @property
     def key_prefix(self) -> str:

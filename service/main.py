@@ -9,8 +9,10 @@ What the app is made of, and where each part lives:
   the heap (:func:`nmbatch.service.runtime.freeze_heap`);
 - errors are RFC 9457 problem details (:mod:`nmbatch.service.problems`), Redis errors
   ``503``/``500`` problems (:mod:`nmbatch.service.redis_errors`);
-- two pure ASGI middlewares: request timing (:mod:`nmbatch.service.metrics`) around the
-  fast path of ``GET /assign`` (:mod:`nmbatch.service.fastpath`);
+- three pure ASGI middlewares: request timing (:mod:`nmbatch.service.metrics`) around
+  admission control (the concurrency limit and the in-flight body budget,
+  :mod:`nmbatch.service.admission`) around the fast path of ``GET /assign``
+  (:mod:`nmbatch.service.fastpath`);
 - the routers of :mod:`nmbatch.service.routes`. The per-model ones (samples, centroids,
   assign, stats, dashboard) are mounted twice: without a prefix for the default model,
   and under ``/models/{name}`` (:data:`nmbatch.service.context.MODEL_PREFIX`); the same
@@ -30,6 +32,7 @@ import redis
 from fastapi import Depends, FastAPI
 
 from nmbatch.service import runtime
+from nmbatch.service.admission import AdmissionControl
 from nmbatch.service.bootstrap import (
     REQUEST_SOCKET_TIMEOUT,
     StartupError,
@@ -97,6 +100,8 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     app.add_exception_handler(redis.RedisError, redis_error_handler(settings, metrics))
     # Inside the timing middleware: fast-path answers are timed and labelled as well.
     app.add_middleware(AssignFastPath, settings=settings)
+    # Past the concurrency limit or the body budget: 503 before any route (timed too).
+    app.add_middleware(AdmissionControl, settings=settings)
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
     for module in (samples, centroids, assign, stats, health, dashboard, models):
         app.include_router(module.router)

@@ -12,7 +12,22 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["RequestTimingMiddleware", "RouteLabel", "ServiceMetrics"]
+__all__ = [
+    "KNOWN_METHODS",
+    "UNMATCHED",
+    "RequestTimingMiddleware",
+    "RouteLabel",
+    "ServiceMetrics",
+    "method_label",
+    "status_label",
+]
+
+KNOWN_METHODS = frozenset(
+    ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE")
+)
+"""The ``method`` label values besides ``other`` (RFC 9110's methods and PATCH)."""
+UNMATCHED = "unmatched"
+"""The ``route`` label of a request no route template matched."""
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -162,11 +177,28 @@ class RouteLabel:
     path: str
 
 
+def method_label(method: str) -> str:
+    """The ``method`` label of a request: the method if in :data:`KNOWN_METHODS`, else
+    ``other`` (uvicorn accepts any token as a method: each new one would be a series
+    kept for the life of the process)."""
+    return method if method in KNOWN_METHODS else "other"
+
+
+def status_label(status: int) -> str:
+    """The ``status`` label: the code (``"202"``) when it is a valid HTTP status
+    (100-599), else ``other``."""
+    return str(status) if 100 <= status <= 599 else "other"
+
+
 class RequestTimingMiddleware:
     """Pure ASGI middleware observing each HTTP request's latency in ``request_seconds``.
 
-    The ``route`` label is the matched path template (``/samples``), or ``unmatched``,
-    so unknown URLs cannot blow up the label set.
+    Every label comes from a small closed set, so no request can add series without
+    bound (each series lives as long as the process, in ``/metrics`` and the
+    dashboard's data): ``method`` is one of :data:`KNOWN_METHODS` or ``other``,
+    ``route`` the matched route's path template (``/samples``,
+    ``/models/{name}/samples``) or :data:`UNMATCHED`, ``status`` the answer's code.
+    At most ``10 x (routes + 1) x (status codes the service answers)`` series.
     """
 
     def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
@@ -190,7 +222,9 @@ class RequestTimingMiddleware:
             await self.app(scope, receive, send_and_record)
         finally:
             route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            self.metrics.request_seconds.labels(scope["method"], template, str(status)).observe(
-                time.perf_counter() - start
-            )
+            template = getattr(route, "path", None)
+            if not isinstance(template, str) or not template:
+                template = UNMATCHED
+            self.metrics.request_seconds.labels(
+                method_label(scope["method"]), template, status_label(status)
+            ).observe(time.perf_counter() - start)

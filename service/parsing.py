@@ -19,12 +19,19 @@ logs a sample the store would refuse.
 Resources: :func:`read_body` refuses a body above ``max_bytes`` from its
 ``Content-Length`` before reading anything, and again while it streams in (chunked
 bodies, lying lengths), and gives up on a body that takes longer than its timeout (408).
-A JSON body is refused before it is decoded when it holds more ``[`` than ``max_vectors
-+ 1`` (every vector needs one), so a body of many tiny vectors cannot make millions of
-Python lists; decoding is bounded by orjson's nesting limit (1024). Memory per request
-stays within a small multiple of ``max_body_bytes`` (JSON values become Python floats
-first: about 8 bytes per 2 bytes of body in the worst case, ``.npy`` and raw bodies are
-used in place).
+
+Memory: a parse takes at most **40 bytes per body byte, plus about 1 MiB**, on every
+path (docs/operations/limits.md). ``.npy`` and raw bodies are used in place (at most 5
+bytes per byte: ``int8`` data converted to ``float32``); the JSON kernel
+(:mod:`nmbatch.service.jsonfast`) writes ``float64`` (at most 4 bytes per byte). Other
+JSON goes through orjson (about 8 bytes per byte reserved by its parser, then a Python
+object per value; measured at most 21 bytes per byte for numbers, 34 for a body of
+empty vectors). Before it is decoded, a JSON body is refused when it holds more ``[``
+than ``max_vectors + 1`` (every vector needs one; 413), or more than
+:data:`MAX_JSON_STRINGS` objects or strings (422): counts of bytes, no Python object
+built. Decoding is bounded by orjson's nesting limit (1024). After it, the element types
+and row lengths are checked before any array is built (a string among numbers would
+make numpy build a string array of ``4 * longest * count`` bytes).
 
 :func:`parse_vectors` and :func:`parse_query_vector` are synchronous and may take long
 on big bodies: call them through ``run_in_threadpool`` from async code.
@@ -33,6 +40,7 @@ on big bodies: call them through ``run_in_threadpool`` from async code.
 from __future__ import annotations
 
 import io
+import itertools
 import math
 
 import anyio
@@ -46,6 +54,7 @@ from nmbatch.service.problems import ProblemError
 
 __all__ = [
     "JSON",
+    "MAX_JSON_STRINGS",
     "NPY",
     "NPY_HEADER_MAX",
     "OCTET",
@@ -62,6 +71,11 @@ OCTET = "application/octet-stream"
 SUPPORTED_BODY_TYPES = (JSON, NPY, OCTET)
 NPY_HEADER_MAX = 16 * 1024
 """Most bytes read for a ``.npy`` preamble and header (numpy refuses headers over 10,000)."""
+
+MAX_JSON_STRINGS = 32
+"""Most strings (``"`` pairs), and most objects (``{``), a JSON body may hold to be
+decoded (a vectors body has one of each; a few more let the problem name the unknown
+member or the element at fault). Beyond, 422 from a count of the bytes."""
 
 Body = bytes | bytearray
 
@@ -196,8 +210,20 @@ def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
 
 # -- decoders: body -> array of any dtype/shape ------------------------------------------
 def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarray:
-    # Each vector needs its own "[": far more of them means too many vectors (or nesting
-    # no matrix has), found without building one Python object.
+    # The common form, read without Python floats and without holding the GIL; any
+    # other body (or a number not converted exactly there) takes the orjson path. That
+    # form has one object, one string and a "[" per vector (its row count is checked
+    # here), so the byte counts below, which hold the GIL (about 1 ms per MB each),
+    # are needed only on the other path.
+    fast = parse_json_matrix(body)
+    if (
+        fast is not None
+        and fast.shape[0] <= max_vectors
+        and (max_dim is None or fast.shape[1] <= max_dim)
+    ):
+        return fast
+    # The orjson path. Each vector needs its own "[": far more of them means too many
+    # vectors (or nesting no matrix has), found without building one Python object.
     brackets = body.count(b"[")
     if brackets > max_vectors + 1:
         raise ProblemError(
@@ -207,15 +233,25 @@ def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarr
             "in one request (NMBATCH_MAX_VECTORS)",
             limit=max_vectors,
         )
-    # The common form, read without Python floats and without holding the GIL; any
-    # other body (or a number not converted exactly there) takes the orjson path.
-    fast = parse_json_matrix(body)
-    if (
-        fast is not None
-        and fast.shape[0] <= max_vectors
-        and (max_dim is None or fast.shape[1] <= max_dim)
-    ):
-        return fast
+    # A vectors body holds one object and one string (its key): bodies of many objects
+    # or strings are refused before orjson builds a Python object for each (a few are
+    # decoded, so that the problem can name the member or element at fault).
+    objects = body.count(b"{")
+    if objects > MAX_JSON_STRINGS:
+        raise ProblemError(
+            422,
+            "not-a-matrix",
+            f"the JSON body opens {objects} objects; it must be one object "
+            '{"vectors": [[...], ...]} of numbers',
+        )
+    quotes = body.count(b'"')
+    if quotes > 2 * MAX_JSON_STRINGS:
+        raise ProblemError(
+            422,
+            "non-numeric",
+            f"the JSON body holds {quotes} quotes (strings); only numbers are coordinates, "
+            'and a vectors body has one string, its key "vectors"',
+        )
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -236,29 +272,49 @@ def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarr
         raise _too_many(len(vectors), max_vectors)
     if max_dim is not None and vectors and isinstance(vectors[0], list):
         _check_max_dim(len(vectors[0]), max_dim)
-    # Booleans would silently become 0/1 in numpy; the byte test keeps the scan rare.
-    if (b"true" in body or b"false" in body) and _contains_bool(vectors):
+    # Types and shape before any array: np.array of a list holding strings would build
+    # a fixed-width string array of 4 * longest * count bytes.
+    _check_rows(vectors)
+    # Now only equal-length lists of int and float: 8 bytes per number.
+    return np.array(vectors)
+
+
+_NUMBERS = frozenset((int, float))
+_ELEMENT_FAULTS = (  # (Python type, slug, what it is in the body), first match named
+    (bool, "non-numeric", "true/false"),
+    (str, "non-numeric", "strings"),
+    (type(None), "non-numeric", "nulls"),
+    (dict, "non-numeric", "objects"),
+    (list, "not-a-matrix", "lists nested in a vector (more than 2 dimensions)"),
+)
+
+
+def _check_rows(vectors: list[object]) -> None:
+    """422 unless ``vectors`` is a list of lists of the same length holding only JSON
+    numbers (``int``, ``float``; never ``bool``). A few C-level passes, no copies."""
+    row_types = set(map(type, vectors))
+    if row_types - {list}:
+        found = ", ".join(sorted(t.__name__ for t in row_types - {list}))
+        hint = "; wrap one vector as [[...]]" if row_types <= _NUMBERS else ""
         raise ProblemError(
-            422, "non-numeric", "vectors contain true/false; only numbers are coordinates"
+            422,
+            "not-a-matrix",
+            f"vectors must be a list of lists of numbers; it holds {found}{hint}",
         )
-    try:
-        array = np.array(vectors)
-    except (ValueError, TypeError):
+    if len(set(map(len, vectors))) > 1:  # type: ignore[arg-type]
         raise ProblemError(
             422,
             "not-a-matrix",
             "vectors is ragged: every vector must be a flat list with the same number of numbers",
-        ) from None
-    return array
-
-
-def _contains_bool(vectors: list[object]) -> bool:
-    for row in vectors:
-        if isinstance(row, bool):
-            return True
-        if isinstance(row, list) and any(isinstance(v, bool) for v in row):
-            return True
-    return False
+        )
+    kinds = set(map(type, itertools.chain.from_iterable(vectors)))  # type: ignore[arg-type]
+    if kinds <= _NUMBERS:
+        return
+    slug, what = next(
+        ((slug, what) for kind, slug, what in _ELEMENT_FAULTS if kind in kinds),
+        ("non-numeric", ", ".join(sorted(t.__name__ for t in kinds - _NUMBERS))),
+    )
+    raise ProblemError(422, slug, f"vectors contain {what}; only numbers are coordinates")
 
 
 def _npy_array(body: Body, max_vectors: int, dim: int | None, max_dim: int | None) -> np.ndarray:

@@ -10,6 +10,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from nmbatch.service.config import Settings
+from nmbatch.service.connections import MAX_HEADER_BYTES, bounded_h11
 from nmbatch.service.keys import KeyRingError
 from nmbatch.service.main import create_app
 
@@ -46,8 +47,10 @@ def main() -> int:
         # h11 whatever else is installed: its answers to malformed framing are the
         # service's problem documents (tests/hardening); httptools would answer some with
         # plain text, for about 45 microseconds less per request. The loop is uvloop
-        # when installed (auto), else asyncio.
-        http="h11",
+        # when installed (auto), else asyncio. The protocol adds a connection cap and a
+        # deadline for a request's headers (service.connections).
+        http=bounded_h11(settings),
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         lifespan="on",
         timeout_graceful_shutdown=10,
     )

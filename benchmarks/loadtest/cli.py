@@ -87,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     add("--engine-sched-idle", action="store_true",
         help="the engine process in SCHED_IDLE, not at its niceness alone "
              "(NMBATCH_ENGINE_SCHED_IDLE)")  # fmt: skip
+    add(
+        "--retention",
+        choices=("all", "window", "age", "reservoir"),
+        default="all",
+        help="the server's retention policy (NMBATCH_RETENTION)",
+    )
+    add("--max-samples", type=int, default=None,
+        help="window or reservoir size, capacity of all and age (NMBATCH_MAX_SAMPLES)")  # fmt: skip
+    add("--max-age-seconds", type=float, default=None,
+        help="age of the age retention (NMBATCH_MAX_AGE_SECONDS)")  # fmt: skip
+    add("--set", action="append", default=[], metavar="NMBATCH_NAME=VALUE",
+        help="another server setting (repeatable): NMBATCH_WRITE_SHED_LAG_MS=0")  # fmt: skip
     return parser
 
 
@@ -122,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         if ing:
             print(f"  ingest {ing['vectors_per_second']:,.0f} vectors/s, errors {ing['errors']}",
                   flush=True)  # fmt: skip
-        if asg:
+        if asg and asg["requests_per_second"] is None:
+            print(f"  assign: no answer within the phase, errors {asg['errors']}", flush=True)
+        elif asg:
             lat = asg["latency_ms"]
             print(f"  assign {asg['requests_per_second']:,.0f} req/s, median "
                   f"{lat['median']:.2f} ms, p99 {lat['p99']:.2f} ms, errors {asg['errors']}",

@@ -5,7 +5,9 @@ The clients are small asyncio programs speaking HTTP/1.1 over raw keep-alive soc
 little of the cores they share with the server. Each client process runs one of
 :func:`ingest_client` (``POST /samples`` back to back or paced), :func:`assign_client`
 (paced single-vector ``GET /assign``) or :func:`probe_client` (ingestion-to-centroids
-delays) and puts what it saw (:meth:`Recorder.report`) on a queue.
+delays) and puts what it saw (:meth:`Recorder.report`) on a queue. A writer at full
+speed answered with ``Retry-After`` (a write shed, ``503``) waits that long before its
+next request on that connection, as the project's client does.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ class Connection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.used = 0.0
+        self.retry_after: float | None = None  # of the last answer, if it had one
 
     async def request(self, raw: bytes) -> tuple[int, bytes]:
         """Send ``raw`` (a whole request) and return ``(status, body)``."""
@@ -121,6 +124,11 @@ class Connection:
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         lower = head.lower()
+        k = lower.find(b"\r\nretry-after:")
+        self.retry_after = None
+        if k >= 0:
+            value = lower[k + 14 : lower.index(b"\r\n", k + 2)].strip()
+            self.retry_after = float(value) if value.isdigit() else None
         i = lower.find(b"\r\ncontent-length:")
         if status in (204, 304) or status < 200:
             body = b""  # no body, whatever the headers say
@@ -234,6 +242,9 @@ async def _drive(
             rec.ok(end, end - scheduled, vectors_each)
         else:
             rec.fail(end, f"HTTP {status}: {body[:200]!r}")
+            if conn.retry_after is not None and rate is None:
+                # As the project's client does: a shed write waits before it is sent again.
+                await asyncio.sleep(max(0.0, min(conn.retry_after, deadline - end)))
 
 
 def _run_async(coro_factory: Callable[[], Any]) -> None:

@@ -62,6 +62,17 @@ class Server:
             "NMBATCH_ENGINE_SCHED_IDLE": "true" if getattr(args, "engine_sched_idle", False)
             else "false",
         }
+        optional = {
+            "NMBATCH_RETENTION": getattr(args, "retention", "all"),
+            "NMBATCH_MAX_SAMPLES": getattr(args, "max_samples", None),
+            "NMBATCH_MAX_AGE_SECONDS": getattr(args, "max_age_seconds", None),
+        }
+        self.settings.update({k: str(v) for k, v in optional.items() if v is not None})
+        for assignment in getattr(args, "set", None) or []:
+            name, _, value = assignment.partition("=")
+            if not name.startswith("NMBATCH_"):
+                raise ValueError(f"--set {assignment!r}: a setting is NMBATCH_NAME=VALUE")
+            self.settings[name] = value
         env.update(self.settings)
         repo = Path(__file__).resolve().parents[2]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))

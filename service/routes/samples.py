@@ -31,7 +31,9 @@ LOG_BACKLOG = (
     "Redis is unreachable (`storage-unavailable`), or, with a retention other than `all` and "
     "the embedded Redis, its log is at `maxmemory` until the worker trims the rows the "
     "retention retired (`urn:nmbatch:problem:log-backlog`, members `n_samples`, "
-    "`rejected`). Nothing is stored; retry after `Retry-After` seconds."
+    "`rejected`). Or writes are shed so that reads keep their latency "
+    "(`urn:nmbatch:problem:overloaded`, member `lag_ms`; NMBATCH_WRITE_SHED_LAG_MS). "
+    "Nothing is stored; retry after `Retry-After` seconds."
 )
 """Description of the ``503`` answer of ``POST /samples``."""
 

@@ -24,15 +24,18 @@ __all__ = ["MAX_HANDOFF_BYTES", "MIN_HANDOFF_BYTES", "LocalEntries", "handoff_by
 
 MAX_HANDOFF_BYTES = 256 << 20
 """Most bytes of rows held for the worker: more than a few seconds of a fast stream."""
-MIN_HANDOFF_BYTES = 8 << 20
-"""Fewest bytes held, however small the retained set: a few entries of a fast stream."""
+MIN_HANDOFF_BYTES = 64 << 20
+"""Fewest bytes held, however small the retained set: a largest body
+(``NMBATCH_MAX_BODY_BYTES``' default), a second or so of a fast stream. At 8 MiB a
+window of 500,000 x 128 held less than two 10,000-row requests: with two writers most
+entries were read back from Redis, decoded holding the GIL the event loop needs."""
 HANDOFF_SHARE = 64
 """A bounded retention holds at most ``1 / HANDOFF_SHARE`` of its rows' bytes here."""
 
 
 def handoff_bytes(retained_rows: int | None, dim: int) -> int:
     """The hand-off's size for a model that keeps at most ``retained_rows`` rows of ``dim``
-    ``float32``: ``1 / 64`` of their bytes, within ``[8 MiB, 256 MiB]``; 256 MiB when the
+    ``float32``: ``1 / 64`` of their bytes, within ``[64 MiB, 256 MiB]``; 256 MiB when the
     retention is unbounded (``all``: its capacity leaves room for this).
 
     The held rows are copies of rows Redis holds too, so they are memory beyond the

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -14,9 +16,17 @@ import uvicorn
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import free_port
 from nmbatch.service.main import create_app
+from tests.faults.fault_helpers import ServiceProcess
 from tests.testkit import wait_until
 
-__all__ = ["LiveServer", "live_server", "raw_exchange", "read_response"]
+__all__ = [
+    "LiveServer",
+    "live_server",
+    "raw_exchange",
+    "read_response",
+    "service_process",
+    "status_kib",
+]
 
 
 # -- a real server on a real socket ----------------------------------------------------------
@@ -100,3 +110,24 @@ def raw_exchange(
     with socket.create_connection((server.host, server.port), timeout=timeout) as sock:
         sock.sendall(request)
         return read_response(sock, timeout)
+
+
+# -- a real service process (python -m nmbatch) and its memory ------------------------------
+@contextmanager
+def service_process(tmp: Path, **settings: Any) -> Iterator[ServiceProcess]:
+    """``python -m nmbatch`` with ``NMBATCH_*`` ``settings``, ready; stopped on exit."""
+    proc = ServiceProcess(tmp, "service", **settings).start()
+    try:
+        proc.ready(60)
+        yield proc
+    finally:
+        proc.close()
+
+
+def status_kib(pid: int, field: str = "VmRSS") -> int:
+    """A memory field of ``/proc/{pid}/status`` in KiB: ``VmRSS`` (resident now) or
+    ``VmHWM`` (the resident peak since the process started)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)

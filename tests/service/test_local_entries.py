@@ -150,8 +150,10 @@ def test_multi_entry_requests_hand_over_each_entry(
 
 
 def test_the_handoff_is_a_bounded_share_of_the_retained_rows() -> None:
-    """1/64 of the retained rows' bytes, within [8 MiB, 256 MiB]; 256 MiB for ``all``."""
+    """1/64 of the retained rows' bytes, within [64 MiB, 256 MiB]; 256 MiB for ``all``."""
     assert handoff_bytes(None, 128) == MAX_HANDOFF_BYTES
-    assert handoff_bytes(2_000_000, 128) == 2_000_000 * 512 // 64  # 16 MB: a soak's window
+    assert handoff_bytes(20_000_000, 128) == 20_000_000 * 512 // 64  # 160 MB
+    # A soak's window of 2,000,000: 16 MB is its share, the floor holds more requests.
+    assert handoff_bytes(2_000_000, 128) == MIN_HANDOFF_BYTES
     assert handoff_bytes(1000, 128) == MIN_HANDOFF_BYTES
     assert handoff_bytes(10**9, 128) == MAX_HANDOFF_BYTES
