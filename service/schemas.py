@@ -191,3 +191,9 @@ class Stats(BaseModel):
     redis_maxmemory: int | None = Field(
         description="Redis's maxmemory (0: no limit); None where INFO is not allowed."
     )
+    invalid_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="Registry entries of named models that do not validate (name: why). "
+        "Their models are not started and their data is kept (never purged for it); each "
+        "still counts toward NMBATCH_MAX_MODELS until it is fixed or deleted.",
+    )

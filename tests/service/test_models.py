@@ -305,7 +305,7 @@ def test_a_restart_and_a_second_app_bring_the_models_back_with_their_data(
         np.testing.assert_allclose(after["centroids"], before["centroids"], rtol=1e-5)
 
 
-def test_a_name_whose_data_in_redis_contradicts_the_settings_is_a_409(
+def test_a_name_whose_data_in_redis_contradicts_the_settings_is_refused(
     make_settings: SettingsFactory, redis_client: redis.Redis
 ) -> None:
     # Data left by a service once run with NMBATCH_MODEL=old and k = 5.
@@ -314,8 +314,10 @@ def test_a_name_whose_data_in_redis_contradicts_the_settings_is_a_409(
     redis_client.hset(ModelKeys("clash").meta, mapping={"k": 5, "dim": 2})
     redis_client.hset(REGISTRY_KEY, "clash", json.dumps(SPEC_A | {"k": 3}))
     with TestClient(create_app(make_settings())) as client:
-        problem = assert_problem(client.put("/models/old", json=SPEC_A), 409, "model-conflict")
-        assert "k=5" in problem["detail"]
+        # Data no registered model owns (another service's default model): not adopted,
+        # and its settings are not shown.
+        problem = assert_problem(client.put("/models/old", json=SPEC_A), 403, "model-not-owned")
+        assert "k=5" not in problem["detail"] and "dim" not in problem["detail"]
         assert not redis_client.hexists(REGISTRY_KEY, "old")  # no entry left behind
 
         listed = {m["name"]: m for m in client.get("/models").json()["models"]}
