@@ -15,8 +15,8 @@ What the app is made of, and where each part lives:
   assign, stats, dashboard) are mounted twice: without a prefix for the default model,
   and under ``/models/{name}`` (:data:`nmbatch.service.context.MODEL_PREFIX`); the same
   handlers, whose model dependency (:func:`nmbatch.service.context.get_model`) looks the
-  model up in the registry. With ``NMBATCH_DIM`` set, the OpenAPI document states the
-  vectors' length.
+  model up in the registry. The OpenAPI document states the app's limits (a named
+  model's largest dimension; with ``NMBATCH_DIM`` set, the vectors' length).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from nmbatch.service.context import MODEL_PREFIX, model_path
 from nmbatch.service.fastpath import AssignFastPath
 from nmbatch.service.metrics import RequestTimingMiddleware, ServiceMetrics
 from nmbatch.service.models import ModelManager
-from nmbatch.service.openapi import with_dimension
+from nmbatch.service.openapi import with_dimension, with_model_limits
 from nmbatch.service.problems import install_problem_handlers, problem_responses
 from nmbatch.service.redis_errors import redis_error_handler
 from nmbatch.service.routes import assign, centroids, dashboard, health, models, samples, stats
@@ -110,17 +110,20 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
         )
     # After the routers: the methods /assign does not take (405, Allow: GET, POST).
     app.router.routes += [assign.OTHER_METHODS, assign.MODEL_OTHER_METHODS]
-    if settings.dim is not None:
-        app.openapi = _openapi_with_dimension(app, settings.dim)  # type: ignore[method-assign]
+    app.openapi = _openapi_of(app, settings)  # type: ignore[method-assign]
     return app
 
 
-def _openapi_with_dimension(app: FastAPI, dim: int) -> Callable[[], dict[str, Any]]:
-    """``app.openapi`` whose document gives every vectors body the length ``dim``."""
+def _openapi_of(app: FastAPI, settings: Settings) -> Callable[[], dict[str, Any]]:
+    """``app.openapi`` whose document states this app's limits: a named model's largest
+    dimension, and with ``NMBATCH_DIM`` set every vectors body's length."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = with_dimension(FastAPI.openapi(app), dim)
+            document = with_model_limits(FastAPI.openapi(app), settings.max_dim)
+            if settings.dim is not None:
+                document = with_dimension(document, settings.dim)
+            app.openapi_schema = document
         return app.openapi_schema
 
     return openapi

@@ -12,7 +12,13 @@ from typing import Any
 from nmbatch.service.parsing import JSON, NPY, OCTET
 from nmbatch.service.schemas import vectors_schema
 
-__all__ = ["VECTORS_BODY", "VECTORS_REFUSED", "vectors_body", "with_dimension"]
+__all__ = [
+    "VECTORS_BODY",
+    "VECTORS_REFUSED",
+    "vectors_body",
+    "with_dimension",
+    "with_model_limits",
+]
 
 VECTORS_REFUSED = (
     "The vectors are refused; nothing is stored. `type` names the fault: "
@@ -73,4 +79,19 @@ def with_dimension(document: dict[str, Any], dim: int) -> dict[str, Any]:
         for operation in operations.values():
             if operation.get("requestBody") == VECTORS_BODY["requestBody"]:
                 operation["requestBody"] = body
+    return document
+
+
+def with_model_limits(document: dict[str, Any], max_dim: int) -> dict[str, Any]:
+    """``document`` (OpenAPI) with the app's limit on a named model's dimension.
+
+    ``PUT /models/{name}`` refuses a ``dim`` above ``NMBATCH_MAX_DIM`` (422
+    ``dimension-too-large``): its body's ``dim`` gets that ``maximum`` (edited in place,
+    returned).
+    """
+    operation = document["paths"].get("/models/{name}", {}).get("put")
+    if operation is not None:
+        schema = operation["requestBody"]["content"][JSON]["schema"]
+        dim = schema["properties"]["dim"]
+        dim["maximum"] = min(dim.get("maximum", max_dim), max_dim)
     return document

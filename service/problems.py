@@ -29,7 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.routing import Match
+from starlette.routing import compile_path
 
 from nmbatch.service.usecases import errors
 
@@ -260,19 +260,20 @@ def _from_problem_error(request: Request, exc: Exception) -> Response:
     )
 
 
+_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+
 def _allowed_methods(request: Request) -> str | None:
-    """The methods of every documented route of the request's path (``Allow`` of a 405).
+    """The methods the OpenAPI document gives the request's path (``Allow`` of a 405).
 
     Starlette's 405 names the methods of the path's first route only (``PUT`` for
     ``/models/{name}``, which ``GET`` and ``DELETE`` routes serve too).
     """
+    path = request.scope.get("path", "")
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        if not getattr(route, "include_in_schema", False) or not getattr(route, "methods", None):
-            continue
-        match, _ = route.matches({**request.scope, "method": "GET"})
-        if match is not Match.NONE:
-            methods |= set(route.methods)
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        if compile_path(template)[0].match(path):
+            methods |= {method.upper() for method in operations if method in _METHODS}
     return ", ".join(sorted(methods)) if methods else None
 
 

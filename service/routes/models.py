@@ -109,6 +109,10 @@ NOT_OWNED = (
     "data under this name that no registered model owns; only the service that created a "
     "model may replace or delete it, and no service may delete a default model."
 )
+DELETE_REFUSED = (
+    "`urn:nmbatch:problem:confirmation-required`: `confirm` is not the model's name (member "
+    "`parameter`); `default-model`: the service's own default model."
+)
 TOO_LARGE = (
     "Invalid settings, `dimension-too-large` (above NMBATCH_MAX_DIM), or "
     "`urn:nmbatch:problem:model-too-large`: its samples and centroids would not fit the "
@@ -170,24 +174,26 @@ async def get_model(request: Request, name: Name) -> dict[str, Any]:
     response_model=ModelDeleted,
     summary="Delete a named model and all its data",
     description="Stops its worker and deletes its log, meta, snapshot, lease, idempotency "
-    "records and retained bases from Redis. Needs `confirm` equal to the name.",
+    "records and retained bases from Redis. Needs `confirm` equal to the name (409 "
+    "`confirmation-required` otherwise). Only the service that created a model deletes "
+    "it; no service deletes a default model (403 `model-not-owned`, 409 `default-model`).",
     openapi_extra=OPTIONAL_KEY,
     dependencies=[Depends(require_write_key)],
     responses=problem_responses(
-        400, 401, 403, 404, 409, 422, 503, described={403: NOT_OWNED}
+        400, 401, 403, 404, 409, 422, 503, described={403: NOT_OWNED, 409: DELETE_REFUSED}
     ),
 )
 async def delete_model(
     request: Request,
     name: Name,
     confirm: Annotated[
-        str | None,
+        str,
         Query(description="The model's name again: the data cannot be recovered."),
-    ] = None,
+    ],
 ) -> dict[str, Any]:
     if confirm != name:
         raise ProblemError(
-            400,
+            409,
             "confirmation-required",
             f"deleting model '{name}' removes all its data: repeat its name in the query "
             f"parameter 'confirm' (DELETE /models/{name}?confirm={name})",
