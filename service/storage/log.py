@@ -31,14 +31,15 @@ and the record of the key are one Lua script (:data:`APPEND_ONCE`), so two concu
 requests with one key store the samples once, whatever their timing. The record
 (:meth:`~service.storage.keys.ModelKeys.idempotency`) expires ``key_seconds`` after its
 request was stored; at most ``max_keys`` are kept per model, the oldest forgotten first
-by the same script (a retry under a forgotten key is stored again).
+by the same script (a retry under a forgotten key is stored again). Entries of this
+path are not handed over: the worker reads them from Redis. A request refused before the
+append (bad body, wrong dimension ...) leaves no record: the client may fix it and retry
+under the same key.
 
 Both paths (and :meth:`AsyncSampleLog.fix_dim`) first check the model's generation key
 (:attr:`~service.storage.keys.ModelKeys.generation`) against the token the log was
 given: a model deleted (or deleted and created again) since the request picked it gets
-nothing, and :class:`~service.storage.errors.ModelGoneError` is raised. Entries of this path are not handed over: the worker reads them from
-Redis. A request refused before the append (bad body, wrong dimension ...) leaves no
-record: the client may fix it and retry under the same key.
+nothing, and :class:`~service.storage.errors.ModelGoneError` is raised.
 """
 
 from __future__ import annotations
