@@ -23,6 +23,7 @@ Key configurations are parametrised: another one (scoped keys) is one more entry
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -100,3 +101,8 @@ def test_every_check_of_schemathesis_passes(
         command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False
     )
     assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
+    # It ran: every operation, and each phase (not a run that tested nothing).
+    selected = re.search(r"Operations: +(\d+) selected / \1 total", run.stdout)
+    assert selected and f"Tested: {selected[1]}" in run.stdout, run.stdout
+    for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):
+        assert f"✅ {phase}" in run.stdout or f"✅  {phase}" in run.stdout, run.stdout
