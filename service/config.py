@@ -50,6 +50,9 @@ class Settings(BaseSettings):
         extra="ignore",
         frozen=True,
         hide_input_in_errors=True,
+        # No setting is infinite or NaN (NMBATCH_RHO=inf, a max_age_seconds of NaN ...):
+        # refused here, and in PUT /models/{name} (ModelSpec) with a 422.
+        allow_inf_nan=False,
     )
 
     # -- model ---------------------------------------------------------------------------
@@ -203,6 +206,14 @@ class Settings(BaseSettings):
     )
     idempotency_seconds: float = Field(
         86_400.0, gt=0, description="How long an Idempotency-Key of POST /samples is kept."
+    )
+    idempotency_max_keys: int = Field(
+        100_000,
+        ge=1,
+        le=10_000_000,
+        description="Most Idempotency-Keys kept per model; past it the oldest are forgotten "
+        "first (a retry of a forgotten key is stored again). Each takes at most "
+        "IDEMPOTENCY_RECORD_BYTES of Redis, counted in the embedded Redis's maxmemory.",
     )
 
     # -- Redis ---------------------------------------------------------------------------

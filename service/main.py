@@ -17,8 +17,8 @@ What the app is made of, and where each part lives:
   assign, stats, dashboard) are mounted twice: without a prefix for the default model,
   and under ``/models/{name}`` (:data:`nmbatch.service.context.MODEL_PREFIX`); the same
   handlers, whose model dependency (:func:`nmbatch.service.context.get_model`) looks the
-  model up in the registry. With ``NMBATCH_DIM`` set, the OpenAPI document states the
-  vectors' length.
+  model up in the registry. The OpenAPI document states the app's limits (a named
+  model's largest dimension; with ``NMBATCH_DIM`` set, the vectors' length).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from nmbatch.service.fastpath import AssignFastPath
 from nmbatch.service.keys import load_keys
 from nmbatch.service.metrics import RequestTimingMiddleware, ServiceMetrics
 from nmbatch.service.models import ModelManager
-from nmbatch.service.openapi import with_dimension, with_key_refusals
+from nmbatch.service.openapi import with_dimension, with_key_refusals, with_model_limits
 from nmbatch.service.problems import install_problem_handlers, problem_responses
 from nmbatch.service.redis_errors import redis_error_handler
 from nmbatch.service.routes import assign, centroids, dashboard, health, models, samples, stats
@@ -117,18 +117,22 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
         )
     # After the routers: the methods /assign does not take (405, Allow: GET, POST).
     app.router.routes += [assign.OTHER_METHODS, assign.MODEL_OTHER_METHODS]
-    app.openapi = _openapi(app, settings.dim)  # type: ignore[method-assign]
+    app.openapi = _openapi_of(app, settings)  # type: ignore[method-assign]
     return app
 
 
-def _openapi(app: FastAPI, dim: int | None) -> Callable[[], dict[str, Any]]:
+def _openapi_of(app: FastAPI, settings: Settings) -> Callable[[], dict[str, Any]]:
     """``app.openapi`` whose document lists the 401/403 answers of every operation that
-    takes a key and, with ``dim``, gives every vectors body the length ``dim``."""
+    takes a key and states this app's limits: a named model's largest dimension, and with
+    ``NMBATCH_DIM`` set every vectors body's length."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = with_key_refusals(FastAPI.openapi(app))
-            app.openapi_schema = with_dimension(document, dim) if dim is not None else document
+            document = with_model_limits(document, settings.max_dim)
+            if settings.dim is not None:
+                document = with_dimension(document, settings.dim)
+            app.openapi_schema = document
         return app.openapi_schema
 
     return openapi

@@ -20,6 +20,7 @@ __all__ = [
     "vectors_body",
     "with_dimension",
     "with_key_refusals",
+    "with_model_limits",
 ]
 
 VECTORS_REFUSED = (
@@ -105,5 +106,27 @@ def with_key_refusals(document: dict[str, Any]) -> dict[str, Any]:
             if any("apiKey" in requirement for requirement in operation.get("security", [])):
                 responses = operation.setdefault("responses", {})
                 for status, answer in refusals.items():
+                    known = responses.get(str(status))
+                    if known is not None and known.get("description"):
+                        # The operation's own refusal of that status (a 403 for a model
+                        # another service owns) stays described beside the key's.
+                        answer = answer | {
+                            "description": f"{answer['description']} Or: {known['description']}"
+                        }
                     responses[str(status)] = answer
+    return document
+
+
+def with_model_limits(document: dict[str, Any], max_dim: int) -> dict[str, Any]:
+    """``document`` (OpenAPI) with the app's limit on a named model's dimension.
+
+    ``PUT /models/{name}`` refuses a ``dim`` above ``NMBATCH_MAX_DIM`` (422
+    ``dimension-too-large``): its body's ``dim`` gets that ``maximum`` (edited in place,
+    returned).
+    """
+    operation = document["paths"].get("/models/{name}", {}).get("put")
+    if operation is not None:
+        schema = operation["requestBody"]["content"][JSON]["schema"]
+        dim = schema["properties"]["dim"]
+        dim["maximum"] = min(dim.get("maximum", max_dim), max_dim)
     return document

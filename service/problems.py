@@ -29,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import compile_path
 
 from nmbatch.service.usecases import errors
 
@@ -173,6 +174,13 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
         ("setting", "limit_setting", "required_bytes", "limit_bytes", "max_samples_fitting"),
     ),
     errors.DefaultModelError: DomainProblem(409, "default-model", "Default model", ("model",)),
+    errors.ModelDeletedError: DomainProblem(409, "model-deleted", "Model deleted", ("model",)),
+    errors.ModelNotOwnedError: DomainProblem(
+        403, "model-not-owned", "Model not owned", ("model",)
+    ),
+    errors.InvalidModelEntryError: DomainProblem(
+        409, "invalid-model-entry", "Invalid model entry", ("model",)
+    ),
 }
 """Domain error class -> its answer: one entry per class (a test checks that none is
 missing, so no refusal reaches a client as a ``500``)."""
@@ -252,17 +260,37 @@ def _from_problem_error(request: Request, exc: Exception) -> Response:
     )
 
 
+_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """The methods the OpenAPI document gives the request's path (``Allow`` of a 405).
+
+    Starlette's 405 names the methods of the path's first route only (``PUT`` for
+    ``/models/{name}``, which ``GET`` and ``DELETE`` routes serve too).
+    """
+    path = request.scope.get("path", "")
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        if compile_path(template)[0].match(path):
+            methods |= {method.upper() for method in operations if method in _METHODS}
+    return ", ".join(sorted(methods)) if methods else None
+
+
 def _from_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
     detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(status).description
+    headers = exc.headers
     if status == 404 and detail == "Not Found":
         detail = f"no resource at {request.url.path}"
     elif status == 405:
         detail = f"{request.method} is not allowed on {request.url.path}"
-    return problem_response(
-        status, "about:blank", HTTPStatus(status).phrase, detail, headers=exc.headers
-    )
+        allow = _allowed_methods(request)
+        if allow is not None:
+            headers = {**(headers or {}), "Allow": allow}
+    return problem_response(status, "about:blank", HTTPStatus(status).phrase, detail,
+                            headers=headers)  # fmt: skip
 
 
 def _from_validation_error(request: Request, exc: Exception) -> Response:

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "FLOAT32_OVERFLOW",
     "AssignMany",
     "AssignOne",
     "Centroids",
@@ -23,6 +24,12 @@ __all__ = [
     "VectorsIn",
     "vectors_schema",
 ]
+
+
+FLOAT32_OVERFLOW = 3.4028235677973366e38
+"""The smallest magnitude that rounds to an infinite ``float32`` (the largest finite one,
+3.4028234663852886e38, plus half its spacing): a coordinate at or beyond it is refused
+(``non-finite``), anything below is stored as a finite ``float32``."""
 
 
 class VectorsIn(BaseModel):
@@ -44,6 +51,14 @@ def vectors_schema(dim: int | None = None) -> dict[str, Any]:
     the length a ``wrong-dimension`` problem would refuse.
     """
     schema = VectorsIn.model_json_schema()
+    # What the service accepts, as far as JSON Schema says it: at least one vector of at
+    # least one number, each within float32's range (beyond it a number is infinite).
+    vectors = schema["properties"]["vectors"]
+    vectors["minItems"] = 1
+    vectors["items"].update(minItems=1)
+    vectors["items"]["items"].update(
+        exclusiveMinimum=-FLOAT32_OVERFLOW, exclusiveMaximum=FLOAT32_OVERFLOW
+    )
     if dim is not None:
         vectors = schema["properties"]["vectors"]
         vectors["items"].update(minItems=dim, maxItems=dim)
@@ -196,4 +211,10 @@ class Stats(BaseModel):
     )
     redis_maxmemory: int | None = Field(
         description="Redis's maxmemory (0: no limit); None where INFO is not allowed."
+    )
+    invalid_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="Registry entries of named models that do not validate (name: why). "
+        "Their models are not started and their data is kept (never purged for it); each "
+        "still counts toward NMBATCH_MAX_MODELS until it is fixed or deleted.",
     )

@@ -4,7 +4,9 @@
 of one model. Planned at start-up when the dimension is known, else when the first
 batch fixes it: logged, shown in ``nmbatch_max_samples``, and the embedded Redis's
 ``maxmemory`` set to cover every model of the app (:attr:`ModelCapacity.redis_needs`,
-shared by them).
+shared by them), its ``Idempotency-Key`` records included (at most
+``NMBATCH_IDEMPOTENCY_MAX_KEYS`` of
+:data:`~nmbatch.service.storage.capacity.IDEMPOTENCY_RECORD_BYTES` each).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.storage import AsyncSampleLog
 from nmbatch.service.storage.capacity import (
+    IDEMPOTENCY_RECORD_BYTES,
     MIN_COMPACTION,
     REDIS_FIXED_BYTES,
     REDIS_SAMPLES,
@@ -95,7 +98,11 @@ class ModelCapacity:
             if s.retention == "reservoir":
                 in_redis += MIN_COMPACTION
             needs = self.redis_needs
-            needs[s.model] = redis_maxmemory(in_redis, dim) - REDIS_FIXED_BYTES
+            # Its samples, and its Idempotency-Key records (at most idempotency_max_keys).
+            needs[s.model] = (
+                redis_maxmemory(in_redis, dim) - REDIS_FIXED_BYTES
+                + s.idempotency_max_keys * IDEMPOTENCY_RECORD_BYTES
+            )
             maxmemory = await self.embedded.limit_memory(
                 self.sample_log.client, sum(needs.values()) + REDIS_FIXED_BYTES, REDIS_FIXED_BYTES
             )

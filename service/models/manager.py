@@ -50,6 +50,7 @@ from nmbatch.service.models.registry import (
 )
 from nmbatch.service.usecases.errors import (
     DomainError,
+    InvalidModelEntryError,
     ModelCannotStartError,
     ModelTooLargeError,
     UnknownModelError,
@@ -102,6 +103,7 @@ class RunningModel:
     handle: ModelHandle
     stack: AsyncExitStack
     default: bool = False
+    generation: str | None = None
 
 
 class ModelManager:
@@ -140,7 +142,7 @@ class ModelManager:
         self.client = client
         self.memory = memory
         self.with_redis = with_redis
-        self.registry = ModelRegistry(client)
+        self.registry = ModelRegistry(client, owner=settings.model)
         self.budget = model_budget(settings, memory)
         self.running: dict[str, RunningModel] = {}
         # Bytes of the embedded Redis's maxmemory each running model needs.
@@ -148,6 +150,9 @@ class ModelManager:
         self.lock = asyncio.Lock()
         self._sync_task: asyncio.Task[None] | None = None
         self._failed: dict[str, str] = {}  # model -> why it could not start (logged)
+        # Registry entries that do not validate (model -> why): never started nor purged,
+        # shown in /stats and GET /models.
+        self.invalid: dict[str, str] = {}
 
     @property
     def default_name(self) -> str:
@@ -165,6 +170,10 @@ class ModelManager:
         registered one; then (``sync_seconds`` not None) keep in step with the registry
         every ``sync_seconds`` (:meth:`sync`)."""
         async with self.lock:
+            try:
+                await self.registry.mark_default(self.default_name)
+            except redis.RedisError as exc:
+                raise StartupError(f"Redis is unusable: {exc}") from None
             await self._launch(
                 self.settings, spec_of(self.settings), self.metrics, self.memory,
                 default=True,
@@ -196,10 +205,19 @@ class ModelManager:
                 capacity_setting="NMBATCH_MAX_SAMPLES" if default
                 else f"max_samples of model '{name}'",
             )  # fmt: skip
+            # The incarnation its appends are checked against (storage.keys: generation).
+            generation = await self.registry.claim_generation(name, named=not default)
+            if generation is None:
+                raise StartupError(f"model '{name}' is no longer registered")
+            handle.sample_log.generation = generation
+        except redis.RedisError as exc:
+            await stack.aclose()
+            raise StartupError(f"Redis is unusable: {exc}") from None
         except BaseException:
             await stack.aclose()
             raise
-        running = self.running[name] = RunningModel(spec, handle, stack, default)
+        running = RunningModel(spec, handle, stack, default, generation)
+        self.running[name] = running
         return running
 
     async def start_named(self, name: str, spec: ModelSpec) -> RunningModel:
@@ -228,15 +246,24 @@ class ModelManager:
 
     async def sync(self) -> None:
         """Start the registered models not running here; stop (and purge, if still
-        unregistered) those running here that another process deleted. A model that
-        cannot start is logged and skipped (retried at the next sync)."""
-        registered = await self.registry.all()
+        unregistered) those running here that another process deleted; restart those
+        deleted and created again (another generation). A model that cannot start is
+        logged and skipped (retried at the next sync). An entry that does not validate
+        is logged and kept in :attr:`invalid`: its model is neither started nor stopped
+        nor purged (fail closed)."""
+        registered, invalid = await self.registry.entries()
+        for name, why in invalid.items():
+            if self.invalid.get(name) != why:
+                log.error("model '%s': its registry entry is not valid (%s); its data is "
+                          "kept, the model is not started", name, why)  # fmt: skip
+        self.invalid = invalid
+        await self._restart_replaced(registered)
         for name, spec in registered.items():
             if name == self.default_name or name in self.running:
                 continue
             try:
                 async with self.lock:
-                    if await self.registry.get(name) == spec:  # not deleted in between
+                    if await self._spec(name) == spec:  # not deleted in between
                         await self.start_named(name, spec)
             except (StartupError, DomainError) as exc:
                 if self._failed.get(name) != str(exc):  # logged once, retried each sync
@@ -244,15 +271,39 @@ class ModelManager:
                 self._failed[name] = str(exc)
             else:
                 self._failed.pop(name, None)
-        gone = [n for n, m in self.running.items() if not m.default and n not in registered]
+        gone = [
+            n for n, m in self.running.items()
+            if not m.default and n not in registered and n not in invalid
+        ]  # fmt: skip
         for name in gone:
             async with self.lock:
                 if not await self.stop(name):
                     continue
                 # Its last snapshot may have landed after the deleting process's purge.
-                if await self.registry.get(name) is None:
+                if not await self.registry.registered(name):
                     await purge_model(self.client, name)
             log.info("model '%s' deleted by another process: stopped here", name)
+
+    async def _spec(self, name: str) -> ModelSpec | None:
+        """The registered spec of ``name`` (None: none, or an entry that is not valid)."""
+        try:
+            return await self.registry.get(name)
+        except ValueError:
+            return None
+
+    async def _restart_replaced(self, registered: dict[str, ModelSpec]) -> None:
+        """Stop (without purging) the named models running here whose generation is no
+        longer theirs: deleted and created again by another process; the loop in
+        :meth:`sync` starts the new one."""
+        names = [n for n, m in self.running.items() if not m.default and n in registered]
+        for name, current in zip(names, await self.registry.generations(names), strict=True):
+            running = self.running.get(name)
+            if running is None or current is None or current == running.generation:
+                continue
+            async with self.lock:
+                if self.running.get(name) is running:
+                    await self.stop(name)
+            log.info("model '%s' was deleted and created again elsewhere: restarted", name)
 
     async def _sync_loop(self, seconds: float) -> None:
         while True:
@@ -313,7 +364,10 @@ class ModelManager:
         model = self.running.get(name)
         if model is not None:
             return model
-        spec = await self.registry.get(name)
+        try:
+            spec = await self.registry.get(name)
+        except ValueError as exc:
+            raise InvalidModelEntryError(name, str(exc)) from None
         if spec is None:
             raise UnknownModelError(name)
         async with self.lock:

@@ -7,12 +7,30 @@ process serves them too. The model's own keys are those of :mod:`nmbatch.service
 storage.keys` under the prefix ``nmbatch:{name}:`` (``log``, ``meta``, ``snapshot``,
 ``lock``, ``base:{g}``, ``idempotency:{sha256}``); :func:`purge_model` deletes them all.
 A name cannot hold ``:``, so ``nmbatch:{name}:*`` matches no other model's keys, and
-the registry's key (no trailing ``:``) is no model's key.
+the registry's keys (no trailing ``:``) are no model's keys.
+
+Who may do what (several services, each with its own ``NMBATCH_MODEL``, may share one
+Redis): a service is named by its default model's name. ``nmbatch:model-owners`` (hash)
+records, per named model, the service that created it; ``nmbatch:default-models`` (hash)
+every name some service runs as its default model (set when it starts, never removed).
+``PUT`` creates a model only if no service runs it as a default and Redis holds no data
+under its name; it finds or replaces nothing of a model another service created (403,
+its settings not shown). ``DELETE`` removes only a model this service created (or one
+registered before owners were recorded), never a default model. Creating and deleting
+set and delete the model's ``generation`` key in the same script as its entry
+(:mod:`nmbatch.service.storage.keys`), which every append checks.
+
+An entry that does not validate (written by hand, or by another version) is kept apart
+(:meth:`ModelRegistry.entries`): its model is not started, nor is its data ever purged
+for it; it still counts toward ``NMBATCH_MAX_MODELS``, and ``/stats`` and ``GET
+/models`` show it until it is fixed or deleted.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
+import time
 from typing import Any
 
 import orjson
@@ -30,7 +48,15 @@ from nmbatch.service.storage.keys import ModelKeys
 
 __all__ = [
     "CENTROID_BYTES",
+    "CREATED",
+    "DEFAULTS_KEY",
+    "DEFAULT_MODEL",
+    "EXISTS",
+    "FULL",
     "NAME_PATTERN",
+    "NOT_OWNED",
+    "ORPHAN_DATA",
+    "OWNERS_KEY",
     "REGISTRY_KEY",
     "ModelRegistry",
     "ModelSpec",
@@ -44,6 +70,10 @@ __all__ = [
 
 REGISTRY_KEY = "nmbatch:models"
 """Hash of the named models: field = name, value = the :class:`ModelSpec` as JSON."""
+OWNERS_KEY = "nmbatch:model-owners"
+"""Hash: field = a named model, value = the service (its ``NMBATCH_MODEL``) that created it."""
+DEFAULTS_KEY = "nmbatch:default-models"
+"""Hash: field = the default model of a service that started on this Redis, value = when."""
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 """A model name: 1 to 64 letters, digits, ``_``, ``.``, ``-``, starting with a letter or
 digit (so never ``.`` or ``..`` in a URL path)."""
@@ -67,7 +97,7 @@ class ModelSpec(BaseModel):
     created), and ``seed`` is a non-negative integer below 2^63.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     k: int = _F["k"]
     dim: int = Field(ge=1, le=1_000_000, description="Dimension of the vectors (required).")
@@ -147,68 +177,170 @@ def fitting_samples(spec: ModelSpec, budget: int, *, with_redis: bool) -> int:
     return max(0, math.floor(free / _sample_bytes(spec, with_redis)))
 
 
-# Creates the model's entry unless it exists or the registry is full, in one step.
-# KEYS[1] registry; ARGV: name, spec JSON, most models.
-# Returns {1, spec} created, {0, existing spec} existed, {-1, count} full.
+# Creates the model's entry unless it exists, the registry is full, the name is a default
+# model or holds data nobody registered, in one step; sets its new generation.
+# KEYS: registry, owners, defaults, the model's generation, meta, log, snapshot.
+# ARGV: name, spec JSON, most models, owner (this service), generation token.
+# Returns {1, spec} created, {0, existing spec} exists (this service's, or ownerless),
+# {-1, count} full, {-2, ''} a default model, {-3, ''} another service's, {-4, ''} data.
 _CREATE = """
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return {-2, ''} end
 local current = redis.call('HGET', KEYS[1], ARGV[1])
-if current then return {0, current} end
+if current then
+  local owner = redis.call('HGET', KEYS[2], ARGV[1])
+  if owner and owner ~= ARGV[4] then return {-3, ''} end
+  return {0, current}
+end
+if redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[7]) > 0 then return {-4, ''} end
 local count = redis.call('HLEN', KEYS[1])
 if count >= tonumber(ARGV[3]) then return {-1, tostring(count)} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+redis.call('SET', KEYS[4], ARGV[5])
 return {1, ARGV[2]}
 """
 
+# Unregisters a model and deletes its generation, in one step, unless it is a default
+# model or another service's. KEYS: registry, owners, defaults, the model's generation.
+# ARGV: name, owner (this service). Returns 1 removed, 0 not registered, -2 a default
+# model, -3 another service's.
+_REMOVE = """
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return -2 end
+local owner = redis.call('HGET', KEYS[2], ARGV[1])
+if owner and owner ~= ARGV[2] then return -3 end
+redis.call('DEL', KEYS[4])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return redis.call('HDEL', KEYS[1], ARGV[1])
+"""
+
+# The generation of a running model: its own, set now if it has none (a model of an
+# earlier version), only while it is registered (a named one) or always (a default one).
+# KEYS: the model's generation, registry. ARGV: name, new token, 1 if named.
+_CLAIM = """
+if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return false end
+redis.call('SET', KEYS[1], ARGV[2], 'NX')
+return redis.call('GET', KEYS[1])
+"""
+
+CREATED, EXISTS, FULL, DEFAULT_MODEL, NOT_OWNED, ORPHAN_DATA = 1, 0, -1, -2, -3, -4
+"""Outcomes of :meth:`ModelRegistry.create` (and, the two refusals, of ``remove``)."""
+
 
 class ModelRegistry:
-    """The ``nmbatch:models`` hash, through the request handlers' async client."""
+    """The ``nmbatch:models`` hash and its companions, through the handlers' async client.
 
-    def __init__(self, client: redis.asyncio.Redis) -> None:
+    ``owner``: the service's name (its default model's, ``NMBATCH_MODEL``), recorded as
+    the creator of the models it creates.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, owner: str = "default") -> None:
         self.client = client
+        self.owner = owner
         self._create = client.register_script(_CREATE)
+        self._remove = client.register_script(_REMOVE)
+        self._claim = client.register_script(_CLAIM)
+
+    async def entries(self) -> tuple[dict[str, ModelSpec], dict[str, str]]:
+        """Every registered model's spec by name, and, apart, the entries that do not
+        validate (name -> why)."""
+        raw = await self.client.hgetall(REGISTRY_KEY)
+        valid: dict[str, ModelSpec] = {}
+        invalid: dict[str, str] = {}
+        for key, value in raw.items():
+            name = key.decode() if isinstance(key, bytes) else key
+            try:
+                valid[name] = _validate(value)
+            except ValueError as exc:
+                invalid[name] = str(exc)
+        return dict(sorted(valid.items())), dict(sorted(invalid.items()))
 
     async def all(self) -> dict[str, ModelSpec]:
-        """Every registered model's spec, by name (entries that no longer validate are
-        skipped)."""
-        raw = await self.client.hgetall(REGISTRY_KEY)
-        out: dict[str, ModelSpec] = {}
-        for name, value in raw.items():
-            spec = _parse(value)
-            if spec is not None:
-                out[name.decode() if isinstance(name, bytes) else name] = spec
-        return dict(sorted(out.items()))
+        """Every registered model's spec, by name (entries that do not validate are left
+        out: :meth:`entries` has them)."""
+        return (await self.entries())[0]
 
     async def get(self, name: str) -> ModelSpec | None:
-        """The spec of ``name``, or None if no such model is registered."""
-        return _parse(await self.client.hget(REGISTRY_KEY, name))
+        """The spec of ``name``, or None if no such model is registered. Raises
+        ``ValueError`` (why) if its entry does not validate."""
+        value = await self.client.hget(REGISTRY_KEY, name)
+        return None if value is None else _validate(value)
+
+    async def registered(self, name: str) -> bool:
+        """True if ``name`` has an entry, valid or not."""
+        return bool(await self.client.hexists(REGISTRY_KEY, name))
+
+    async def mark_default(self, name: str) -> None:
+        """Record ``name`` as a service's default model (never created nor deleted
+        through another service)."""
+        await self.client.hsetnx(DEFAULTS_KEY, name, repr(time.time()))
 
     async def create(self, name: str, spec: ModelSpec, max_models: int) -> tuple[int, Any]:
         """Register ``name`` unless it exists or ``max_models`` are registered.
 
-        Returns ``(1, spec)`` created, ``(0, existing spec)`` (a :class:`ModelSpec`, or
-        None if unreadable) or ``(-1, number registered)``.
+        Returns ``(CREATED, spec)``, ``(EXISTS, existing spec)`` (a :class:`ModelSpec`,
+        or None if unreadable), ``(FULL, number registered)``, or ``(DEFAULT_MODEL |
+        NOT_OWNED | ORPHAN_DATA, None)``.
         """
+        keys = ModelKeys(name)
         body = orjson.dumps(spec.model_dump())
-        status, value = await self._create(keys=[REGISTRY_KEY], args=[name, body, max_models])
+        status, value = await self._create(
+            keys=[REGISTRY_KEY, OWNERS_KEY, DEFAULTS_KEY, keys.generation, keys.meta,
+                  keys.log, keys.snapshot],
+            args=[name, body, max_models, self.owner, secrets.token_hex(16)],
+        )  # fmt: skip
         status = int(status)
-        if status == 1:
-            return 1, spec
-        if status == 0:
-            return 0, _parse(value)
-        return -1, int(value)
+        if status == CREATED:
+            return status, spec
+        if status == EXISTS:
+            try:
+                return status, _validate(value)
+            except ValueError:
+                return status, None
+        if status == FULL:
+            return status, int(value)
+        return status, None
 
-    async def remove(self, name: str) -> bool:
-        """Unregister ``name``; True if it was registered."""
-        return bool(await self.client.hdel(REGISTRY_KEY, name))
+    async def remove(self, name: str) -> int:
+        """Unregister ``name`` (and delete its generation): 1 removed, 0 not registered,
+        ``DEFAULT_MODEL`` or ``NOT_OWNED`` refused."""
+        keys = ModelKeys(name)
+        return int(
+            await self._remove(
+                keys=[REGISTRY_KEY, OWNERS_KEY, DEFAULTS_KEY, keys.generation],
+                args=[name, self.owner],
+            )
+        )
+
+    async def claim_generation(self, name: str, *, named: bool) -> str | None:
+        """The generation token of model ``name`` (set now if it has none); None if it is
+        ``named`` and no longer registered."""
+        value = await self._claim(
+            keys=[ModelKeys(name).generation, REGISTRY_KEY],
+            args=[name, secrets.token_hex(16), 1 if named else 0],
+        )
+        if value is None:
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    async def generations(self, names: list[str]) -> list[str | None]:
+        """The generation token of each model of ``names`` (None: it has none)."""
+        if not names:
+            return []
+        values = await self.client.mget([ModelKeys(n).generation for n in names])
+        return [v.decode() if isinstance(v, bytes) else v for v in values]
 
 
-def _parse(value: bytes | str | None) -> ModelSpec | None:
-    if value is None:
-        return None
+def _validate(value: bytes | str) -> ModelSpec:
+    """The spec of a registry entry; ``ValueError`` saying why if it does not validate."""
     try:
         return ModelSpec.model_validate(orjson.loads(value))
-    except (ValueError, ValidationError):
-        return None
+    except ValidationError as exc:
+        raise ValueError(
+            "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
+                      for e in exc.errors(include_input=False))
+        ) from None
+    except ValueError as exc:  # orjson.JSONDecodeError
+        raise ValueError(f"not JSON: {exc}") from None
 
 
 async def purge_model(client: redis.asyncio.Redis, name: str) -> int:

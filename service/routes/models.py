@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from nmbatch.service.context import Name
 from nmbatch.service.models import ModelManager, ModelSpec
+from nmbatch.service.parsing import JSON, media_type, read_body
 from nmbatch.service.problems import ProblemError, problem_responses
 from nmbatch.service.security import OPTIONAL_KEY, require_admin_key, require_read_key
 from nmbatch.service.usecases import catalog
@@ -56,10 +58,60 @@ def _manager(request: Request) -> ModelManager:
     return request.app.state.models
 
 
+SPEC_MAX_BYTES = 16 * 1024
+"""Largest ``PUT /models/{name}`` body (413 above): a spec is a few hundred bytes."""
+
+
+async def read_spec(request: Request) -> ModelSpec:
+    """The :class:`ModelSpec` of a ``PUT /models/{name}`` body, read after the key check.
+
+    Through the reader of ``POST /samples`` (:func:`~nmbatch.service.parsing.read_body`):
+    at most :data:`SPEC_MAX_BYTES` (or ``NMBATCH_MAX_BODY_BYTES`` if lower; 413 above,
+    refused from ``Content-Length`` before anything is read), within
+    ``NMBATCH_BODY_TIMEOUT_SECONDS`` (408). JSON only (415 otherwise); parsed and checked
+    by pydantic in one step: bad JSON, unknown members, non-finite numbers (``NaN``,
+    ``Infinity``, ``1e999``) and out-of-range settings are a 422 problem.
+    """
+    settings = request.app.state.settings
+    kind = media_type(request.headers.get("content-type"))
+    if kind not in (JSON, ""):
+        raise ProblemError(
+            415, "unsupported-media-type", f"{kind} is not accepted; send {JSON}",
+            accepted=[JSON],
+        )  # fmt: skip
+    limit = min(SPEC_MAX_BYTES, settings.max_body_bytes)
+    body = await read_body(request, limit, settings.body_timeout_seconds)
+    try:
+        return ModelSpec.model_validate_json(bytes(body))
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [e | {"loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]
+        ) from None
+
+
+SPEC_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {JSON: {"schema": ModelSpec.model_json_schema()}},
+    }
+}
+"""``openapi_extra`` of ``PUT /models/{name}``: the body FastAPI no longer reads itself."""
+
+
 PUT_REFUSED = (
     "`urn:nmbatch:problem:model-conflict`: the model exists with other settings (member "
     "`current`), or Redis holds data under this name with another k or dimension; "
     "`too-many-models`: NMBATCH_MAX_MODELS named models exist."
+)
+NOT_OWNED = (
+    "`urn:nmbatch:problem:model-not-owned`: the model is another service's default model "
+    "(its NMBATCH_MODEL), was created by another service on the same Redis, or Redis holds "
+    "data under this name that no registered model owns; only the service that created a "
+    "model may replace or delete it, and no service may delete a default model."
+)
+DELETE_REFUSED = (
+    "`urn:nmbatch:problem:confirmation-required`: `confirm` is not the model's name (member "
+    "`parameter`); `default-model`: the service's own default model."
 )
 TOO_LARGE = (
     "Invalid settings, `dimension-too-large` (above NMBATCH_MAX_DIM), or "
@@ -74,19 +126,20 @@ TOO_LARGE = (
     response_model=ModelInfo,
     summary="Create a named model (or find it with the same settings)",
     description="201 when created (its worker starts at once), 200 when it exists with "
-    "the same settings, 409 when they differ. Nothing is stored when refused.",
-    openapi_extra=OPTIONAL_KEY,
+    "the same settings, 409 when they differ. Nothing is stored when refused. The body is "
+    "read only once the key is checked, at most 16 KiB.",
+    openapi_extra=SPEC_BODY | OPTIONAL_KEY,
     dependencies=[Depends(require_admin_key)],
     responses={
         201: {"model": ModelInfo, "description": "Created"},
         **problem_responses(
-            400, 401, 409, 422, 503, 507, described={409: PUT_REFUSED, 422: TOO_LARGE}
+            400, 401, 403, 408, 409, 413, 415, 422, 503, 507,
+            described={403: NOT_OWNED, 409: PUT_REFUSED, 422: TOO_LARGE},
         ),
     },
 )
-async def put_model(
-    request: Request, response: Response, name: Name, spec: ModelSpec
-) -> dict[str, Any]:
+async def put_model(request: Request, response: Response, name: Name) -> dict[str, Any]:
+    spec = await read_spec(request)
     created, document = await catalog.create_model(_manager(request), name, spec)
     response.status_code = 201 if created else 200
     return document
@@ -121,22 +174,26 @@ async def get_model(request: Request, name: Name) -> dict[str, Any]:
     response_model=ModelDeleted,
     summary="Delete a named model and all its data",
     description="Stops its worker and deletes its log, meta, snapshot, lease, idempotency "
-    "records and retained bases from Redis. Needs `confirm` equal to the name.",
+    "records and retained bases from Redis. Needs `confirm` equal to the name (409 "
+    "`confirmation-required` otherwise). Only the service that created a model deletes "
+    "it; no service deletes a default model (403 `model-not-owned`, 409 `default-model`).",
     openapi_extra=OPTIONAL_KEY,
     dependencies=[Depends(require_admin_key)],
-    responses=problem_responses(400, 401, 404, 409, 422, 503),
+    responses=problem_responses(
+        400, 401, 403, 404, 409, 422, 503, described={403: NOT_OWNED, 409: DELETE_REFUSED}
+    ),
 )
 async def delete_model(
     request: Request,
     name: Name,
     confirm: Annotated[
-        str | None,
+        str,
         Query(description="The model's name again: the data cannot be recovered."),
-    ] = None,
+    ],
 ) -> dict[str, Any]:
     if confirm != name:
         raise ProblemError(
-            400,
+            409,
             "confirmation-required",
             f"deleting model '{name}' removes all its data: repeat its name in the query "
             f"parameter 'confirm' (DELETE /models/{name}?confirm={name})",

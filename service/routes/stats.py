@@ -3,7 +3,7 @@ the capacity and the memory of the engine and Redis."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from nmbatch.service.context import ModelDep
 from nmbatch.service.problems import problem_responses
@@ -21,5 +21,7 @@ router = APIRouter(tags=["monitoring"], dependencies=[Depends(require_read_key)]
     openapi_extra=OPTIONAL_KEY,
     responses=problem_responses(401, 503),
 )
-async def get_stats(handle: ModelDep) -> Stats:
-    return await reads.stats(handle)
+async def get_stats(request: Request, handle: ModelDep) -> Stats:
+    stats = await reads.stats(handle)
+    invalid = request.app.state.models.invalid  # the registry's, seen by the last sync
+    return stats.model_copy(update={"invalid_models": dict(invalid)}) if invalid else stats

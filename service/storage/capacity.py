@@ -36,6 +36,7 @@ from nmbatch.service.storage.codec import CHUNK_BYTES
 
 __all__ = [
     "ENGINE_SAMPLE_BYTES",
+    "IDEMPOTENCY_RECORD_BYTES",
     "MEMORY_FRACTION",
     "MIN_COMPACTION",
     "REDIS_ENTRY_BYTES",
@@ -90,7 +91,15 @@ REDIS_MARGIN = 1.25
 """Headroom of the embedded Redis's ``maxmemory`` over the capacity's expected use."""
 REDIS_FIXED_BYTES = 64 << 20
 """Memory of the embedded Redis that does not depend on the samples: the server itself,
-snapshots, idempotency records, client buffers."""
+snapshots, client buffers (idempotency records: :data:`IDEMPOTENCY_RECORD_BYTES`)."""
+IDEMPOTENCY_RECORD_BYTES = 640
+"""Bytes of Redis per ``Idempotency-Key`` record kept (a model keeps at most
+``NMBATCH_IDEMPOTENCY_MAX_KEYS``; :mod:`nmbatch.service.storage.log`): the record (its
+key name holds the key's sha256, its fields a fingerprint and two integers, so its size
+does not depend on the client's key) and its member of the index. Measured with
+redis-server 7.0.15 (``MEMORY USAGE`` of 1,000 records and their index, model name of
+64 characters, the longest): 495 bytes; the rest covers the expiry entry and the
+allocator's rounding."""
 
 MIN_COMPACTION = 100_000
 """Fewest samples accepted since the last base before a reservoir is compacted again (a

@@ -1,8 +1,8 @@
 """What storage raises: conflicts with what Redis holds, a lost lease, a refused append.
 
 The use case that appends (``service.usecases.serving.ingest``) translates
-:class:`WrongDimensionError`, :class:`IdempotencyKeyReusedError` and
-:class:`StoreFullError` into the application's domain errors
+:class:`WrongDimensionError`, :class:`IdempotencyKeyReusedError`,
+:class:`StoreFullError` and :class:`ModelGoneError` into the application's domain errors
 (``service.usecases.errors``), which ``service.problems`` answers;
 :func:`redis_unavailable` sorts Redis errors into "retry later" and faults.
 """
@@ -15,6 +15,7 @@ __all__ = [
     "IdempotencyKeyReusedError",
     "LeaseLostError",
     "ModelConfigError",
+    "ModelGoneError",
     "StoreFullError",
     "WrongDimensionError",
     "redis_oom",
@@ -28,6 +29,12 @@ class ModelConfigError(RuntimeError):
 
 class LeaseLostError(RuntimeError):
     """This process no longer holds the model's worker lease (another one took over)."""
+
+
+class ModelGoneError(RuntimeError):
+    """The model this append was for was deleted (or deleted and created again) since the
+    request picked it: its ``generation`` key is gone or names another incarnation.
+    Nothing was stored."""
 
 
 class WrongDimensionError(ValueError):

@@ -42,6 +42,17 @@ Keys (``{model}`` is ``NMBATCH_MODEL``, so several models share one Redis):
     The record of one ``Idempotency-Key`` of ``POST /samples``: fields ``fingerprint``
     (:func:`~service.storage.codec.fingerprint` of the vectors), ``accepted`` and
     ``n_samples`` (the first answer). The key itself never becomes part of a key name.
+``nmbatch:{model}:idempotency-index`` (sorted set, with expiry)
+    The records above, by the time they were stored (score, ms; member the key's
+    ``sha256``): at most ``NMBATCH_IDEMPOTENCY_MAX_KEYS`` are kept, the oldest forgotten
+    first (record deleted with its member) when a new one would pass the bound, in the
+    same script that stores the new one (:mod:`service.storage.log`).
+``nmbatch:{model}:generation`` (string)
+    A random token naming this incarnation of the model: set when ``PUT /models/{name}``
+    creates it (the default model's when it first starts), deleted by ``DELETE`` in the
+    same step that unregisters it. Every append checks it in the script that appends,
+    so a request that picked the model before a ``DELETE`` stores nothing after it, and
+    nothing of a deleted model reaches a later model of the same name.
 """
 
 from __future__ import annotations
@@ -83,11 +94,28 @@ class ModelKeys:
     def lock(self) -> str:
         return self.prefix + "lock"
 
+    @property
+    def generation(self) -> str:
+        return self.prefix + "generation"
+
+    @property
+    def idempotency_index(self) -> str:
+        return self.prefix + "idempotency-index"
+
+    @property
+    def idempotency_prefix(self) -> str:
+        """Prefix of the records: ``{prefix}idempotency:`` + the key's ``sha256``."""
+        return self.prefix + "idempotency:"
+
     def base(self, generation: int) -> str:
         """Key of the retained samples of compaction ``generation``: ``...:base:{g}``."""
         return f"{self.prefix}base:{int(generation)}"
 
     def idempotency(self, idempotency_key: str) -> str:
         """Key of the record of ``idempotency_key``: ``nmbatch:{model}:idempotency:{sha256}``."""
-        digest = hashlib.sha256(idempotency_key.encode("latin-1", errors="replace")).hexdigest()
-        return f"{self.prefix}idempotency:{digest}"
+        return self.idempotency_prefix + idempotency_digest(idempotency_key)
+
+
+def idempotency_digest(idempotency_key: str) -> str:
+    """The ``sha256`` (hex) naming an ``Idempotency-Key``'s record and index member."""
+    return hashlib.sha256(idempotency_key.encode("latin-1", errors="replace")).hexdigest()

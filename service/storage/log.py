@@ -30,13 +30,21 @@ instead of ``.npy``) is still a retry. The check of the key, the append of the e
 and the record of the key are one Lua script (:data:`APPEND_ONCE`), so two concurrent
 requests with one key store the samples once, whatever their timing. The record
 (:meth:`~service.storage.keys.ModelKeys.idempotency`) expires ``key_seconds`` after its
-request was stored. Entries of this path are not handed over: the worker reads them from
-Redis. A request refused before the append (bad body, wrong dimension ...) leaves no
-record: the client may fix it and retry under the same key.
+request was stored; at most ``max_keys`` are kept per model, the oldest forgotten first
+by the same script (a retry under a forgotten key is stored again). Entries of this
+path are not handed over: the worker reads them from Redis. A request refused before the
+append (bad body, wrong dimension ...) leaves no record: the client may fix it and retry
+under the same key.
+
+Both paths (and :meth:`AsyncSampleLog.fix_dim`) first check the model's generation key
+(:attr:`~service.storage.keys.ModelKeys.generation`) against the token the log was
+given: a model deleted (or deleted and created again) since the request picked it gets
+nothing, and :class:`~service.storage.errors.ModelGoneError` is raised.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -47,14 +55,24 @@ import redis.asyncio
 from nmbatch.service.storage.codec import as_str, encode_chunks, fingerprint
 from nmbatch.service.storage.errors import (
     IdempotencyKeyReusedError,
+    ModelGoneError,
     StoreFullError,
     WrongDimensionError,
     redis_oom,
 )
 from nmbatch.service.storage.handoff import LocalEntries
-from nmbatch.service.storage.keys import ModelKeys
+from nmbatch.service.storage.keys import ModelKeys, idempotency_digest
 
-__all__ = ["APPEND_ONCE", "GUARD", "AppendOutcome", "AsyncSampleLog", "Offload", "inline"]
+__all__ = [
+    "APPEND_ONCE",
+    "DEFAULT_MAX_KEYS",
+    "FIX_DIM",
+    "GUARD",
+    "AppendOutcome",
+    "AsyncSampleLog",
+    "Offload",
+    "inline",
+]
 
 T = TypeVar("T")
 
@@ -63,36 +81,58 @@ Offload = Callable[..., Awaitable[Any]]
 it (``service.usecases.serving.off_loop``: in the thread pool for large inputs); ``values``
 estimates the work in numbers touched."""
 
+DEFAULT_MAX_KEYS = 100_000
+"""Most ``Idempotency-Key`` records kept per model when the caller names no bound
+(``NMBATCH_IDEMPOTENCY_MAX_KEYS``'s default)."""
+
 _COPY_WEIGHT = 16  # a plain copy costs about 1/16 of the numpy work an Offload counts
 
 GUARD = """
 -- Last command of the MULTI/EXEC of a plain append, after the request's XADDs.
--- KEYS[1] sample log (stream), KEYS[2] meta (hash)
--- ARGV[1] capacity (0: none), ARGV[2] rows in the request, ARGV[3] its log entries.
-local held = tonumber(redis.call('HGET', KEYS[2], 'n_samples') or '0')
-local capacity = tonumber(ARGV[1])
-if capacity > 0 and held + tonumber(ARGV[2]) > capacity then
+-- KEYS[1] sample log (stream), KEYS[2] meta (hash), KEYS[3] generation (string)
+-- ARGV[1] capacity (0: none), ARGV[2] rows in the request, ARGV[3] its log entries,
+-- ARGV[4] the model's generation ('': not checked).
+local function take_back()
   local added = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', ARGV[3])
   for _, entry in ipairs(added) do
     redis.call('XDEL', KEYS[1], entry[1])
   end
+end
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[4] then
+  take_back()
+  if redis.call('XLEN', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('DEL', KEYS[1])
+  end
+  return {-1, 0}
+end
+local held = tonumber(redis.call('HGET', KEYS[2], 'n_samples') or '0')
+local capacity = tonumber(ARGV[1])
+if capacity > 0 and held + tonumber(ARGV[2]) > capacity then
+  take_back()
   return {0, held}
 end
 return {1, redis.call('HINCRBY', KEYS[2], 'n_samples', ARGV[2])}
 """
-"""The capacity check of the plain path: counts the request's rows, or takes its entries
-(the last ones of the stream: nothing runs between the commands of one MULTI/EXEC) out
-again when they pass the capacity. Returns ``{1, n_samples after}`` or
-``{0, n_samples held}``. Sent with ``EVAL`` (a ``NOSCRIPT`` inside the transaction would
-leave the entries uncounted). The rows go to ``XADD`` directly, not through a script:
-Lua copies every argument it gets, which makes Redis's work per sample several times
-larger."""
+"""The capacity and generation check of the plain path: counts the request's rows, or
+takes its entries (the last ones of the stream: nothing runs between the commands of
+one MULTI/EXEC) out again when they pass the capacity or the model was deleted (a log
+the request created is deleted again). Returns ``{1, n_samples after}``,
+``{0, n_samples held}`` (capacity) or ``{-1, 0}`` (deleted). Sent with ``EVAL`` (a
+``NOSCRIPT`` inside the transaction would leave the entries uncounted). The rows go to
+``XADD`` directly, not through a script: Lua copies every argument it gets, which makes
+Redis's work per sample several times larger."""
 
 APPEND_ONCE = """
--- KEYS[1] idempotency record (hash), KEYS[2] sample log (stream), KEYS[3] meta (hash)
+-- KEYS[1] idempotency record (hash), KEYS[2] sample log (stream), KEYS[3] meta (hash),
+-- KEYS[4] generation (string), KEYS[5] index of the records (sorted set)
 -- ARGV[1] fingerprint, ARGV[2] expiry in ms, ARGV[3] rows in the request,
--- ARGV[4] capacity (0: none),
+-- ARGV[4] capacity (0: none), ARGV[5] generation ('': not checked), ARGV[6] now in ms,
+-- ARGV[7] most records kept, ARGV[8] prefix of the records' keys, ARGV[9] this record's
+-- member (the key's sha256),
 -- then (n, d, x) of every log entry, as service.storage.codec.encode_chunks makes them.
+if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
+  return {-2, ARGV[1], 0, 0}
+end
 local stored = redis.call('HMGET', KEYS[1], 'fingerprint', 'accepted', 'n_samples')
 if stored[1] then
   return {0, stored[1], stored[2], stored[3]}
@@ -102,16 +142,44 @@ local capacity = tonumber(ARGV[4])
 if capacity > 0 and held + tonumber(ARGV[3]) > capacity then
   return {-1, ARGV[1], 0, held}
 end
-for i = 5, #ARGV, 3 do
+for i = 10, #ARGV, 3 do
   redis.call('XADD', KEYS[2], '*', 'n', ARGV[i], 'd', ARGV[i + 1], 'x', ARGV[i + 2])
 end
 local total = redis.call('HINCRBY', KEYS[3], 'n_samples', ARGV[3])
 redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'accepted', ARGV[3], 'n_samples', total)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- The bound: forget expired members, then the oldest records past the most kept (a
+-- lowered bound is reached over a few appends, at most 1,000 records each).
+local now = tonumber(ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - tonumber(ARGV[2]))
+redis.call('ZADD', KEYS[5], now, ARGV[9])
+local excess = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[7])
+if excess > 0 then
+  local oldest = redis.call('ZPOPMIN', KEYS[5], math.min(excess, 1000))
+  for i = 1, #oldest, 2 do
+    redis.call('DEL', ARGV[8] .. oldest[i])
+  end
+end
+redis.call('PEXPIRE', KEYS[5], ARGV[2])
 return {1, ARGV[1], ARGV[3], total}
 """
 """Store a request once per ``Idempotency-Key``: ``{1, ...}`` stored, ``{0, ...}`` the
-record of an earlier request, ``{-1, fingerprint, 0, n_samples held}`` refused (capacity)."""
+record of an earlier request, ``{-1, fingerprint, 0, n_samples held}`` refused (capacity),
+``{-2, ...}`` refused (the model was deleted). Records are bounded by count (``ARGV[7]``,
+oldest first) and each by a fixed size (hashed key, fingerprint, two integers), so by
+bytes too (:data:`~nmbatch.service.storage.capacity.IDEMPOTENCY_RECORD_BYTES`). The
+records it deletes are named from the index's members, not passed as keys: the service
+runs on one Redis (no cluster), where a script may touch any key."""
+
+FIX_DIM = """
+-- KEYS[1] meta (hash), KEYS[2] generation (string)
+-- ARGV[1] dimension, ARGV[2] generation ('': not checked).
+if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
+redis.call('HSETNX', KEYS[1], 'dim', ARGV[1])
+return tonumber(redis.call('HGET', KEYS[1], 'dim'))
+"""
+"""Fix the model's dimension unless fixed (and unless the model was deleted: ``-1``);
+returns the dimension Redis holds."""
 
 
 async def inline(values: int, fn: Callable[..., T], *args: object) -> T:
@@ -157,15 +225,35 @@ class AsyncSampleLog:
     model : str
     local : LocalEntries or None
         Where appended entries are handed to this process's worker.
+    generation : str or None
+        The model's generation token (``nmbatch:{model}:generation``): every append
+        and :meth:`fix_dim` store nothing and raise :class:`ModelGoneError` once the key
+        holds another value or none. None: not checked (a log used outside the service).
     """
 
     def __init__(
-        self, client: redis.asyncio.Redis, model: str, local: LocalEntries | None = None
+        self,
+        client: redis.asyncio.Redis,
+        model: str,
+        local: LocalEntries | None = None,
+        generation: str | None = None,
     ) -> None:
         self.client = client
         self.keys = ModelKeys(model)
         self.local = local
+        self.generation = generation
         self._once_script = client.register_script(APPEND_ONCE)
+        self._fix_dim_script = client.register_script(FIX_DIM)
+
+    @property
+    def _token(self) -> str:
+        return self.generation or ""
+
+    def _gone(self) -> ModelGoneError:
+        return ModelGoneError(
+            f"model '{self.keys.model}' was deleted while this request was in flight; "
+            "nothing was stored"
+        )
 
     async def append(
         self,
@@ -175,6 +263,7 @@ class AsyncSampleLog:
         max_samples: int | None = None,
         idempotency_key: str | None = None,
         key_seconds: float | None = None,
+        max_keys: int = DEFAULT_MAX_KEYS,
         hand_over: bool = False,
         offload: Offload = inline,
     ) -> AppendOutcome:
@@ -194,6 +283,8 @@ class AsyncSampleLog:
             if the key stored other vectors.
         key_seconds : float or None
             How long the key is remembered; needed with ``idempotency_key``.
+        max_keys : int
+            Most keys remembered (the oldest are forgotten first).
         hand_over : bool
             Hand the entries to this process's worker in memory (:attr:`local`; plain
             path only).
@@ -207,7 +298,9 @@ class AsyncSampleLog:
         if idempotency_key is not None:
             if key_seconds is None:
                 raise ValueError("key_seconds is needed with an idempotency_key")
-            return await self._append_once(X, idempotency_key, key_seconds, capacity, offload)
+            return await self._append_once(
+                X, idempotency_key, key_seconds, max_keys, capacity, offload
+            )
         if capacity:
             # Refused before any XADD when the count already shows it: the guard below
             # would take the entries out again, but Redis's append-only file would keep
@@ -220,13 +313,18 @@ class AsyncSampleLog:
             async with self.client.pipeline(transaction=True) as pipe:
                 for fields in entries:
                     pipe.xadd(self.keys.log, fields)
-                pipe.eval(GUARD, 2, self.keys.log, self.keys.meta, capacity, m, len(entries))
+                pipe.eval(
+                    GUARD, 3, self.keys.log, self.keys.meta, self.keys.generation,
+                    capacity, m, len(entries), self._token,
+                )  # fmt: skip
                 reply = await pipe.execute()
         except redis.ResponseError as exc:
             if not redis_oom(exc):
                 raise
             raise StoreFullError(capacity, await self.n_samples(), m, redis_oom=True) from None
         stored, n_samples = (int(value) for value in reply[-1])
+        if stored < 0:
+            raise self._gone()
         if not stored:
             raise StoreFullError(capacity, n_samples, m)
         if hand_over and self.local is not None:
@@ -244,6 +342,7 @@ class AsyncSampleLog:
         X: np.ndarray,
         idempotency_key: str,
         key_seconds: float,
+        max_keys: int,
         capacity: int,
         offload: Offload,
     ) -> AppendOutcome:
@@ -252,15 +351,21 @@ class AsyncSampleLog:
         mine, args = await offload(X.size, _script_args, X)
         ttl_ms = max(1, round(key_seconds * 1000))
         try:
+            digest = idempotency_digest(idempotency_key)
+            keys = self.keys
             reply = await self._once_script(
-                keys=[self.keys.idempotency(idempotency_key), self.keys.log, self.keys.meta],
-                args=[mine, ttl_ms, m, capacity, *args],
-            )
+                keys=[keys.idempotency_prefix + digest, keys.log, keys.meta, keys.generation,
+                      keys.idempotency_index],
+                args=[mine, ttl_ms, m, capacity, self._token, int(time.time() * 1000),
+                      int(max_keys), keys.idempotency_prefix, digest, *args],
+            )  # fmt: skip
         except redis.ResponseError as exc:
             if not redis_oom(exc):
                 raise
             raise StoreFullError(capacity, await self.n_samples(), m, redis_oom=True) from None
         status, theirs = int(reply[0]), as_str(reply[1])
+        if status == -2:
+            raise self._gone()
         if status < 0:
             raise StoreFullError(capacity, int(reply[3]), m)
         if status == 0 and theirs != mine:
@@ -273,16 +378,22 @@ class AsyncSampleLog:
     async def fix_dim(self, d: int) -> None:
         """Set the model's dimension to ``d`` unless set; raise if it is another one.
 
-        Raises :class:`WrongDimensionError` (another dimension is fixed) or
-        :class:`StoreFullError` (Redis refuses the write for its memory).
+        Raises :class:`WrongDimensionError` (another dimension is fixed),
+        :class:`StoreFullError` (Redis refuses the write for its memory) or
+        :class:`ModelGoneError`.
         """
         try:
-            await self.client.hsetnx(self.keys.meta, "dim", d)
+            stored = int(
+                await self._fix_dim_script(
+                    keys=[self.keys.meta, self.keys.generation], args=[d, self._token]
+                )
+            )
         except redis.ResponseError as exc:
             if not redis_oom(exc):
                 raise
             raise StoreFullError(0, await self.n_samples(), 0, redis_oom=True) from None
-        stored = int(await self.client.hget(self.keys.meta, "dim"))
+        if stored < 0:
+            raise self._gone()
         if stored != d:
             raise WrongDimensionError(expected=stored, got=d)
 

@@ -4,7 +4,11 @@ They work on the app's one model registry (:class:`nmbatch.service.models.ModelM
 and answer documents shaped like the ``ModelInfo`` schema. The default model
 (``NMBATCH_MODEL``) is listed first and described like any other; it is created by the
 service's settings, so ``PUT`` finds it only with those settings, and it cannot be
-deleted. Refusals are the domain errors of :mod:`nmbatch.service.usecases.errors`.
+deleted. A service creates, finds and deletes only the named models it created (their
+registry entry records it, :mod:`nmbatch.service.models.registry`): another service's
+default model, a model another service created, and a name under which Redis holds data
+nobody registered are refused (:class:`ModelNotOwnedError`) without showing their
+settings. Refusals are the domain errors of :mod:`nmbatch.service.usecases.errors`.
 """
 
 from __future__ import annotations
@@ -13,13 +17,23 @@ import logging
 from typing import Any
 
 from nmbatch.service.models.manager import ModelManager, RunningModel, StartupError
-from nmbatch.service.models.registry import ModelSpec, purge_model, spec_of
+from nmbatch.service.models.registry import (
+    CREATED,
+    DEFAULT_MODEL,
+    FULL,
+    NOT_OWNED,
+    ORPHAN_DATA,
+    ModelSpec,
+    purge_model,
+    spec_of,
+)
 from nmbatch.service.usecases.errors import (
     DefaultModelError,
     DimensionTooLargeError,
     DomainError,
     ModelCannotStartError,
     ModelConflictError,
+    ModelNotOwnedError,
     TooManyModelsError,
     UnknownModelError,
 )
@@ -63,10 +77,22 @@ async def describe_model(models: ModelManager, name: str) -> dict[str, Any]:
     return _document(name, await models.running_model(name))
 
 
+def _not_started(name: str, why: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The ``ModelInfo`` document of a registered model that does not run here."""
+    status = {"role": "none", "phase": f"not started: {why}"[:300], "version": None,
+              "n_samples": 0, "converged": False}  # fmt: skip
+    return {"name": name, "default": False, "settings": settings, "max_samples": None,
+            "status": status}  # fmt: skip
+
+
 async def list_models(models: ModelManager) -> list[dict[str, Any]]:
-    """Every model: the default one first, then the registered ones by name."""
+    """Every model: the default one first, then the registered ones by name (those whose
+    entry does not validate too, with why)."""
     out = [await describe_model(models, models.default_name)]
-    for name, spec in (await models.registry.all()).items():
+    registered, invalid = await models.registry.entries()
+    for name, why in invalid.items():
+        out.append(_not_started(name, f"its registry entry is not valid ({why})", {}))
+    for name, spec in registered.items():
         if name == models.default_name:
             continue
         try:
@@ -75,11 +101,8 @@ async def list_models(models: ModelManager) -> list[dict[str, Any]]:
             continue
         except DomainError as exc:
             # Registered but refused here (Redis holds other k/dim, memory): say why.
-            status = {"role": "none", "phase": f"not started: {exc.detail}"[:300],
-                      "version": None, "n_samples": 0, "converged": False}  # fmt: skip
-            out.append({"name": name, "default": False, "settings": spec.model_dump(),
-                        "max_samples": None, "status": status})  # fmt: skip
-    return out
+            out.append(_not_started(name, exc.detail, spec.model_dump()))
+    return [out[0], *sorted(out[1:], key=lambda doc: doc["name"])]
 
 
 async def create_model(
@@ -88,9 +111,10 @@ async def create_model(
     """Create model ``name`` with ``spec``, or find it with the same spec.
 
     Returns ``(created, document)``. Raises :class:`ModelConflictError` (another
-    spec), :class:`ModelCannotStartError` (Redis holds the name's data with another
-    ``k``/``dim``), :class:`TooManyModelsError`, :class:`ModelTooLargeError`,
-    :class:`DimensionTooLargeError`.
+    spec), :class:`ModelNotOwnedError` (another service's default model or model, or
+    Redis holds data under the name that no registered model owns),
+    :class:`ModelCannotStartError` (it cannot start here), :class:`TooManyModelsError`,
+    :class:`ModelTooLargeError`, :class:`DimensionTooLargeError`.
     """
     settings = models.settings
     if name == models.default_name:
@@ -103,29 +127,50 @@ async def create_model(
     models.capacity(name, spec)  # ModelTooLargeError before anything is written
     async with models.lock:
         status, value = await models.registry.create(name, spec, settings.max_models)
-        if status == -1:
+        if status == FULL:
             raise TooManyModelsError(value, settings.max_models)
-        if status == 0 and value != spec:
+        if status in (DEFAULT_MODEL, NOT_OWNED, ORPHAN_DATA):
+            raise _not_owned(name, status)
+        if status != CREATED and value != spec:
             raise ModelConflictError(name, value.model_dump() if value is not None else None)
         try:
             await models.start_named(name, spec)
         except StartupError as exc:
-            if status == 1:  # registered just now: leave no entry behind
+            if status == CREATED:  # registered just now: leave nothing behind
                 await models.registry.remove(name)
+                await purge_model(models.client, name)
             raise ModelCannotStartError(name, exc.public) from None
-    return status == 1, await describe_model(models, name)
+    return status == CREATED, await describe_model(models, name)
+
+
+def _not_owned(name: str, status: int) -> ModelNotOwnedError:
+    """Why this service may not create or delete model ``name`` (a registry refusal)."""
+    why = {
+        DEFAULT_MODEL: "it is the default model (NMBATCH_MODEL) of another service on "
+        "this Redis",
+        NOT_OWNED: "it was created by another service on this Redis; only that service "
+        "may replace or delete it",
+        ORPHAN_DATA: "Redis holds data under this name that no registered model owns "
+        "(another service's default model, or what a deletion left behind a moment ago)",
+    }[status]
+    return ModelNotOwnedError(name, f"model '{name}' is not this service's: {why}")
 
 
 async def delete_model(models: ModelManager, name: str) -> int:
     """Remove model ``name``: unregistered, its worker stopped, its keys deleted.
 
     Returns the number of Redis keys deleted. The default model cannot be deleted
-    (:class:`DefaultModelError`); an unknown one raises :class:`UnknownModelError`.
+    (:class:`DefaultModelError`), nor another service's default model or a model another
+    service created (:class:`ModelNotOwnedError`); an unknown one raises
+    :class:`UnknownModelError`. The entry and the model's generation go in one step
+    before anything else: an append in flight stores nothing from then on.
     """
     if name == models.default_name:
         raise DefaultModelError(name)
     async with models.lock:
         registered = await models.registry.remove(name)
+        if registered in (DEFAULT_MODEL, NOT_OWNED):
+            raise _not_owned(name, registered)
         stopped = await models.stop(name)
         if not registered and not stopped:
             raise UnknownModelError(name)

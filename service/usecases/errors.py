@@ -24,9 +24,12 @@ __all__ = [
     "DimensionTooLargeError",
     "DomainError",
     "IdempotencyKeyReusedError",
+    "InvalidModelEntryError",
     "LogBacklogError",
     "ModelCannotStartError",
     "ModelConflictError",
+    "ModelDeletedError",
+    "ModelNotOwnedError",
     "ModelTooLargeError",
     "NotEnoughSamplesError",
     "StoreFullError",
@@ -129,6 +132,41 @@ class UnknownModelError(DomainError):
 
     def __init__(self, model: str) -> None:
         super().__init__(f"no model named '{model}': create it with PUT /models/{model}")
+        self.model = model
+
+
+class ModelDeletedError(DomainError):
+    """Model ``model`` was deleted (or deleted and created again) while a request that
+    had picked it was in flight; nothing of the request was stored."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"model '{model}' was deleted while this request was in flight; nothing was "
+            "stored"
+        )
+        self.model = model
+
+
+class ModelNotOwnedError(DomainError):
+    """Model ``model`` is another service's default model, or was created by another
+    service (another ``NMBATCH_MODEL``) or holds data no registered model owns: this
+    service may not create, replace or delete it. ``detail`` says which."""
+
+    def __init__(self, model: str, detail: str) -> None:
+        super().__init__(detail)
+        self.model = model
+
+
+class InvalidModelEntryError(DomainError):
+    """Model ``model``'s registry entry does not validate (written by hand, or by another
+    version); its data is kept, the model is not started until the entry is fixed or the
+    model deleted."""
+
+    def __init__(self, model: str, why: str) -> None:
+        super().__init__(
+            f"the registry entry of model '{model}' is not valid ({why}); its data is "
+            f"kept: fix the entry, or DELETE /models/{model}?confirm={model}"
+        )
         self.model = model
 
 

@@ -38,6 +38,7 @@ from nmbatch.service.usecases.errors import (
     DomainError,
     IdempotencyKeyReusedError,
     LogBacklogError,
+    ModelDeletedError,
     NotEnoughSamplesError,
     StoreFullError,
     WrongDimensionError,
@@ -193,7 +194,9 @@ async def ingest(
     pass the capacity (or that Redis refuses for its memory) :class:`StoreFullError`;
     with a retention other than ``all`` the embedded Redis's refusal is
     :class:`LogBacklogError`: the log is trimmed as rows retire, so it is a moment's
-    backlog, not a full store. Stored samples are counted and the worker notified.
+    backlog, not a full store; a model deleted since the request picked it
+    :class:`ModelDeletedError` (checked in the script that appends). Stored samples are
+    counted and the worker notified.
     """
     settings = handle.settings
     try:
@@ -208,6 +211,7 @@ async def ingest(
             max_samples=capacity.max_samples if settings.retention == "all" else None,
             idempotency_key=idempotency_key,
             key_seconds=settings.idempotency_seconds,
+            max_keys=settings.idempotency_max_keys,
             # This process's worker takes the rows from memory rather than from Redis.
             hand_over=handle.worker.role == WORKER_ROLE,
             offload=off_loop,
@@ -215,6 +219,8 @@ async def ingest(
     except storage.WrongDimensionError as exc:
         handle.dim = exc.expected
         raise WrongDimensionError(exc.expected, exc.got, str(exc)) from None
+    except storage.ModelGoneError:
+        raise ModelDeletedError(settings.model) from None
     except storage.IdempotencyKeyReusedError as exc:
         raise IdempotencyKeyReusedError(str(exc)) from None
     except storage.StoreFullError as exc:

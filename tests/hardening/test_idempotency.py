@@ -14,6 +14,7 @@ from hardening_helpers import live_server
 
 from nmbatch.service.main import create_app
 from nmbatch.service.storage import CHUNK_BYTES, ModelKeys
+from nmbatch.service.storage.capacity import IDEMPOTENCY_RECORD_BYTES
 from nmbatch.service.usecases.serving import ingest
 from tests.testkit import (
     SettingsFactory,
@@ -184,3 +185,35 @@ def test_keys_expire_after_idempotency_seconds(
         client.post("/samples", json={"vectors": [[1.0, 2.0]]}, headers=key("long-lived"))
         ttl = redis_client.pttl(ModelKeys(model_name).idempotency("long-lived"))
         assert 86_000_000 < ttl <= 86_400_000
+
+
+def test_records_are_bounded_oldest_first_and_posts_keep_being_accepted(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    """Issue 34, item 5: thousands of keyed requests (a key each, as the client sends)
+    keep at most NMBATCH_IDEMPOTENCY_MAX_KEYS records, within their byte budget; the
+    oldest are forgotten first, and a retry of a forgotten key is stored again."""
+    bound, sent = 200, 2000
+    settings = make_settings(idempotency_max_keys=bound, retention="window", max_samples=500)
+    keys = ModelKeys(model_name)
+    with TestClient(create_app(settings)) as client:
+        for i in range(sent):
+            response = client.post(
+                "/samples", json={"vectors": [[float(i), 1.0]]}, headers=key(f"chunk-{i}")
+            )
+            assert response.status_code == 202, response.text
+            assert "idempotent-replayed" not in response.headers
+        records = list(redis_client.scan_iter(match=keys.idempotency_prefix + "*", count=1000))
+        assert len(records) == bound and redis_client.zcard(keys.idempotency_index) == bound
+        used = sum(redis_client.memory_usage(r) for r in records)
+        used += redis_client.memory_usage(keys.idempotency_index, samples=0)
+        assert used <= bound * IDEMPOTENCY_RECORD_BYTES, used
+        # The newest keys are kept (a retry is answered again), the oldest forgotten.
+        newest = client.post(
+            "/samples", json={"vectors": [[float(sent - 1), 1.0]]}, headers=key(f"chunk-{sent - 1}")
+        )
+        assert newest.headers["idempotent-replayed"] == "true"
+        assert newest.json() == {"accepted": 1, "n_samples": sent}
+        oldest = client.post("/samples", json={"vectors": [[0.0, 1.0]]}, headers=key("chunk-0"))
+        assert oldest.status_code == 202 and "idempotent-replayed" not in oldest.headers
+        assert oldest.json() == {"accepted": 1, "n_samples": sent + 1}  # stored again

@@ -17,6 +17,7 @@ from service_helpers import post_npy
 from nmbatch.service.main import create_app
 from nmbatch.service.storage import AsyncSampleLog, StoreFullError
 from nmbatch.service.storage.capacity import (
+    IDEMPOTENCY_RECORD_BYTES,
     MEMORY_FRACTION,
     REDIS_FIXED_BYTES,
     default_max_samples,
@@ -263,7 +264,9 @@ def test_the_embedded_redis_gets_maxmemory_for_the_capacity_and_noeviction(
             used = int(admin.info("memory")["used_memory"])
         finally:
             admin.close()
-        assert maxmemory == redis_maxmemory(capacity, d) > used + REDIS_FIXED_BYTES
+        # The samples' share and the Idempotency-Key records' (count x bytes each).
+        records = settings.idempotency_max_keys * IDEMPOTENCY_RECORD_BYTES
+        assert maxmemory == redis_maxmemory(capacity, d) + records > used + REDIS_FIXED_BYTES
         stats = client.get("/stats").json()
         assert stats["redis_maxmemory"] == maxmemory and stats["redis_used_memory"] > 0
         assert stats["max_samples"] == capacity and stats["max_samples_source"] == "setting"

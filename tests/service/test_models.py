@@ -7,6 +7,7 @@ worker and engine process), a second app on the same Redis for the shared regist
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import redis
 
 from nmbatch.service.main import create_app
 from nmbatch.service.models import REGISTRY_KEY
+from nmbatch.service.models.manager import SYNC_SECONDS
 from nmbatch.service.storage import ModelKeys
 from nmbatch.service.usecases import reads, serving
 from tests.service.service_helpers import post_npy
@@ -206,9 +208,11 @@ def test_delete_needs_the_confirmation_and_removes_every_key_of_the_model(
         held = {k.decode() for k in model_keys(redis_client, "gone")}
         assert {keys.log, keys.meta, keys.snapshot, keys.idempotency("key-gone")} <= held
 
-        problem = assert_problem(client.delete("/models/gone"), 400, "confirmation-required")
+        problem = assert_problem(client.delete("/models/gone"), 422, "invalid-request")
+        assert "confirm" in problem["detail"]
+        problem = assert_problem(client.delete("/models/gone?confirm=kept"), 409)
+        assert problem["type"].endswith("confirmation-required")
         assert problem["parameter"] == "confirm" and "confirm" in problem["detail"]
-        assert_problem(client.delete("/models/gone?confirm=kept"), 400, "confirmation-required")
         assert model_keys(redis_client, "gone") != []
 
         deleted = client.delete("/models/gone", params={"confirm": "gone"})
@@ -305,7 +309,7 @@ def test_a_restart_and_a_second_app_bring_the_models_back_with_their_data(
         np.testing.assert_allclose(after["centroids"], before["centroids"], rtol=1e-5)
 
 
-def test_a_name_whose_data_in_redis_contradicts_the_settings_is_a_409(
+def test_a_name_whose_data_in_redis_contradicts_the_settings_is_refused(
     make_settings: SettingsFactory, redis_client: redis.Redis
 ) -> None:
     # Data left by a service once run with NMBATCH_MODEL=old and k = 5.
@@ -314,8 +318,10 @@ def test_a_name_whose_data_in_redis_contradicts_the_settings_is_a_409(
     redis_client.hset(ModelKeys("clash").meta, mapping={"k": 5, "dim": 2})
     redis_client.hset(REGISTRY_KEY, "clash", json.dumps(SPEC_A | {"k": 3}))
     with TestClient(create_app(make_settings())) as client:
-        problem = assert_problem(client.put("/models/old", json=SPEC_A), 409, "model-conflict")
-        assert "k=5" in problem["detail"]
+        # Data no registered model owns (another service's default model): not adopted,
+        # and its settings are not shown.
+        problem = assert_problem(client.put("/models/old", json=SPEC_A), 403, "model-not-owned")
+        assert "k=5" not in problem["detail"] and "dim" not in problem["detail"]
         assert not redis_client.hexists(REGISTRY_KEY, "old")  # no entry left behind
 
         listed = {m["name"]: m for m in client.get("/models").json()["models"]}
@@ -357,3 +363,59 @@ def test_the_default_and_a_named_model_answer_through_the_same_use_cases(
             assert_problem(client.get(f"{prefix}/centroids"), 409, "not-enough-samples")
             assert client.get(f"{prefix}/stats").status_code == 200
             assert calls == [("ingest", handle), ("require_model", handle), ("stats", handle)]
+
+
+@pytest.mark.parametrize("number", ["Infinity", "-Infinity", "NaN", "1e999"])
+def test_non_finite_settings_are_a_422_and_store_nothing(
+    make_settings: SettingsFactory, redis_client: redis.Redis, number: str
+) -> None:
+    """Issue 34, item 9: PUT /models/{name} with a number JSON parsers read as infinite
+    or NaN (and the same settings through the environment) are refused."""
+    with TestClient(create_app(make_settings())) as client:
+        for field in ("rho", "max_age_seconds"):
+            body = f'{{"k": 3, "dim": 2, "retention": "age", "{field}": {number}'
+            body += ', "max_age_seconds": 60}' if field == "rho" else "}"
+            response = client.put(
+                "/models/inf", content=body, headers={"content-type": "application/json"}
+            )
+            problem = assert_problem(response, 422, "invalid-request")
+            assert field in problem["detail"], problem["detail"]
+    assert not redis_client.exists(REGISTRY_KEY)
+    with pytest.raises(ValueError, match="finite"):
+        make_settings(rho=float(number.lower().replace("infinity", "inf")))
+
+
+def test_a_registry_entry_that_does_not_validate_keeps_its_data_and_shows(
+    make_settings: SettingsFactory, redis_client: redis.Redis
+) -> None:
+    """Issue 34, item 9: an entry written into Redis that no longer validates is never
+    taken for a deletion (no purge, in the process running the model or another one), is
+    shown in /stats and GET /models, holds its NMBATCH_MAX_MODELS slot visibly, and can
+    be deleted."""
+    settings = make_settings(max_models=2)
+    with TestClient(create_app(settings)) as client:
+        assert client.put("/models/kept", json=SPEC_A).status_code == 201
+        post_npy(client, blobs(60, 2, 3, seed=7), "/models/kept/samples")
+        converged(client, "/models/kept", 60)
+        held = model_keys(redis_client, "kept")
+        # The entry spoiled by hand (rho beyond a float), a second one with data of its own.
+        redis_client.hset(REGISTRY_KEY, "kept", '{"k": 3, "dim": 2, "rho": 1e999}')
+        redis_client.hset(REGISTRY_KEY, "odd", json.dumps(SPEC_A | {"colour": "red"}))
+        redis_client.hset(ModelKeys("odd").meta, mapping={"k": 3, "dim": 2, "n_samples": 1})
+        with TestClient(create_app(settings)) as second:
+            time.sleep(2 * SYNC_SECONDS + 1)  # syncs of both apps
+            for app in (client, second):
+                invalid = app.get("/stats").json()["invalid_models"]
+                assert set(invalid) == {"kept", "odd"} and "colour" in invalid["odd"]
+                listed = {m["name"]: m for m in app.get("/models").json()["models"]}
+                assert "not valid" in listed["odd"]["status"]["phase"]
+                assert "not valid" in listed["kept"]["status"]["phase"]
+            assert_problem(second.get("/models/odd/stats"), 409, "invalid-model-entry")
+        assert model_keys(redis_client, "kept") == held  # nothing purged
+        assert redis_client.xlen(ModelKeys("kept").log) > 0
+        assert redis_client.exists(ModelKeys("odd").meta)
+        # Both hold their slots, visibly; deleting one frees its slot and its data.
+        assert_problem(client.put("/models/third", json=SPEC_B), 409, "too-many-models")
+        assert client.delete("/models/odd?confirm=odd").status_code == 200
+        assert model_keys(redis_client, "odd") == []
+        assert client.put("/models/third", json=SPEC_B).status_code == 201
