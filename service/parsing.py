@@ -255,6 +255,10 @@ def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarr
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        if "infinity" in str(exc):  # a number such as 1e999: valid JSON, not finite
+            raise ProblemError(
+                422, "non-finite", f"vectors contain a number too large for a double: {exc}"
+            ) from None
         raise ProblemError(400, "malformed-body", f"the body is not valid JSON: {exc}") from None
     if not isinstance(document, dict) or "vectors" not in document:
         raise ProblemError(

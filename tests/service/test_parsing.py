@@ -74,6 +74,7 @@ BAD_BODIES = [
     ("object", b'{"vectors": [[1, {}]]}', J, None, 422, "non-numeric"),
     ("wrong dim", b'{"vectors": [[1, 2, 3]]}', J, 2, 422, "wrong-dimension"),
     ("float32 overflow", b'{"vectors": [[1e39, 1]]}', J, None, 422, "non-finite"),
+    ("a double overflow", b'{"vectors": [[1e999, 1]]}', J, None, 422, "non-finite"),
     ("too many", b'{"vectors": [[1], [2], [3]]}', J, None, 413, "too-many-vectors"),
     ("no npy", b"\x93NUMPY garbage", N, None, 400, "malformed-body"),
     ("npy is json", b'{"vectors": [[1]]}', N, None, 400, "malformed-body"),
