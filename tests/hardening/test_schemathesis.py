@@ -17,8 +17,8 @@ than a named model's own dimension, or a query vector that is not comma-separate
 numbers.
 
 Bounded for CI: a few examples per operation, one worker, a fixed seed (about 30 s).
-Key configurations are parametrised: another one (scoped keys) is one more entry of
-:data:`KEYS`.
+Key configurations are parametrised (:data:`KEYS`): one ``NMBATCH_API_KEY``, and scoped
+keys (``NMBATCH_API_KEYS``) with reads keyed too.
 """
 
 from __future__ import annotations
@@ -41,6 +41,17 @@ KEY = "schemathesis-key-0123456789"
 #: ``(id, service settings, headers schemathesis sends)``: one entry per key configuration.
 KEYS: list[tuple[str, dict[str, Any], dict[str, str]]] = [
     ("one-key", {"api_key": KEY}, {"Authorization": f"Bearer {KEY}"}),
+    # Scoped keys (NMBATCH_API_KEYS), reads keyed too: the run holds the admin key; the
+    # others (a read key, a write key limited to other models) only have to exist.
+    (
+        "scoped-keys",
+        {
+            "api_keys": f"{KEY} admin; read-only-key-0123456789 read; "
+            "tenant-writer-key-0123456 write tenant-*",
+            "api_key_reads": "true",
+        },
+        {"Authorization": f"Bearer {KEY}"},
+    ),
 ]
 
 ACCEPTED_OR_UNPROVABLE = ["2xx", "3xx", "401", "403", "404", "409", "422", "429"]
