@@ -80,7 +80,7 @@ def test_user_mode_end_to_end_writes_json_markdown_and_plots(tmp_path: Path) -> 
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--mode", "user", "--dataset", "npz",
          "--data", str(tmp_path / "tiny.npz"), "--k", "8", "--threads", "1,2",
-         "--seeds", "2", "--budget", "0.5", "--warmup", "0.05", "--methods", methods,
+         "--seeds", "1", "--budget", "0.3", "--warmup", "0.05", "--methods", methods,
          "--note", "tiny test", "--out", str(out)],
         cwd=REPO, env=dict(os.environ, MPLBACKEND="Agg"), capture_output=True, text=True,
         timeout=600,
@@ -90,7 +90,7 @@ def test_user_mode_end_to_end_writes_json_markdown_and_plots(tmp_path: Path) -> 
               "curves-threads-2.png"):
         assert (out / f).is_file(), f
     res = json.loads((out / "results.json").read_text())
-    assert res["mode"] == "user" and res["threads"] == [1, 2] and res["seeds"] == [0, 1]
+    assert res["mode"] == "user" and res["threads"] == [1, 2] and res["seeds"] == [0]
     assert set(res["summary"]) == {"1", "2"}
     assert set(res["summary"]["1"]) == set(methods.split(","))
     md = (out / "results.md").read_text()
