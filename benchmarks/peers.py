@@ -35,7 +35,7 @@ initial centroids. How each curve is sampled (what is timed):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -47,6 +47,7 @@ __all__ = [
     "faiss_full",
     "faiss_subsampled",
     "make_peer",
+    "recorded_kmeans_fit",
     "sklearn_kmeans",
     "sklearn_minibatch",
 ]
@@ -92,54 +93,66 @@ class _BudgetExceededError(Exception):
     pass
 
 
+def recorded_kmeans_fit(
+    make: Callable[[], object], X: np.ndarray, algorithm: str, budget: Budget
+) -> Iterator[Snapshot]:
+    """Fit ``make()`` (a scikit-learn ``KMeans`` with ``algorithm``) on ``X``, timed from
+    just before ``make`` is called, with a snapshot after every iteration (the kernel
+    wrapper described in this module's docstring); returns ``{"stop", "fit_seconds"}``."""
+    import sklearn.cluster._kmeans as km
+
+    attr = f"{algorithm}_iter_chunked_dense"
+    kernel = getattr(km, attr)
+    shift = X.mean(axis=0)  # what fit subtracts (same dtype, same reduction)
+    samples: list[tuple[float, np.ndarray]] = []
+    t0 = 0.0
+
+    def recording_kernel(*args, **kwargs):
+        kernel(*args, **kwargs)
+        if kwargs.get("update_centers", True):
+            t = time.perf_counter() - t0
+            samples.append((t, np.array(args[3])))  # centers_new, centred
+            if t >= budget.seconds:
+                raise _BudgetExceededError
+
+    setattr(km, attr, recording_kernel)
+    try:
+        t0 = time.perf_counter()
+        est = make()
+        try:
+            est.fit(X)
+            stop = "converged" if est.n_iter_ < est.max_iter else "max_iter"
+        except _BudgetExceededError:
+            stop = "budget"
+        fit_seconds = time.perf_counter() - t0
+    finally:
+        setattr(km, attr, kernel)
+    if not samples:
+        raise RuntimeError(
+            f"scikit-learn never called {attr}: its internals changed; "
+            f"the per-iteration sampling of sklearn.{algorithm} must be revisited"
+        )
+    for i, (t, centred) in enumerate(samples):
+        last = i == len(samples) - 1
+        yield Snapshot(t, centred + shift, i + 1, converged=last and stop == "converged")
+    return {"stop": stop, "fit_seconds": fit_seconds}
+
+
 def sklearn_kmeans(algorithm: str) -> Runner:
     """``KMeans(algorithm=algorithm)`` fitted once, sampled at every iteration."""
     if algorithm not in ("lloyd", "elkan"):
         raise ValueError(f"algorithm must be 'lloyd' or 'elkan', got {algorithm!r}")
 
     def run(problem: Problem, budget: Budget) -> Iterator[Snapshot]:
-        import sklearn.cluster._kmeans as km
         from sklearn.cluster import KMeans
 
-        X = problem.train
-        attr = f"{algorithm}_iter_chunked_dense"
-        kernel = getattr(km, attr)
-        shift = X.mean(axis=0)  # what fit subtracts (same dtype, same reduction)
-        samples: list[tuple[float, np.ndarray]] = []
-        t0 = 0.0
-
-        def recording_kernel(*args, **kwargs):
-            kernel(*args, **kwargs)
-            if kwargs.get("update_centers", True):
-                t = time.perf_counter() - t0
-                samples.append((t, np.array(args[3])))  # centers_new, centred
-                if t >= budget.seconds:
-                    raise _BudgetExceededError
-
-        setattr(km, attr, recording_kernel)
-        try:
-            t0 = time.perf_counter()
-            est = KMeans(
+        def make() -> KMeans:
+            return KMeans(
                 n_clusters=problem.k, init=problem.init, n_init=1, algorithm=algorithm,
                 max_iter=budget.max_iter, random_state=problem.seed,
             )
-            try:
-                est.fit(X)
-                stop = "converged" if est.n_iter_ < budget.max_iter else "max_iter"
-            except _BudgetExceededError:
-                stop = "budget"
-            fit_seconds = time.perf_counter() - t0
-        finally:
-            setattr(km, attr, kernel)
-        if not samples:
-            raise RuntimeError(
-                f"scikit-learn never called {attr}: its internals changed; "
-                "the per-iteration sampling of sklearn.{algorithm} must be revisited"
-            )
-        for i, (t, centred) in enumerate(samples):
-            last = i == len(samples) - 1
-            yield Snapshot(t, centred + shift, i + 1, converged=last and stop == "converged")
-        return {"stop": stop, "fit_seconds": fit_seconds}
+
+        return (yield from recorded_kmeans_fit(make, problem.train, algorithm, budget))
 
     return run
 
