@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         result["phases"].append(phase)
         ing, asg = phase.get("ingest"), phase.get("assign")
         if ing:
-            print(f"  ingest {ing['vectors_per_second']:,.0f} vectors/s, errors {ing['errors']}",
+            print(f"  ingest {ing['vectors_per_second']:,.0f} vectors/s, errors {ing['errors']}, "
+                  f"shed {ing.get('shed', 0)}",
                   flush=True)  # fmt: skip
         if asg and asg["requests_per_second"] is None:
             print(f"  assign: no answer within the phase, errors {asg['errors']}", flush=True)

@@ -172,6 +172,7 @@ class Recorder:
     latencies: list[float] = field(default_factory=list)
     vectors: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    shed: int = 0  # writes answered 503 `overloaded`: shed by design, not errors
 
     def ok(self, end: float, latency: float, vectors: int) -> None:
         """A 2xx answer at ``end`` (monotonic s), ``latency`` s, carrying ``vectors``."""
@@ -192,6 +193,7 @@ class Recorder:
             "latencies": np.asarray(self.latencies),
             "vectors": np.asarray(self.vectors, dtype=np.int64),
             "errors": self.errors,
+            "shed": self.shed,
             "cpu_seconds": times.user + times.system,
         }
 
@@ -241,7 +243,10 @@ async def _drive(
         if 200 <= status < 300:
             rec.ok(end, end - scheduled, vectors_each)
         else:
-            rec.fail(end, f"HTTP {status}: {body[:200]!r}")
+            if status == 503 and b"problem:overloaded" in body:
+                rec.shed += 1  # the server protecting its reads (NMBATCH_WRITE_SHED_LAG_MS)
+            else:
+                rec.fail(end, f"HTTP {status}: {body[:200]!r}")
             if conn.retry_after is not None and rate is None:
                 # As the project's client does: a shed write waits before it is sent again.
                 await asyncio.sleep(max(0.0, min(conn.retry_after, deadline - end)))

@@ -84,13 +84,14 @@ def markdown(result: dict[str, Any]) -> str:
         "## Phases",
         "",
         "| phase | s | ingest vectors/s | ingest req ms p50 / p99 | /assign req/s | "
-        "/assign ms p50 / p99 / max | errors | CPU cores: server (the worker) / "
+        "/assign ms p50 / p99 / max | errors (writes shed) | CPU cores: server (the worker) / "
         "redis / clients / other programs |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for p in result["phases"]:
         ing, asg = p.get("ingest"), p.get("assign")
         errors = (ing or {}).get("errors", 0) + (asg or {}).get("errors", 0)
+        shed = (ing or {}).get("shed", 0)
         cpu = p["cpu_cores_used"]
         lines.append(
             f"| {p['name']} | {p['seconds']:.0f} | "
@@ -107,7 +108,8 @@ def markdown(result: dict[str, Any]) -> str:
                 if asg
                 else "- | - | "
             )
-            + f"{errors} | {_f(cpu.get('server'), '{:.2f}')} ({_f(cpu.get('worker'), '{:.2f}')})"
+            + f"{errors} ({shed}) | "
+            f"{_f(cpu.get('server'), '{:.2f}')} ({_f(cpu.get('worker'), '{:.2f}')})"
             f" / {_f(cpu.get('redis'), '{:.2f}')} / {_f(cpu.get('clients'), '{:.2f}')}"
             f" / {_f(cpu.get('other programs'), '{:.2f}')} |"
         )
