@@ -305,12 +305,13 @@ class RetainedLog:
     def compact(
         self,
         ids: np.ndarray,
-        X: np.ndarray,
+        X: np.ndarray | Callable[[np.ndarray], np.ndarray],
         *,
         last_id: str,
         policy: dict[str, Any],
         lease_token: str | None = None,
         pause: Pause | None = None,
+        dim: int | None = None,
     ) -> Base:
         """Make ``(ids, X)`` the new base, holding the retained samples up to ``last_id``.
 
@@ -318,8 +319,12 @@ class RetainedLog:
         ----------
         ids : ndarray (n,) int64
             Ids of the retained samples (stored as they are, in this order).
-        X : ndarray (n, d) float32
-            Their rows. ``n`` may be 0.
+        X : ndarray (n, d) float32, or callable
+            Their rows (``n`` may be 0); or ``rows_of(ids_page) -> (m, d) float32``,
+            called once a pipeline trip (``pipeline_entries * entry_bytes`` of rows), so
+            that a large base is never whole in this process (a reservoir's rows come
+            from the engine page by page, each copy a short hold of the GIL); then
+            ``dim`` is ``d``.
         last_id : str
             A log entry id: the rows are the retained samples of the log up to and
             including it (and of the old base); the log's entries up to it are deleted.
@@ -340,12 +345,18 @@ class RetainedLog:
         :meth:`read_base` tells which.
         """
         ids = np.ascontiguousarray(ids, dtype="<i8").reshape(-1)
-        X = np.ascontiguousarray(X, dtype="<f4")
         n = int(ids.shape[0])
-        if n == 0 and X.ndim != 2:
-            X = X.reshape(0, 0)
-        if X.ndim != 2 or X.shape[0] != n:
-            raise ValueError(f"ids {ids.shape} and X {X.shape} do not match: (n,) and (n, d)")
+        if callable(X):
+            if dim is None:
+                raise ValueError("rows given as a function need their dimension (dim)")
+            rows_of, d = X, int(dim)
+        else:
+            X = np.ascontiguousarray(X, dtype="<f4")
+            if n == 0 and X.ndim != 2:
+                X = X.reshape(0, 0)
+            if X.ndim != 2 or X.shape[0] != n:
+                raise ValueError(f"ids {ids.shape} and X {X.shape} do not match: (n,) and (n, d)")
+            rows_of, d = None, int(X.shape[1])
         policy_json = json.dumps(policy, sort_keys=True, separators=(",", ":"))
         step = pause or _no_pause
         step("begin")
@@ -359,15 +370,22 @@ class RetainedLog:
 
         new_key = self.keys.base(g + 1)
         nonce = secrets.randbelow(1 << 47) + 1
-        rows_per_entry = max(1, self.entry_bytes // (4 * max(1, X.shape[1]) + 8))
+        rows_per_entry = max(1, self.entry_bytes // (4 * max(1, d) + 8))
         m = -(-n // rows_per_entry)  # entries
         try:
             written = 0
             per_trip = max(1, self.pipeline_entries) * rows_per_entry
             for start in range(0, n, per_trip):
-                entries = encode_base_entries(
-                    ids, X, start, min(n, start + per_trip), rows_per_entry
-                )
+                stop = min(n, start + per_trip)
+                if rows_of is None:
+                    entries = encode_base_entries(ids, X, start, stop, rows_per_entry)
+                else:
+                    page = np.ascontiguousarray(rows_of(ids[start:stop]), dtype="<f4")
+                    if page.shape != (stop - start, d):
+                        raise ValueError(f"rows_of gave {page.shape}, not {(stop - start, d)}")
+                    entries = encode_base_entries(
+                        ids[start:stop], page, 0, stop - start, rows_per_entry
+                    )
                 with self.client.pipeline(transaction=False) as pipe:
                     for fields in entries:
                         written += 1

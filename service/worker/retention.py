@@ -240,9 +240,11 @@ class LogRetention:
         the log up to ``last_id`` (the last entry offered), and trim what it covers."""
         assert isinstance(self.policy, ReservoirRetention)
         slots = self.policy.slots[: self.policy.retained].copy()
-        X = engine.rows_of(slots)
-        base = self.storage.compact(slots, X, last_id=last_id, policy=self.policy.state_dict(),
-                               lease_token=lease_token)  # fmt: skip
+        # The rows come from the engine a pipeline trip at a time (16 MiB), never the
+        # whole reservoir in one message: each copy holds the GIL the event loop needs.
+        base = self.storage.compact(slots, engine.rows_of, last_id=last_id,
+                                    policy=self.policy.state_dict(), lease_token=lease_token,
+                                    dim=engine.store.dim)  # fmt: skip
         if self.by_reference:  # the log entries of the reservoir's rows are gone
             rebase = engine.rebase  # type: ignore[attr-defined]  # engines fed by reference
             rebase(*self.storage.base_layout(base, slots, engine.store.dim))

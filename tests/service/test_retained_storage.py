@@ -273,6 +273,30 @@ def test_compaction_replaces_the_base_and_trims_the_log(
         assert np.array_equal(np.concatenate([p[1] for p in parts]), s.new_rows)
 
 
+def test_rows_given_by_a_function_are_asked_a_trip_at_a_time_and_make_the_same_base(
+    redis_client: redis.Redis, model_name: str
+) -> None:
+    """A reservoir's rows come from the engine page by page (``rows_of``): the base is the
+    one the whole array makes, and no call asks for more than one pipeline trip."""
+    s = make_scenario(redis_client, model_name)
+    by_id = dict(zip(s.new_ids.tolist(), s.new_rows, strict=True))
+    asked: list[int] = []
+
+    def rows_of(ids: np.ndarray) -> np.ndarray:
+        asked.append(len(ids))
+        return np.stack([by_id[i] for i in ids.tolist()]).astype(np.float32)
+
+    base = s.retained.compact(
+        s.new_ids, rows_of, last_id=s.new_last_id, policy=s.new_policy, dim=D
+    )
+    assert base == s.retained.read_base() == Base(2, s.new_last_id, 100, s.new_policy)
+    assert same(retained_state(s.retained), s.new)
+    per_trip = s.retained.pipeline_entries * (ENTRY_BYTES // (4 * D + 8))
+    assert sum(asked) == 100 and max(asked) <= per_trip and len(asked) == -(-100 // per_trip)
+    with pytest.raises(ValueError, match="dimension"):
+        s.retained.compact(s.new_ids, rows_of, last_id=s.new_last_id, policy={})
+
+
 def test_an_empty_compaction_and_a_base_read_after_its_replacement(
     redis_client: redis.Redis, model_name: str
 ) -> None:
