@@ -70,7 +70,8 @@ def test_a_service_deletes_and_recreates_only_the_models_it_created(
         assert_problem(http_b.put("/models/svc-a", json=a_spec), 403, "model-not-owned")
         assert_problem(http_b.delete("/models/svc-a?confirm=svc-a"), 403, "model-not-owned")
         time.sleep(2.5)  # a sync of each process
-        assert model_keys(client, "svc-a") == a_default
+        # Nothing of A's default model is gone (its worker may have added a snapshot).
+        assert set(a_default) <= set(model_keys(client, "svc-a"))
         assert {b"nmbatch:shared:log", b"nmbatch:shared:meta"} <= set(model_keys(client, "shared"))
         assert http_a.get("/models/shared/stats").json()["n_logged"] == 7
         assert http_a.get("/stats").json()["n_logged"] == 5
