@@ -55,7 +55,10 @@ def test_concurrent_ingestion_is_exact_and_centroids_are_means(
     threads_n, requests_n = 4, 15
     parts = np.array_split(X, threads_n * requests_n)
     errors: list[str] = []
-    with TestClient(create_app(make_settings(batch_size=16))) as client:
+    # Four writers while a reader polls: shedding (503 overloaded, nothing stored; its
+    # own tests are in test_admission) is off, so that every write reaches the log.
+    settings = make_settings(batch_size=16, write_shed_lag_ms=0)
+    with TestClient(create_app(settings)) as client:
         worker_started = threading.Event()
 
         def send(thread: int) -> None:
