@@ -84,7 +84,7 @@ def markdown(result: dict[str, Any]) -> str:
         "## Phases",
         "",
         "| phase | s | ingest vectors/s | ingest req ms p50 / p99 | /assign req/s | "
-        "/assign ms p50 / p99 / max | errors (writes shed) | CPU cores: server (the worker) / "
+        "/assign ms p50 / p99 / max | errors | CPU cores: server (the worker) / "
         "redis / clients / other programs |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -108,8 +108,8 @@ def markdown(result: dict[str, Any]) -> str:
                 if asg
                 else "- | - | "
             )
-            + f"{errors} ({shed}) | "
-            f"{_f(cpu.get('server'), '{:.2f}')} ({_f(cpu.get('worker'), '{:.2f}')})"
+            + (f"{errors} ({shed} writes shed) | " if shed else f"{errors} | ")
+            + f"{_f(cpu.get('server'), '{:.2f}')} ({_f(cpu.get('worker'), '{:.2f}')})"
             f" / {_f(cpu.get('redis'), '{:.2f}')} / {_f(cpu.get('clients'), '{:.2f}')}"
             f" / {_f(cpu.get('other programs'), '{:.2f}')} |"
         )

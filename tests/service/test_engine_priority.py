@@ -27,7 +27,8 @@ def engine_children() -> list[int]:
             comm = (entry / "comm").read_text().strip()
         except OSError:
             continue
-        if comm == "nmbatch-engine" and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if comm == "nmbatch-engine" and int(ppid) == os.getpid() and state != "Z":
             found.append(int(entry.name))
     return found
 
@@ -49,9 +50,12 @@ def test_the_engine_process_runs_with_the_configured_share(
     make_settings: SettingsFactory, overrides: dict, policy: int, nice: int
 ) -> None:
     settings = make_settings(dim=2, worker_process=True, **overrides)
+    earlier = set(engine_children())  # an engine of an earlier test may still be exiting
     with TestClient(create_app(settings)) as client:
         client.post("/samples", json={"vectors": [[1.0, 2.0]] * 40})
-        (pid,) = wait_until(engine_children, 60, "the engine process")
+        (pid,) = wait_until(
+            lambda: [p for p in engine_children() if p not in earlier], 60, "the engine process"
+        )
         assert os.sched_getscheduler(pid) == policy
         assert niceness(pid) == os.getpriority(os.PRIO_PROCESS, 0) + nice
         assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the HTTP side unchanged
