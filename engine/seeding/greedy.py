@@ -5,8 +5,12 @@ phi`` and keeps the one that lowers ``phi = sum_i w(i) D(i)^2`` most (scikit-lea
 greedy k-means++). The trials' distances, the min with ``D(i)^2`` and the trials'
 costs come from one fused pass over the rows (:func:`~nmbatch.engine.kernels.seeding.
 trial_costs`: float32 distances from the differences, float64 sums, per-block sums added
-in a fixed order), so the rows chosen do not depend on the thread count. The cost is
-``k t`` distances per row: ``n k (2 + ln k) d`` float32 operations.
+in a fixed order), so the rows chosen do not depend on the thread count. From the second
+round on, the pass skips the rows no trial can move, by the triangle inequality through
+each row's owner (:mod:`nmbatch.engine.kernels.seeding_pruned`), with the same sums bit
+for bit. The cost is at most ``n k t`` distances of ``d`` terms; the skipped share
+depends on the data: measured, 75-80% of the rows on image patches (``d = 108``, ``k =
+1,024-4,096``: 2.2x faster), under 25% on MNIST (``d = 784``: no faster).
 """
 
 from __future__ import annotations
@@ -16,10 +20,20 @@ import math
 import numpy as np
 
 from nmbatch.engine.kernels.seeding import SEED_BLOCK, sample_rows, trial_costs
+from nmbatch.engine.kernels.seeding_pruned import (
+    adopt_best,
+    centroid_distances,
+    margin,
+    owner_bounds,
+    pruned_trial_costs,
+)
 
 __all__ = ["SUBSAMPLE_PER_CLUSTER", "kmeans_plusplus", "kmeans_plusplus_subsample", "n_trials"]
 
 SUBSAMPLE_PER_CLUSTER = 4  # rows per centroid of "k-means++.sub"
+# Largest k whose centroid distances are kept (k x k float32: 256 MiB); above, every
+# bound of the pruning is an exact distance to the trials.
+MAX_CENTROID_DISTANCES = 8192
 
 
 def n_trials(k: int) -> int:
@@ -44,7 +58,7 @@ def kmeans_plusplus(
     rows). The first row is drawn with probability ``w(i) / sum(w)``.
     """
     X = np.ascontiguousarray(X, dtype=np.float32)
-    n = X.shape[0]
+    n, d = X.shape
     if n < k:
         raise ValueError(f"k-means++ needs at least k={k} samples, got {n}")
     w = None if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
@@ -62,6 +76,18 @@ def kmeans_plusplus(
     block_sums = np.empty((nb, 1), dtype=np.float64)
     trial_costs(X, np.full(n, np.inf), X[chosen[:1]], closest, block_sums, w)
     closest, block_sums = closest[0], np.ascontiguousarray(block_sums[:, 0])
+    # The triangle inequality's state (engine/kernels/seeding_pruned.py): the chosen
+    # centroids, their distances, each row's owner and each owner's radius bound.
+    C = np.empty((k, d), dtype=np.float32)
+    C[0] = X[chosen[0]]
+    CC = np.zeros((k, k) if k <= MAX_CENTROID_DISTANCES else (1, 1), dtype=np.float32)
+    R = np.zeros(k, dtype=np.float64)
+    R[0] = math.sqrt(float(closest.max()))
+    owner = np.zeros(n, dtype=np.int64)
+    L = np.empty(k, dtype=np.float64)
+    n_exact = np.empty(k, dtype=np.int64)
+    comp = np.empty(n, dtype=np.bool_)
+    f = margin(d)
     out = np.empty((t, n), dtype=np.float64)
     partial = np.empty((nb, t), dtype=np.float64)
     for c in range(1, k):
@@ -69,13 +95,18 @@ def kmeans_plusplus(
         if not total > 0.0:  # every row sits on a chosen one: duplicates are unavoidable
             unused = np.setdiff1d(np.arange(n), chosen[:c])
             chosen[c] = unused[rng.integers(unused.shape[0])]
-            continue
-        picks = sample_rows(closest, block_sums, rng.random(t) * total, w)
-        trial_costs(X, closest, X[picks], out, partial, w)
-        best = int(np.argmin(partial.sum(axis=0)))
-        chosen[c] = picks[best]
-        closest[:] = out[best]
-        block_sums[:] = partial[:, best]
+        else:
+            picks = sample_rows(closest, block_sums, rng.random(t) * total, w)
+            P = X[picks]
+            owner_bounds(C, c, CC, R, P, owner[picks], np.sqrt(closest[picks]), f, L, n_exact)
+            pruned_trial_costs(X, closest, owner, L, f, P, out, partial, block_sums, comp, w)
+            best = int(np.argmin(partial.sum(axis=0)))
+            chosen[c] = picks[best]
+            R[c] = adopt_best(out, best, c, closest, owner, comp)
+            block_sums[:] = partial[:, best]
+        C[c] = X[chosen[c]]
+        if CC.shape[0] > 1:
+            centroid_distances(C, c, CC)
     return chosen
 
 
