@@ -31,9 +31,9 @@ from nmbatch.engine.kernels.seeding_pruned import (
 __all__ = ["SUBSAMPLE_PER_CLUSTER", "kmeans_plusplus", "kmeans_plusplus_subsample", "n_trials"]
 
 SUBSAMPLE_PER_CLUSTER = 4  # rows per centroid of "k-means++.sub"
-# Largest k whose centroid distances are kept (k x k float32: 256 MiB); above, every
+# Largest k whose centroid distances are kept (k x k float32: 64 MiB); above, every
 # bound of the pruning is an exact distance to the trials.
-MAX_CENTROID_DISTANCES = 8192
+MAX_CENTROID_DISTANCES = 4096
 
 
 def n_trials(k: int) -> int:
