@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks import bounds_memory
 from nmbatch.engine import NestedBatchStore, NestedMiniBatchKMeans, make_algorithm
-from nmbatch.engine.algorithms import DENSE_REVISIT_FRACTION, DENSE_REVISIT_FRACTION_GROUPED
+from nmbatch.engine.algorithms import DENSE_REVISIT_FRACTION
 from nmbatch.engine.algorithms.bounds import (
     FULL_BOUNDS_BUDGET,
     MAX_GROUPS,
@@ -501,12 +501,9 @@ def test_auto_switches_from_full_to_group_bounds_past_its_budget():
     assert auto.batch_size > b_first  # the switch came with the batch's growth
 
 
-@pytest.mark.parametrize(("mode", "default"), [
-    ("full", DENSE_REVISIT_FRACTION), ("group", DENSE_REVISIT_FRACTION_GROUPED),
-    ("hamerly", DENSE_REVISIT_FRACTION_GROUPED),
-])
-def test_the_default_dense_revisit_fraction_follows_the_bound_mode(mode, default):
-    assert DENSE_REVISIT_FRACTION_GROUPED < DENSE_REVISIT_FRACTION
+@pytest.mark.parametrize("mode", ["full", "group", "hamerly"])
+def test_the_default_dense_revisit_fraction_applies_to_every_bound_mode(mode):
+    default = DENSE_REVISIT_FRACTION
 
     def run(fraction):
         X = blobs(3_000, 4, 40, seed=8, spread=2.0, separation=4.0)

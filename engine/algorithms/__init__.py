@@ -17,7 +17,6 @@ from nmbatch.engine.algorithms.baselines import Lloyd, MiniBatch
 from nmbatch.engine.algorithms.bounds import BOUND_MODES, check_bound_mode
 from nmbatch.engine.algorithms.nested import (
     DENSE_REVISIT_FRACTION,
-    DENSE_REVISIT_FRACTION_GROUPED,
     NestedMiniBatch,
 )
 from nmbatch.engine.algorithms.swap import swap_wanted
@@ -28,7 +27,6 @@ __all__ = [
     "ALGORITHMS",
     "BOUND_MODES",
     "DENSE_REVISIT_FRACTION",
-    "DENSE_REVISIT_FRACTION_GROUPED",
     "SPAN_PRODUCT_RATIO",
     "IterationStats",
     "KMeansAlgorithm",

@@ -29,17 +29,19 @@ from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.state import IterationStats
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
-__all__ = ["DENSE_REVISIT_FRACTION", "DENSE_REVISIT_FRACTION_GROUPED", "NestedMiniBatch"]
+__all__ = ["DENSE_REVISIT_FRACTION", "NestedMiniBatch"]
 
 # A bounded revisit goes through BLAS when the bounds leave open more than this fraction
-# of the listed rows' (row, centroid) pairs (measured: see NestedMiniBatch._revisit_bounded).
-DENSE_REVISIT_FRACTION = 0.45
-# The same with group bounds (and Hamerly's). Measured on image patches (d = 108), seed 0,
-# one thread, seconds to 1% of the best held-out energy (python -m benchmarks.doubling_sweep
-# --dataset patches --k <k> --setting 1,0.5 --dense-fraction <f>): at k = 4,096 (group
-# bounds by auto) 16.1 s with 0.06, 14.3 s (0.1), 14.5 s (0.15); at k = 1,024 (with
-# --bounds group) 7.1 s (0.06), 6.3 s (0.1).
-DENSE_REVISIT_FRACTION_GROUPED = 0.1
+# of the listed rows' (row, centroid) pairs, with every bound mode. Measured (2-core AMD
+# EPYC, one idle core, one shared k-means++.sub start, seconds to 1% of the best held-out
+# energy, two runs; scratch script, fractions alternated): MiniLM sentence embeddings
+# (16,667 x 384), k = 1,024: 0.72-0.92 s with 0.45, 0.45 s with 0.2, 0.44-0.46 with 0.1,
+# 0.45 with 0.05; MNIST k = 1,024: 3.37-3.55 / 3.42 / 3.03-3.09; image patches (d = 108)
+# k = 1,024: 2.97-3.69 / 2.61-3.30 / 2.48-2.98; MNIST k = 50: 0.28-0.30 / 0.28-0.30 /
+# 0.25-0.27; patches k = 256: 0.65-0.91 / 0.63-0.75 / 0.57. Before, group bounds took 0.1
+# (patches, k = 4,096: 16.1 s with 0.06, 14.3 s with 0.1, 14.5 s with 0.15) and full
+# bounds 0.45, measured on a machine whose BLAS ran further below the bounded kernel's speed.
+DENSE_REVISIT_FRACTION = 0.1
 
 
 class NestedMiniBatch(KMeansAlgorithm):
@@ -77,7 +79,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.full = bool(full)
         self.relocate_empty = bool(relocate_empty)
         self.swap = bool(swap)
-        # None: DENSE_REVISIT_FRACTION with full bounds, else ..._GROUPED.
+        # None: DENSE_REVISIT_FRACTION.
         self.dense_revisit_fraction: float | None = None
         self.b0_per_cluster = B0_PER_CLUSTER  # b_0 >= this times k (.growth)
         self.doubling_tolerance = DOUBLING_TOLERANCE  # with b_0 sized to k (.growth)
@@ -235,8 +237,8 @@ class NestedMiniBatch(KMeansAlgorithm):
         (row, centroid) pairs they leave open. Usually those are few: each listed row is
         read once, for its distance to ``a(i)`` and to the open centroids. When they are
         more than a fraction of the listed rows' pairs (the first revisits, after big
-        centroid moves; the fraction is ``dense_revisit_fraction``, by default 45% with
-        full bounds and 10% with group bounds, measured above), the exact distance to
+        centroid moves; the fraction is ``dense_revisit_fraction``, by default 10%,
+        measured above), the exact distance to
         ``a(i)`` first settles some rows and tightens the others' bounds; if the pairs
         still open remain more than that fraction, one BLAS product computes them faster
         than a scalar distance per pair (and leaves every bound tight).
@@ -248,9 +250,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         bk = self._bk
         fraction = self.dense_revisit_fraction
         if fraction is None:
-            fraction = (
-                DENSE_REVISIT_FRACTION if bk.mode == "full" else DENSE_REVISIT_FRACTION_GROUPED
-            )
+            fraction = DENSE_REVISIT_FRACTION
         rows, n_open = bk.sweep(self.p, labels, upper, lower)
         n_dist = 0
         known = None
