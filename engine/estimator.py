@@ -80,17 +80,13 @@ class NestedMiniBatchKMeans(
         or the initial centroids themselves. The methods choose rows of the first batch (``b_0``
         rows of the shuffled data; ``random_state`` seeds the choice) inside the first
         ``fit`` step, so their time counts (docs/library.md has a table, measured in
-        docs/benchmarks/seeding.md). ``"auto"``: ``"k-means++.sub"`` while its work
-        ``4 k^2 (2 + ln k) d`` is at most ``1e11`` (``k <= 1,024`` at ``d = 784``,
-        ``k <= 4,096`` at ``d = 108``), else ``"random"``: robust first, since from
-        random rows the fit on image patches stayed far above the best energy.
-        ``"k-means++.sub"``: greedy
-        k-means++ on ``4 k``
-        uniform rows of it, ``4 k^2 (2 + ln k)`` distances (0.01 s at ``k = 50``,
-        ``d = 784``; 0.1-0.2 s at ``k = 256``; 2-3 s at ``k = 1,024``, one core): in the
-        measurements, the fastest to 1% of the best energy, seeding included, where it
-        cost at most about 10% of it (it may stop a little above the energy k-means++
-        reaches); 326 s at ``k = 4,096`` on MNIST, 38 s on patches (``d = 108``).
+        docs/benchmarks/seeding.md). ``"auto"``: greedy k-means++ on
+        ``max(5000, 16 k)`` rows of the first batch while its work is at most ``6e9``
+        float32 multiply-adds (``k <= 128`` at ``d = 784``, ``k <= 256`` at
+        ``d = 108``-``384``), else k-means++ with one trial per centroid on ``4 k`` rows
+        (``engine/seeding``: ``auto_plan``; the rule and the measurements behind it, seeding
+        inside the clock, are in docs/benchmarks/seeding.md).
+        ``"k-means++.sub"``: greedy k-means++ on ``4 k`` uniform rows of the first batch.
         ``"k-means++"``: greedy k-means++ (``2 + ln k`` trials per centroid) on the whole
         first batch, ``b_0 k (2 + ln k)`` distances (0.2 s at ``k = 50``; 25 s at
         ``k = 1,024``): the best start, worth its cost at small ``k`` or for long fits.

@@ -254,15 +254,35 @@ def test_unknown_method_is_refused():
         seed_rows("bogus", np.zeros((5, 2), np.float32), 2, np.random.default_rng(0))
 
 
-def test_auto_is_the_subsample_while_it_is_cheap_then_random_rows():
-    from nmbatch.engine.seeding import AUTO_WORK, auto_method, n_trials
+def test_auto_is_greedy_while_cheap_then_one_trial_on_4k_rows():
+    from nmbatch.engine.seeding import auto_plan
 
-    assert auto_method(50, 784) == auto_method(1024, 784) == "k-means++.sub"
-    assert auto_method(1024, 108) == auto_method(4096, 108) == "k-means++.sub"
-    assert auto_method(4096, 784) == "random"
-    for k, d in [(10, 5), (300, 300), (2000, 200), (3000, 500), (9000, 20)]:
-        cheap = 4 * k * k * n_trials(k) * d <= AUTO_WORK
-        assert auto_method(k, d) == ("k-means++.sub" if cheap else "random")
+    assert auto_plan(5000, 50, 784) == (5000, None)  # MNIST k = 50: the whole first batch
+    assert auto_plan(5120, 256, 108) == (5000, None)  # patches k = 256
+    assert auto_plan(5120, 256, 784) == (1024, 1)  # MNIST k = 256: 7e9 > 6e9
+    assert auto_plan(20480, 1024, 108) == (4096, 1)
+    assert auto_plan(3000, 50, 784) == (3000, None)  # a small first batch: all of it
     X = blobs(600, 4, 6, seed=1)
     np.testing.assert_array_equal(seed_rows("auto", X, 6, np.random.default_rng(2)),
-                                  kmeans_plusplus_subsample(X, 6, np.random.default_rng(2)))
+                                  kmeans_plusplus(X, 6, np.random.default_rng(2)))
+    X = blobs(6000, 784, 30, seed=1)  # greedy's work too large: 4 k rows, one trial
+    k = 300
+    rng = np.random.default_rng(3)
+    rows = np.sort(rng.choice(6000, size=1200, replace=False))
+    want = rows[kmeans_plusplus(X[rows], k, rng, trials=1)]
+    np.testing.assert_array_equal(seed_rows("auto", X, k, np.random.default_rng(3)), want)
+
+
+def test_one_trial_k_means_plus_plus_is_the_d2_draw():
+    """With one trial per centroid, each round takes the row it draws (no choice)."""
+    X = blobs(2 * SEED_BLOCK + 77, 30, 40, seed=4)
+    rng = np.random.default_rng(4)
+    got = kmeans_plusplus(X, 40, np.random.default_rng(4), trials=1)
+    n = X.shape[0]
+    chosen = [int(rng.integers(n))]
+    closest = _sq32(X, X[chosen[0]])
+    for _ in range(1, 40):
+        pick = int(_draw(closest, rng.random(1) * closest.sum())[0])
+        chosen.append(pick)
+        closest = np.minimum(closest, _sq32(X, X[pick]))
+    np.testing.assert_array_equal(got, chosen)

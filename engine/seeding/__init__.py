@@ -5,9 +5,9 @@
 methods (:data:`SEEDINGS`; their costs and when to pick which: docs/library.md, measured
 in docs/benchmarks/seeding.md):
 
-- ``"auto"`` (the estimator's default): ``"k-means++.sub"`` while its work
-  ``4 k^2 (2 + ln k) d`` is at most :data:`AUTO_WORK`, else ``"random"``
-  (:func:`auto_method`);
+- ``"auto"`` (the estimator's default): greedy k-means++ on ``max(5000, 16 k)`` rows of
+  the first batch while that is cheap, else k-means++ with one trial per centroid on
+  ``4 k`` rows of it (:func:`auto_plan`);
 - ``"first"``: the first ``k`` rows (the store is shuffled: ``k`` uniform rows);
 - ``"random"``: ``k`` distinct rows drawn uniformly with ``rng``;
 - ``"k-means++"``: greedy k-means++ on the whole first batch (:mod:`.greedy`);
@@ -33,15 +33,19 @@ from nmbatch.engine.seeding.greedy import (
 from nmbatch.engine.seeding.scalable import afkmc2, kmeans_parallel, random_rows
 
 __all__ = [
-    "AUTO_WORK",
+    "AUTO_GREEDY_ROWS",
+    "AUTO_GREEDY_ROWS_PER_CLUSTER",
+    "AUTO_GREEDY_WORK",
+    "AUTO_ROWS_PER_CLUSTER",
     "DEFAULT_SEEDING",
     "SEEDINGS",
     "SUBSAMPLE_PER_CLUSTER",
     "afkmc2",
-    "auto_method",
+    "auto_plan",
     "initial_centroids",
     "kmeans_parallel",
     "kmeans_plusplus",
+    "kmeans_plusplus_auto",
     "kmeans_plusplus_subsample",
     "n_trials",
     "random_rows",
@@ -49,11 +53,48 @@ __all__ = [
 ]
 
 
+# "auto" (measured: docs/benchmarks/seeding.md, one idle core, seeding inside the clock).
+# Greedy k-means++ on m = min(b_0, max(AUTO_GREEDY_ROWS, AUTO_GREEDY_ROWS_PER_CLUSTER k))
+# rows of the first batch while its work m k (2 + ln k) d is at most AUTO_GREEDY_WORK
+# float32 multiply-adds (some 0.3 s of one core): image patches need its draws (k = 50:
+# 1% of the best energy in 0.15 s, where k-means++ on 4 k rows and random rows never
+# reach it; k = 256, on 16 k rows: 0.5% in 0.84-0.97 s, never from 4 k rows). Above that
+# work, k-means++ with one trial per centroid on AUTO_ROWS_PER_CLUSTER k rows: cheap and
+# as good at large k (1% on MNIST k = 1,024 in 3.2 s, greedy on 4 k rows 5.7 s, on 16 k
+# rows 7.5 s; patches k = 4,096: 7.1 s against 15.7 s greedy on 4 k rows).
+AUTO_GREEDY_ROWS = 5000
+AUTO_GREEDY_ROWS_PER_CLUSTER = 16
+AUTO_GREEDY_WORK = 6e9
+AUTO_ROWS_PER_CLUSTER = 4
+
+
+def auto_plan(n: int, k: int, d: int) -> tuple[int, int | None]:
+    """What ``"auto"`` runs on a first batch of ``n`` rows of dimension ``d`` for ``k``
+    centroids: ``(rows, trials)`` of k-means++ on uniform rows of it (``trials`` None:
+    greedy's ``2 + floor(ln k)``; 1: plain k-means++)."""
+    m = min(n, max(AUTO_GREEDY_ROWS, AUTO_GREEDY_ROWS_PER_CLUSTER * k))
+    if float(m) * k * n_trials(max(k, 1)) * d <= AUTO_GREEDY_WORK:
+        return m, None
+    return min(n, AUTO_ROWS_PER_CLUSTER * k), 1
+
+
+def kmeans_plusplus_auto(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices ``(k,)`` int64 of the rows of ``X`` ``(n, d)`` float32 that ``"auto"``
+    picks (:func:`auto_plan`)."""
+    n, d = X.shape
+    m, trials = auto_plan(n, k, d)
+    if m >= n:
+        return kmeans_plusplus(X, k, rng, trials=trials)
+    rows = np.sort(rng.choice(n, size=m, replace=False))
+    return rows[kmeans_plusplus(X[rows], k, rng, trials=trials)]
+
+
 def _first(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     return np.arange(k, dtype=np.int64)
 
 
 _METHODS: dict[str, Callable[[np.ndarray, int, np.random.Generator], np.ndarray]] = {
+    "auto": kmeans_plusplus_auto,
     "k-means++": kmeans_plusplus,
     "k-means++.sub": kmeans_plusplus_subsample,
     "k-means||": kmeans_parallel,
@@ -61,28 +102,11 @@ _METHODS: dict[str, Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
     "random": random_rows,
     "first": _first,
 }
-SEEDINGS = ("auto", *_METHODS)
+SEEDINGS = tuple(_METHODS)
 DEFAULT_SEEDING = "auto"  # the estimator's default (docs/benchmarks/seeding.md)
-
-# Float32 distance terms (rows x centroids x trials x d) "auto" lets k-means++ on 4 k rows
-# spend: some 20 s of one core. Measured (docs/benchmarks/seeding.md): from random rows
-# the fit on image patches never reached 2% of the best energy (k = 256, 1,024) or 5%
-# (k = 4,096: work 7.2e10, where k-means++.sub reached 1% at 74 s); on MNIST it was the
-# fastest (k = 1,024: work 2.6e10, 1.8x faster than k-means++.sub; k = 4,096: work
-# 5.3e11, k-means++.sub seeded for 326 s). Robustness first: random only above this.
-AUTO_WORK = 1e11
-
-
-def auto_method(k: int, d: int) -> str:
-    """The seeding ``"auto"`` runs for ``k`` centroids of dimension ``d``."""
-    work = SUBSAMPLE_PER_CLUSTER * float(k) * float(k) * n_trials(max(k, 1)) * float(d)
-    return "k-means++.sub" if work <= AUTO_WORK else "random"
-
 
 def seed_rows(init: str, X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """Indices (k,) int64 of the rows of ``X`` (n, d) float32 that method ``init`` picks."""
-    if init == "auto":
-        init = auto_method(k, X.shape[1])
     if init not in _METHODS:
         raise ValueError(f"init must be one of {SEEDINGS} or an array, got {init!r}")
     if X.shape[0] < k:

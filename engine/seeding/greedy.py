@@ -111,12 +111,18 @@ def kmeans_plusplus(
 
 
 def kmeans_plusplus_subsample(
-    X: np.ndarray, k: int, rng: np.random.Generator, per_cluster: int = SUBSAMPLE_PER_CLUSTER
+    X: np.ndarray,
+    k: int,
+    rng: np.random.Generator,
+    per_cluster: int = SUBSAMPLE_PER_CLUSTER,
+    *,
+    trials: int | None = None,
 ) -> np.ndarray:
-    """Indices of ``k`` rows of ``X`` (n, d) float32: greedy k-means++ on
-    ``min(n, per_cluster k)`` rows drawn uniformly without replacement. Cost
-    ``per_cluster k^2 (2 + ln k) d``: independent of ``n``. Returns (k,) int64."""
+    """Indices of ``k`` rows of ``X`` (n, d) float32: k-means++ with ``trials`` per
+    centroid (default greedy's :func:`n_trials`) on ``min(n, per_cluster k)`` rows drawn
+    uniformly without replacement. Cost at most ``per_cluster k^2 t d``: independent of
+    ``n``. Returns (k,) int64."""
     n = X.shape[0]
     m = min(n, int(per_cluster) * int(k))
     rows = np.sort(rng.choice(n, size=m, replace=False)) if m < n else np.arange(n)
-    return rows[kmeans_plusplus(X[rows], k, rng)]
+    return rows[kmeans_plusplus(X[rows], k, rng, trials=trials)]
