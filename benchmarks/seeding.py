@@ -14,6 +14,12 @@ data set, ``k`` and seed; the report gives, per method (median over seeds), the 
 seconds, the time to ``(1 + eps) E*`` for eps 5/2/1/0.5% *including* the seeding, the
 seeding's share of the time to 1%, and the final ``E_V / E* - 1``.
 
+Besides the engine's methods, ``--methods`` takes variants of k-means++ named
+``kpp.<rows>.t<trials>``: ``<rows>`` is ``full`` (the whole first batch) or ``sub<R>``
+(``R k`` uniform rows of it), ``t<trials>`` the trials per centroid (left out: greedy's
+``2 + floor(ln k)``); for example ``kpp.sub4.t1`` is plain k-means++ on ``4 k`` rows,
+the rule ``"auto"`` takes at large ``k`` (:func:`variant_rows`).
+
 Writes ``OUT/<dataset>-k<k>.json`` per run, then rebuilds ``OUT/seeding.json``,
 ``OUT/seeding.md`` and ``OUT/seeding.png`` from every such file in ``OUT`` (runs of
 several data sets into one folder add up). Kernels on ``--threads`` (default 1), BLAS
@@ -45,10 +51,25 @@ from benchmarks.protocol import (
     time_to,
 )
 
-__all__ = ["METHODS", "build_parser", "main", "run_one", "summarize_folder"]
+__all__ = ["METHODS", "build_parser", "main", "run_one", "summarize_folder", "variant_rows"]
 
-METHODS = ("k-means++", "k-means++.sub", "k-means||", "afk-mc2", "random")
+METHODS = ("auto", "k-means++", "k-means++.sub", "k-means||", "afk-mc2", "random")
 _RUN_FILE = re.compile(r"^(?P<dataset>.+)-k(?P<k>\d+)\.json$")
+_VARIANT = re.compile(r"^kpp\.(?:full|sub(?P<per>\d+))(?:\.t(?P<trials>\d+))?$")
+
+
+def variant_rows(method: str, X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows ``(k,)`` int64 of ``X`` ``(n, d)`` float32 that the variant ``method``
+    (``kpp.full``, ``kpp.sub<R>``, either with ``.t<trials>``) picks."""
+    from nmbatch.engine.seeding import kmeans_plusplus, kmeans_plusplus_subsample
+
+    match = _VARIANT.match(method)
+    if match is None:
+        raise ValueError(f"not a k-means++ variant: {method!r}")
+    trials = None if match["trials"] is None else int(match["trials"])
+    if match["per"] is None:
+        return kmeans_plusplus(X, k, rng, trials=trials)
+    return kmeans_plusplus_subsample(X, k, rng, int(match["per"]), trials=trials)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,7 +125,11 @@ def run_one(
     first = np.ascontiguousarray(X[:b0])
     with kernel_threads(threads):
         t0 = time.perf_counter()
-        C0 = initial_centroids(method, first, k, np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+        if _VARIANT.match(method):
+            C0 = np.array(first[variant_rows(method, first, k, rng)], order="C")
+        else:
+            C0 = initial_centroids(method, first, k, rng)
         seed_seconds = time.perf_counter() - t0
     curve = Curve(method, seed)
     clock = {"elapsed": seed_seconds, "resumed": 0.0, "last_eval": -math.inf}
@@ -252,7 +277,9 @@ def _plot(path: Path, docs: list[dict[str, Any]]) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), dpi=100, squeeze=False)
     from nmbatch.engine.seeding import SEEDINGS
 
-    colors = {m: f"C{i}" for i, m in enumerate(SEEDINGS)}  # one colour per method
+    ran = {m for d in docs for m in d["runs"][0]["curves"]}
+    names = list(SEEDINGS) + sorted(ran - set(SEEDINGS))
+    colors = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(names)}  # one per method
     for ax, d in zip(axes.flat, docs, strict=False):
         run = d["runs"][0]
         curves = {m: Curve.from_json(c) for m, c in run["curves"].items()}
@@ -286,9 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         from nmbatch.engine.seeding import SEEDINGS
 
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        bad = [m for m in methods if m not in SEEDINGS]
+        bad = [m for m in methods if m not in SEEDINGS and not _VARIANT.match(m)]
         if bad:
-            raise SystemExit(f"unknown methods {bad}; known: {', '.join(SEEDINGS)}")
+            raise SystemExit(f"unknown methods {bad}; known: {', '.join(SEEDINGS)} and "
+                             "kpp.<full|subR>[.tT]")
         ks = [int(x) for x in args.ks.split(",") if x.strip()]
         ds = _load(args)
         _warm_up(ds.train, ds.test, methods, args.threads)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.testkit import blobs
 
@@ -22,7 +23,8 @@ def test_seeding_benchmark_writes_json_markdown_and_plot(tmp_path: Path) -> None
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.seeding", "--data", str(tmp_path / "tiny.npz"),
          "--ks", "5,20", "--seeds", "2", "--budget", "0.5", "--batch-size", "200",
-         "--methods", "k-means++,k-means++.sub,k-means||,afk-mc2,random", "--out", str(out)],
+         "--methods", "auto,k-means++,k-means++.sub,k-means||,afk-mc2,random,kpp.sub4.t1",
+         "--out", str(out)],
         cwd=REPO, env=dict(os.environ, MPLBACKEND="Agg"), capture_output=True, text=True,
         timeout=600,
     )
@@ -34,7 +36,8 @@ def test_seeding_benchmark_writes_json_markdown_and_plot(tmp_path: Path) -> None
     for run in doc["runs"]:
         assert len(run["runs"]) == 2
         summary = run["summary"]
-        assert set(summary) == {"k-means++", "k-means++.sub", "k-means||", "afk-mc2", "random"}
+        assert set(summary) == {"auto", "k-means++", "k-means++.sub", "k-means||", "afk-mc2",
+                                "random", "kpp.sub4.t1"}
         for row in summary.values():
             assert row["seed_seconds"] >= 0 and set(row["time_to"]) == {
                 "0.05", "0.02", "0.01", "0.005"}
@@ -45,3 +48,17 @@ def test_seeding_benchmark_writes_json_markdown_and_plot(tmp_path: Path) -> None
                 assert c["seconds"] == sorted(c["seconds"])
     md = (out / "seeding.md").read_text()
     assert "k-means\\|\\|" in md and "| init | seeding |" in md
+
+
+def test_a_variant_is_k_means_plus_plus_on_its_rows_with_its_trials() -> None:
+    from benchmarks.seeding import variant_rows
+    from nmbatch.engine.seeding import kmeans_plusplus, kmeans_plusplus_subsample
+
+    X = blobs(2000, 5, 30, seed=2)
+    got = variant_rows("kpp.sub4.t1", X, 30, np.random.default_rng(1))
+    want = kmeans_plusplus_subsample(X, 30, np.random.default_rng(1), 4, trials=1)
+    np.testing.assert_array_equal(got, want)
+    got = variant_rows("kpp.full", X, 30, np.random.default_rng(1))
+    np.testing.assert_array_equal(got, kmeans_plusplus(X, 30, np.random.default_rng(1)))
+    with pytest.raises(ValueError, match="not a k-means\\+\\+ variant"):
+        variant_rows("kpp.half", X, 30, np.random.default_rng(1))
