@@ -75,7 +75,8 @@ def variant_rows(method: str, X: np.ndarray, k: int, rng: np.random.Generator) -
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.seeding", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", choices=("npz", "mnist", "patches", "blobs"), default=None)
+    p.add_argument("--dataset", choices=("npz", "mnist", "patches", "blobs", "minilm384"),
+                   default=None)
     p.add_argument("--data", type=Path, default=None, help="an .npz with train and test")
     p.add_argument("--max-train", type=int, default=None)
     p.add_argument("--max-test", type=int, default=None)
@@ -95,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> Any:
+    if args.dataset == "minilm384":  # the sentence embeddings of the user-mode benchmark
+        from benchmarks.embeddings import load_sentence_embeddings
+        from benchmarks.usermode import CHECKOUT
+
+        return load_sentence_embeddings(CHECKOUT / "data")
     argv: list[str] = []
     if args.dataset:
         argv += ["--dataset", args.dataset]
