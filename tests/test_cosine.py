@@ -391,6 +391,21 @@ def test_a_pickled_cosine_model_answers_the_same_and_resumes_on_the_same_rows():
     assert loaded.n_samples_seen_ == est.n_samples_seen_ == 1_200
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_every_dtype_of_sklearns_dtype_check_fits_without_zero_rows(dtype):
+    """scikit-learn's ``check_estimators_dtypes`` casts ``3 * uniform`` data to integers,
+    which makes all-zero rows (refused under cosine: expected to fail in
+    ``test_estimator.py``); the same dtypes without a zero row fit and answer."""
+    rng = np.random.default_rng(0)
+    X = (1 + 3 * rng.uniform(size=(20, 5))).astype(dtype)
+    est = NestedMiniBatchKMeans(3, metric="cosine", batch_size=20, random_state=0).fit(X)
+    for answer in (est.predict(X), est.transform(X), est.score(X)):
+        assert np.all(np.isfinite(answer))
+    zero = np.zeros((1, 5), dtype=dtype)
+    with pytest.raises(ValueError, match="X row 20 is a zero vector"):
+        est.fit(np.concatenate([X, zero]))
+
+
 def test_the_estimators_metric_is_checked_and_kept():
     X = _directions(300)
     with pytest.raises(InvalidParameterError, match="metric"):
