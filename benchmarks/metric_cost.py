@@ -5,7 +5,9 @@ with one BLAS thread, for ``m`` euclidean then cosine, seed after seed, ``--repe
 rounds; ``U``: the benchmark's sentence embeddings (all-MiniLM-L6-v2, ``d = 384``, unit
 vectors; :mod:`benchmarks.embeddings`, computed once and cached) or ``--data``'s
 ``train`` (and ``test``) normalised. One line per fit: metric, seed, round, fit seconds,
-``n_iter_``, ``batch_size_``, seconds per iteration, and the mean cosine dissimilarity
+``n_iter_``, ``batch_size_``, seconds per iteration, the distances the steps computed
+(millions; ``IterationStats.n_distances``) and the steps' seconds per million of them,
+and the mean cosine dissimilarity
 ``1 - max_j cos(x, c_j)`` of the train and held-out rows (centroids normalised, so both
 models are measured alike); then the medians per metric. The two metrics' fits take
 different paths (the doubling test differs, so do the swaps' energies): the medians
@@ -61,34 +63,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args(argv)
     name, train, test = _load(args.data)
+    unit_rows(train[:2])  # numba's start-up, not the copy's time
     t0 = time.perf_counter()
     unit_rows(train)
     print(f"# {name}: train {train.shape}, held out {test.shape}; unit_rows(train) "
           f"{time.perf_counter() - t0:.3f} s (the cosine fit's copy of its input)")
-    print("# metric seed round fit_s n_iter_ batch_size_ s_per_iter "
-          "train_1-cos held_out_1-cos")
-    seconds: dict[str, list[float]] = {"euclidean": [], "cosine": []}
-    per_iter: dict[str, list[float]] = {"euclidean": [], "cosine": []}
+    print("# metric seed round fit_s n_iter_ batch_size_ s_per_iter distances_M "
+          "step_s_per_M train_1-cos held_out_1-cos")
+    columns = ("fit s", "s per iteration", "distances (M)", "step s per M distances",
+               "train 1-cos", "held-out 1-cos")  # fmt: skip
+    medians: dict[str, list[list[float]]] = {"euclidean": [], "cosine": []}
     with threadpool_limits(1):
         for round_ in range(args.repeats):
             for seed in range(args.seeds):
                 for metric in ("euclidean", "cosine"):
-                    est = NestedMiniBatchKMeans(args.k, metric=metric, random_state=seed,
-                                                n_threads=1)  # fmt: skip
+                    steps: list[tuple[int, float]] = []
+                    est = NestedMiniBatchKMeans(
+                        args.k, metric=metric, random_state=seed, n_threads=1,
+                        callback=lambda s, _, steps=steps: steps.append((s.n_distances,
+                                                                         s.seconds)),
+                    )  # fmt: skip
                     t0 = time.perf_counter()
                     est.fit(train)
                     wall = time.perf_counter() - t0
-                    seconds[metric].append(wall)
-                    per_iter[metric].append(wall / est.n_iter_)
+                    dist = sum(n for n, _ in steps) / 1e6
+                    row = [wall, wall / est.n_iter_, dist, sum(t for _, t in steps) / dist,
+                           mean_dissimilarity(train, est.cluster_centers_),
+                           mean_dissimilarity(test, est.cluster_centers_)]  # fmt: skip
+                    medians[metric].append(row)
                     print(metric, seed, round_, f"{wall:.2f}", est.n_iter_, est.batch_size_,
-                          f"{wall / est.n_iter_:.4f}",
-                          f"{mean_dissimilarity(train, est.cluster_centers_):.5f}",
-                          f"{mean_dissimilarity(test, est.cluster_centers_):.5f}",
-                          flush=True)  # fmt: skip
+                          f"{row[1]:.4f}", f"{dist:.4g}", f"{row[3]:.4g}", f"{row[4]:.5f}",
+                          f"{row[5]:.5f}", flush=True)  # fmt: skip
     for metric in ("euclidean", "cosine"):
-        print(f"# median {metric}: fit {statistics.median(seconds[metric]):.2f} s, "
-              f"{statistics.median(per_iter[metric]):.4f} s per iteration")
-    ratio = statistics.median(seconds["cosine"]) / statistics.median(seconds["euclidean"])
+        values = [statistics.median(c) for c in zip(*medians[metric], strict=True)]
+        print(f"# median {metric}: " + ", ".join(
+            f"{name} {value:.4g}" for name, value in zip(columns, values, strict=True)))
+    fits = {m: statistics.median(r[0] for r in medians[m]) for m in medians}
+    ratio = fits["cosine"] / fits["euclidean"]
     print(f"# cosine / euclidean, median fit: {ratio:.2f}")
     return 0
 

@@ -25,6 +25,7 @@ def test_each_metric_fits_the_same_unit_rows(tmp_path, capsys):
     assert [(r[0], r[1]) for r in rows] == [("euclidean", "0"), ("cosine", "0"),
                                             ("euclidean", "1"), ("cosine", "1")]  # fmt: skip
     for r in rows:
-        assert 0.0 <= float(r[7]) < 0.2 and 0.0 <= float(r[8]) < 0.2
+        assert float(r[7]) > 0.0 and float(r[8]) > 0.0  # distances, seconds per million
+        assert 0.0 <= float(r[9]) < 0.2 and 0.0 <= float(r[10]) < 0.2
     assert "(300, 4)" in lines[0]
     assert lines[-1].startswith("# cosine / euclidean, median fit: ")
