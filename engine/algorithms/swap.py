@@ -161,11 +161,16 @@ def ward(S1: np.ndarray, v1: int, S2: np.ndarray, v2: int, unit: bool = False) -
     """The energy two clusters (sums ``S1``, ``S2``, counts ``v1``, ``v2``) lose apart,
     each at its centroid, against together: ``v1 v2 / (v1 + v2) ||S1/v1 - S2/v2||^2``
     from explicit differences (float64); with ``unit`` (centroids ``S/||S||``),
-    ``2 (||S1|| + ||S2|| - ||S1 + S2||)``."""
+    ``2 (||S1|| + ||S2|| - ||S1 + S2||)``, also from explicit differences, those of the
+    directions: ``2 ||S1|| ||S2|| ||u1 - u2||^2 / (||S1|| + ||S2|| + ||S1 + S2||)`` with
+    ``u = S/||S||`` (0 when a sum is 0)."""
     if unit:
+        n1, n2 = float(np.sqrt(S1 @ S1)), float(np.sqrt(S2 @ S2))
+        if n1 == 0.0 or n2 == 0.0:
+            return 0.0
         joint = S1 + S2
-        together = float(np.sqrt(joint @ joint))
-        return 2.0 * (float(np.sqrt(S1 @ S1)) + float(np.sqrt(S2 @ S2)) - together)
+        turn = S1 / n1 - S2 / n2
+        return 2.0 * n1 * n2 * float(turn @ turn) / (n1 + n2 + float(np.sqrt(joint @ joint)))
     gap = S1 / v1 - S2 / v2
     return float(v1 * v2 / (v1 + v2) * (gap @ gap))
 
