@@ -303,6 +303,22 @@ def test_the_doubling_test_under_cosine_takes_the_directions_standard_error():
     assert not algo._doubling_test(1.0, 0) and algo._doubling_test(1.0, 1)
 
 
+def test_the_energy_under_cosine_is_the_mean_cosine_dissimilarity():
+    X = blobs(2_000, 5, 6, seed=7, spread=1.5, separation=4.0)
+    algo = make_algorithm("nmbatch", filled_store(X, seed=1, metric="cosine"), 6,
+                          batch_size=200, random_state=0, metric="cosine")  # fmt: skip
+    for _ in range(8):
+        before = snapshot(algo)
+        algo.step()
+        check_step_invariants(algo, before)
+        U = np.array(algo.store.data[: algo.batch_size])
+        cos = brute_most_similar(U, before.centroids)[np.arange(U.shape[0]), algo.labels()]
+        # sse is of the centroids in force during the step, as under euclidean
+        np.testing.assert_allclose(algo.energy_estimate(), (1.0 - cos).mean(), rtol=1e-6,
+                                   atol=2.0**-21)  # fmt: skip
+        assert algo.state().energy == algo.energy_estimate()
+
+
 # -- the estimator ---------------------------------------------------------------------------
 def _directions(n: int = 900, seed: int = 0) -> np.ndarray:
     """Samples around 5 directions in 8 dimensions, of very different lengths."""
