@@ -158,6 +158,23 @@ def test_the_unit_centroid_update_is_the_numpy_formula(seed):
     np.testing.assert_array_equal(C_mean[nz], (S[nz] / v[nz, None]).astype(np.float32))
 
 
+@pytest.mark.parametrize("name", ["nmbatch", "nmbatch.deact", "elkan", "lloyd"])
+def test_a_cluster_whose_rows_cancel_out_keeps_its_centroid(name):
+    """Opposite directions sum to 0: no direction, so the centroid stays where it was
+    (as an empty cluster's), nothing is divided by 0, and the model is at a fixed point."""
+    X = np.array([[3.0, 0.0], [-2.0, 0.0], [0.0, 5.0]], dtype=np.float32)
+    init = np.array([[0.0, -1.0], [0.0, 1.0]], dtype=np.float32)  # both x and -x: ties, to 0
+    algo = make_algorithm(name, filled_store(X, metric="cosine"), 2, init=init,
+                          batch_size=3, metric="cosine")  # fmt: skip
+    for _ in range(3):
+        before = snapshot(algo)
+        stats = algo.step()
+        check_step_invariants(algo, before)
+    np.testing.assert_array_equal(algo.centroids, init)
+    np.testing.assert_array_equal(algo.v, [2, 1])
+    assert not algo.S[0].any() and not algo.p.any() and stats.converged
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_bounds_stay_sound_when_normalised_centroids_move(seed):
     """docs/design.md, "Spherical k-means": the bounds of the Euclidean distances between
