@@ -439,6 +439,21 @@ def test_every_dtype_of_sklearns_dtype_check_fits_without_zero_rows(dtype):
         est.fit(np.concatenate([X, zero]))
 
 
+def test_a_cosine_window_keeps_unit_rows_and_the_invariants_as_it_slides():
+    X = _directions(3_000, seed=6)
+    est = NestedMiniBatchKMeans(5, metric="cosine", retention="window", max_samples=1_000,
+                                batch_size=100, random_state=0)  # fmt: skip
+    for start in range(0, 3_000, 250):
+        est.partial_fit(X[start : start + 250])
+        algo = est._algorithm
+        before = snapshot(algo)
+        algo.step()
+        check_step_invariants(algo, before)
+    assert est.n_samples_retained_ == 1_000
+    np.testing.assert_array_equal(np.sort(est._store.ids()), np.arange(2_000, 3_000))
+    assert (np.abs(_sq_norms(est._store.samples()) - 1.0) <= UNIT_ROUNDING).all()
+
+
 def test_the_estimators_metric_is_checked_and_kept():
     X = _directions(300)
     with pytest.raises(InvalidParameterError, match="metric"):
