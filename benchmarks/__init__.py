@@ -19,7 +19,8 @@ The engine's benchmarks:
 - ``python -m benchmarks.phases`` (with ``phases_report``): where a fit's time goes;
 - ``python -m benchmarks.distributed`` (with ``distributed_model``): the Ray backend;
 - ``python -m benchmarks.bounds_memory``, ``doubling_sweep``, ``fit_timing``,
-  ``estimator_hashes``, ``bench_compare``, ``window_lag``: single measurements.
+  ``estimator_hashes``, ``bench_compare``, ``window_lag``, ``metric_cost``: single
+  measurements.
 
 The service's benchmarks: ``python -m benchmarks.loadtest`` (ingestion rate, ``/assign``
 latency), ``python -m benchmarks.soak`` (memory over a long run, capacity),

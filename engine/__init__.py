@@ -13,11 +13,13 @@ from nmbatch.engine.algorithms import (
 )
 from nmbatch.engine.assign import energy, nearest
 from nmbatch.engine.backend import RayBackend
+from nmbatch.engine.metric import METRICS
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.store import NestedBatchStore
 
 __all__ = [
     "ALGORITHMS",
+    "METRICS",
     "IterationStats",
     "KMeansAlgorithm",
     "ModelState",

@@ -22,6 +22,7 @@ from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms import ALGORITHMS
 from nmbatch.engine.algorithms.bounds import BOUND_MODES
 from nmbatch.engine.backend import BACKEND_NAMES, RayBackend, ray_backend
+from nmbatch.engine.metric import METRICS
 from nmbatch.engine.retention import RETENTIONS, check_retention
 from nmbatch.engine.seeding import SEEDINGS
 
@@ -52,6 +53,7 @@ def _at_least(low: int) -> _Ints:
 
 PARAMETER_CONSTRAINTS: dict[str, list[Any]] = {
     "n_clusters": [_at_least(1)],
+    "metric": [StrOptions(set(METRICS))],
     "init": [StrOptions(set(INIT_METHODS)), "array-like"],
     "max_iter": [_at_least(1)],
     "batch_size": [_at_least(1)],
@@ -84,9 +86,12 @@ def check_param_combinations(params: dict[str, Any]) -> None:
             "mbatch keeps running averages of every assignment (use mbatch.remove)"
         )
     if ray_backend(params["backend"]) is not None and (
-        algorithm != "nmbatch" or retention != "all"
+        algorithm != "nmbatch" or retention != "all" or params["metric"] != "euclidean"
     ):
-        raise ValueError("backend='ray' runs algorithm='nmbatch' with retention='all' only")
+        raise ValueError(
+            "backend='ray' runs algorithm='nmbatch' with retention='all' and "
+            "metric='euclidean' only"
+        )
 
 
 def _is_sparse(X: object) -> bool:

@@ -1,6 +1,7 @@
 """Pickling of a ``NestedMiniBatchKMeans``: the samples kept, the store and algorithm rebuilt.
 
-``PicklingMixin`` needs from its class ``_make_algorithm(store, init, seed)``, the fitted
+``PicklingMixin`` needs from its class ``_make_store(d, seed, capacity)`` and
+``_make_algorithm(store, init, seed)``, the fitted
 attributes (``cluster_centers_``, ``batch_size_``, ``n_iter_``) once fitted, and the
 parameters ``init``, ``n_clusters``.
 """
@@ -12,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from nmbatch.engine._estimator_checks import check_init, spawn_seeds
-from nmbatch.engine.store import NestedBatchStore
 
 __all__ = ["PicklingMixin"]
 
@@ -41,7 +41,8 @@ class PicklingMixin:
         samples = self.__dict__.pop("_pickled_samples")
         ids = self.__dict__.pop("_pickled_ids", None)
         store_seed, algo_seed = spawn_seeds(np.random.SeedSequence(self._algo_seed), 2)
-        store = NestedBatchStore(samples.shape[1], seed=store_seed, capacity=len(samples))
+        # Unit rows under cosine come back as they were (unit_rows keeps a unit row).
+        store = self._make_store(samples.shape[1], store_seed, len(samples))
         store.append(samples, ids=ids)
         fitted = hasattr(self, "cluster_centers_")
         init = (

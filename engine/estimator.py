@@ -10,7 +10,9 @@ exactly once in its centroid (its old vote is removed before it is reassigned), 
 centroid is the exact mean of the batch samples assigned to it. The batch doubles when
 the centroids move little compared with their statistical uncertainty (the ratio test
 with threshold ``rho``), and the fit ends when the batch is the whole data set and no
-assignment changes, which is a fixed point of Lloyd's algorithm.
+assignment changes, which is a fixed point of Lloyd's algorithm. ``metric="cosine"`` makes
+it spherical k-means: samples count as their directions, centroids are unit vectors, and
+the objective is the sum of cosine dissimilarities (``nmbatch.engine.metric``).
 
 The samples live in a ``NestedBatchStore`` (``float32``); ``partial_fit`` appends to it and
 runs one iteration, so the model can follow a stream; ``retention`` bounds what the
@@ -37,6 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin, _fit_context
 
+from nmbatch.engine._estimator_build import ModelBuildMixin
 from nmbatch.engine._estimator_checks import (
     PARAMETER_CONSTRAINTS,
     check_callback,
@@ -47,14 +50,12 @@ from nmbatch.engine._estimator_checks import (
 )
 from nmbatch.engine._estimator_pickle import PicklingMixin
 from nmbatch.engine._estimator_use import ModelUseMixin
-from nmbatch.engine.algorithms import IterationStats, make_algorithm
-from nmbatch.engine.algorithms.swap import swap_wanted
-from nmbatch.engine.assign import nearest
+from nmbatch.engine.algorithms import IterationStats
 from nmbatch.engine.backend import RayBackend, ray_backend
 from nmbatch.engine.hosting import LocalEngine, iterate, offer
-from nmbatch.engine.retention import RetentionPolicy, catch_up_steps, make_retention
+from nmbatch.engine.metric import metric_rows
+from nmbatch.engine.retention import catch_up_steps
 from nmbatch.engine.state import ModelState
-from nmbatch.engine.store import NestedBatchStore
 from nmbatch.engine.threads import with_kernel_threads
 
 __all__ = ["Callback", "NestedMiniBatchKMeans", "RayBackend"]
@@ -64,7 +65,7 @@ Callback = Callable[[IterationStats, ModelState], bool | None]
 
 
 class NestedMiniBatchKMeans(
-    ModelUseMixin, PicklingMixin, ClusterMixin, TransformerMixin, BaseEstimator
+    ModelUseMixin, ModelBuildMixin, PicklingMixin, ClusterMixin, TransformerMixin, BaseEstimator
 ):
     """K-means clustering by Nested Mini-Batch K-Means (``nmbatch``).
 
@@ -74,6 +75,14 @@ class NestedMiniBatchKMeans(
     ----------
     n_clusters : int, default=8
         Number of centroids ``k``. Must not exceed the number of samples given to ``fit``.
+    metric : {"euclidean", "cosine"}, default="euclidean"
+        ``"cosine"``: spherical k-means. Every input (``fit``, ``partial_fit``,
+        ``predict``, ``transform``, ``score``) is divided by its norm first (a zero row
+        is a ``ValueError`` naming it), ``cluster_centers_`` are unit vectors (each the
+        direction of its cluster's sum), and ``inertia_``, ``score`` and ``transform``
+        measure the cosine dissimilarity ``1 - cos`` (its sum, minus its sum, each
+        centroid's); the seeding picks unit rows (k-means++ then samples by ``1 - cos``).
+        The Ray backend runs ``"euclidean"`` only.
     init : str or array of shape (n_clusters, n_features), default="auto"
         One of ``"auto"``, ``"k-means++"``, ``"k-means++.sub"``, ``"k-means||"``,
         ``"afk-mc2"``, ``"random"``, ``"first"`` (``nmbatch.engine.seeding.SEEDINGS``),
@@ -190,7 +199,8 @@ class NestedMiniBatchKMeans(
         Nearest centroid of each sample of the last ``fit`` (or the last ``partial_fit``
         chunk), in the order of the input; equal to ``predict`` on the same samples.
     inertia_ : float
-        Sum of squared distances of those samples to their nearest centroid.
+        Sum of squared distances of those samples to their nearest centroid (cosine: of
+        their cosine dissimilarities ``1 - cos``).
     n_iter_ : int
         Iterations run since the model was started by ``fit`` or the first ``partial_fit``.
     batch_size_ : int
@@ -249,6 +259,7 @@ class NestedMiniBatchKMeans(
         self,
         n_clusters: int = 8,
         *,
+        metric: str = "euclidean",
         init: str | np.ndarray = "auto",
         max_iter: int = 300,
         batch_size: int = 5000,
@@ -267,6 +278,7 @@ class NestedMiniBatchKMeans(
         backend: str | RayBackend | None = "local",
     ) -> None:
         self.n_clusters = n_clusters
+        self.metric = metric
         self.init = init
         self.max_iter = max_iter
         self.batch_size = batch_size
@@ -292,47 +304,6 @@ class NestedMiniBatchKMeans(
         return tags
 
     # -- fitting ----------------------------------------------------------------------
-    def _make_algorithm(self, store: NestedBatchStore, init: str | np.ndarray, seed: int) -> Any:
-        return make_algorithm(
-            self.algorithm,
-            store,
-            int(self.n_clusters),
-            init=init,
-            rho=float(self.rho),
-            batch_size=int(self.batch_size),
-            random_state=seed,
-            relocate_empty=bool(self.relocate_empty),
-            bounds=self.bounds,
-            swap=swap_wanted(self.swap_clusters, self.retention,
-                             n_clusters=int(self.n_clusters), batch_size=int(self.batch_size)),
-        )
-
-    def _publish(
-        self, algo: Any, stats: IterationStats, store: NestedBatchStore, X: np.ndarray
-    ) -> None:
-        """Set the fitted attributes after the step ``stats``; labels and inertia are of ``X``."""
-        centers = np.array(algo.centroids, dtype=np.float32, copy=True)
-        labels, sqdist = nearest(X, centers)
-        self.cluster_centers_ = centers
-        self.labels_ = labels
-        self.inertia_ = float(np.sum(sqdist))
-        self.n_iter_ = int(algo.iteration)
-        self.batch_size_ = int(stats.batch_size)
-        self._count_samples(store)
-
-    def _count_samples(self, store: NestedBatchStore) -> None:
-        self.n_samples_seen_ = int(self._retention.n_offered)
-        self.n_samples_retained_ = int(store.n_samples)
-
-    def _make_retention(self, seed: int) -> RetentionPolicy:
-        return make_retention(
-            self.retention,
-            n_clusters=int(self.n_clusters),
-            max_samples=self.max_samples,
-            max_age_seconds=self.max_age_seconds,
-            seed=seed,
-        )
-
     @_fit_context(prefer_skip_nested_validation=True)
     @with_kernel_threads
     def fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
@@ -344,7 +315,7 @@ class NestedMiniBatchKMeans(
         as it was.
         """
         check_param_combinations(self.get_params())
-        X32 = self._check_X(X, reset=True)
+        X32 = metric_rows(self._check_X(X, reset=True), self.metric)
         n, d = X32.shape
         k = int(self.n_clusters)
         if n < k:
@@ -361,7 +332,7 @@ class NestedMiniBatchKMeans(
 
         # X32 in a uniformly random order; rows are copied as the batch reaches them, so
         # the first step runs after b_0 rows are copied, not n (NestedBatchStore.load).
-        store = NestedBatchStore(d, seed=store_seed, capacity=n)
+        store = self._make_store(d, store_seed, n)
         store.load(X32, checked=True)
         algo = self._make_algorithm(store, init, algo_seed)
         callback = self.callback
@@ -385,21 +356,6 @@ class NestedMiniBatchKMeans(
             self._count_samples(store)
         return self
 
-    def _fit_key(self) -> tuple[Any, ...]:
-        """Parameters a running model was built with; ``partial_fit`` may not change them."""
-        return (
-            self.n_clusters,
-            self.algorithm,
-            self.rho,
-            self.batch_size,
-            self.retention,
-            self.max_samples,
-            self.max_age_seconds,
-            self.relocate_empty,
-            self.swap_clusters,
-            self.bounds,
-        )
-
     @_fit_context(prefer_skip_nested_validation=True)
     @with_kernel_threads
     def partial_fit(
@@ -420,12 +376,12 @@ class NestedMiniBatchKMeans(
         started = "_store" in self.__dict__ or "_pickled_samples" in self.__dict__
         if not started:
             check_param_combinations(self.get_params())
-            X32 = self._check_X(X, reset=True)
+            X32 = metric_rows(self._check_X(X, reset=True), self.metric)
             d = X32.shape[1]
             init = check_init(self.init, self.n_clusters, d)
             store_seed, algo_seed, policy_seed = spawn_seeds(seed_sequence(self.random_state), 3)
             policy = self._make_retention(policy_seed)
-            store = NestedBatchStore(d, seed=store_seed, capacity=max(4096, len(X32)))
+            store = self._make_store(d, store_seed, max(4096, len(X32)))
             algo = self._make_algorithm(store, init, algo_seed)
             host = LocalEngine.around(store, algo)
             offer(policy, host, X32, now)  # a capacity below the chunk: unchanged
@@ -436,11 +392,11 @@ class NestedMiniBatchKMeans(
         else:
             if self._fit_key() != self._partial_fit_key:
                 raise ValueError(
-                    "n_clusters, algorithm, rho, batch_size or the retention changed since "
-                    "the model was started; call fit() to start a new model."
+                    "n_clusters, metric, algorithm, rho, batch_size or the retention changed "
+                    "since the model was started; call fit() to start a new model."
                 )
             check_callback(self.callback)
-            X32 = self._check_X(X, reset=False)
+            X32 = metric_rows(self._check_X(X, reset=False), self.metric)
             if "_pickled_samples" in self.__dict__:
                 self._resume_after_unpickling()
             store, algo = self._store, self._algorithm

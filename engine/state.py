@@ -52,8 +52,9 @@ class ModelState:
     initialized : bool
         The starting centroids are set (false until the first step).
     energy : float or None
-        Mean ``d(i)^2`` of the prefix samples (``sse.sum() / b``); None before the first
-        iteration.
+        Mean ``d(i)^2`` of the prefix samples (``sse.sum() / b``; under
+        ``metric="cosine"`` the mean cosine dissimilarity ``1 - cos``, half of it); None
+        before the first iteration.
     stats : IterationStats or None
         What the step that produced this state did; None after a restore.
     engine_bytes : int

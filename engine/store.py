@@ -6,6 +6,11 @@ order by inside-out Fisher-Yates on insertion: a new row is written at ``N`` and
 with a uniformly random position in ``[b, N]``. Growing the prefix therefore always takes
 a uniformly random subset of what is waiting, whatever order the stream arrives in.
 
+Under ``metric="cosine"`` the store keeps unit rows: ``append`` and ``load`` normalise
+what they take in (:func:`~nmbatch.engine.metric.unit_rows`; a zero row is refused, naming
+its index, and nothing is stored). This is the engine's one place of ingestion: every host
+and the estimator append through it.
+
 Each row carries its id, the sample's position in the stream. ``retire`` removes rows by
 id in one vectorised call (the kernels ``mark_ids`` and ``compact_rows``): a retired
 prefix row's slot is filled by one of the last prefix rows (``b`` shrinks by the number
@@ -50,6 +55,7 @@ import numpy as np
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.kernels.retire import compact_rows, mark_ids
 from nmbatch.engine.kernels.shuffle import shuffle_insert, shuffle_order
+from nmbatch.engine.metric import check_metric, metric_rows
 
 __all__ = ["RESERVE_BYTES", "NestedBatchStore", "OnPrefix", "Retirement"]
 
@@ -116,6 +122,8 @@ class NestedBatchStore:
         Seed of the generator that shuffles the tail.
     capacity : int
         Initial number of rows allocated; doubles as needed.
+    metric : {"euclidean", "cosine"}
+        ``"cosine"``: the rows are stored as unit vectors (module docstring).
 
     Attributes
     ----------
@@ -123,10 +131,18 @@ class NestedBatchStore:
         Guards ``b``, ``N`` and the buffers; held only for short bookkeeping.
     """
 
-    def __init__(self, dim: int, *, seed: int | None = None, capacity: int = 4096) -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        seed: int | None = None,
+        capacity: int = 4096,
+        metric: str = "euclidean",
+    ) -> None:
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
         self.dim = int(dim)
+        self.metric = check_metric(metric)
         self.lock = threading.Lock()
         self._rng = np.random.default_rng(seed)
         capacity = max(int(capacity), 1)
@@ -241,10 +257,10 @@ class NestedBatchStore:
         next ``m`` ids. ``any_order``: ``ids`` are non-negative in any order and distinct
         from each other and from every stored id (the caller's guarantee: a retained set
         restored in its own order); ``n_ingested`` becomes at least ``max(ids) + 1``.
-        Raises ``ValueError`` (and stores nothing) for a wrong shape, non-finite values
-        or bad ids. Returns the new ``N``.
+        Raises ``ValueError`` (and stores nothing) for a wrong shape, non-finite values,
+        a zero row under ``metric="cosine"`` or bad ids. Returns the new ``N``.
         """
-        X = as_float32_matrix(X, dim=self.dim, allow_empty=True)
+        X = metric_rows(as_float32_matrix(X, dim=self.dim, allow_empty=True), self.metric)
         m = X.shape[0]
         if ids is not None:
             ids = np.asarray(ids)
@@ -356,13 +372,14 @@ class NestedBatchStore:
         same draws of the store's generator (:func:`shuffle_order`): the same rows in the
         same places, so any prefix is a uniformly random subset and the tail a uniformly
         random order. ``checked``: ``X`` is already a C-contiguous, finite
-        ``float32`` array (``fit``'s validated input; not copied, read until the load is
-        finished: do not modify it before :meth:`finish_loading`); otherwise it is
-        validated and converted as by ``append``. Raises ``ValueError`` if the store is
-        not empty (or, unchecked, for a bad ``X``). Returns the new ``N``.
+        ``float32`` array, of unit rows under ``metric="cosine"`` (``fit``'s validated
+        input; not copied, read until the load is finished: do not modify it before
+        :meth:`finish_loading`); otherwise it is validated and converted as by
+        ``append``. Raises ``ValueError`` if the store is not empty (or, unchecked, for a
+        bad ``X``). Returns the new ``N``.
         """
         if not checked:
-            X = as_float32_matrix(X, dim=self.dim, allow_empty=True)
+            X = metric_rows(as_float32_matrix(X, dim=self.dim, allow_empty=True), self.metric)
         elif X.dtype != np.float32 or X.ndim != 2 or X.shape[1] != self.dim:
             raise ValueError(f"X must be (n, {self.dim}) float32, got {X.dtype} {X.shape}")
         n = X.shape[0]

@@ -22,6 +22,8 @@ from nmbatch.engine.algorithms import make_algorithm
 from nmbatch.engine.assign import energy, nearest, nearest_one
 from nmbatch.engine.kernels.exact import closer_to, own_sqdist
 from nmbatch.engine.kernels.parallel import every_parallel_path
+from nmbatch.engine.kernels.update import centroid_of
+from nmbatch.engine.metric import unit_rows
 from nmbatch.engine.store import NestedBatchStore
 from nmbatch.engine.threads import thread_limits
 
@@ -71,6 +73,10 @@ def _run(*, k: int, dim: int, n: int, seed: int) -> None:
     # Relocation's and swaps' exact distances (a step relocates only when a cluster empties)
     dist2 = own_sqdist(X, n, np.zeros(n, dtype=np.int32), C)
     closer_to(dist2, X, n, X[0])
+    # A centroid from its sums, as the relocation and the swaps derive it; unit rows
+    # (metric="cosine": the same kernels after ingestion).
+    centroid_of(algo.S, algo.v, 0, False, C[0].copy())
+    unit_rows(X[:4])
     nearest(X, C)
     nearest_one(X[0], C)
     energy(X, C)

@@ -8,7 +8,9 @@ The references are plain numpy, written to match the engine's documented formula
   engine's exact nearest centroid, whatever the data.
 - ``check_step_invariants`` asserts what must hold after every ``step()`` of an algorithm
   that keeps one vote per sample (nmbatch, nmbatch.deact, elkan, lloyd; mbatch.remove over
-  the samples it has drawn).
+  the samples it has drawn), for either metric (``algo.metric``): under ``"cosine"`` each
+  centroid is the normalised mean of its rows (``centroids_ref``) and each reassigned row
+  sits on its brute-force most similar centroid (``brute_most_similar``).
 - ``row_state`` and ``check_retire_invariants``: what a ``retire()`` must keep (each
   retained row's label, bounds and norm, by stream id) and establish (votes of the
   retained prefix only, ``b`` within the retained count, sound bounds).
@@ -47,9 +49,47 @@ def brute_nearest(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return labels.astype(np.int64), D[np.arange(D.shape[0]), labels]
 
 
-def filled_store(X: np.ndarray, *, seed: int = 0, capacity: int = 64) -> NestedBatchStore:
+COS_TOLERANCE = 2.0**-21
+"""How far below the largest cosine similarity a row's own centroid's may be. The engine
+assigns by exact Euclidean distance; rows and centroids are unit within
+``|| . ||^2 = 1 +- 2^-23``, so ``||x - c||^2 = 2 - 2 cos(x, c)`` within about ``2^-22``:
+the Euclidean nearest is the most similar within ``2^-22``."""
+
+
+def centroids_ref(S: np.ndarray, v: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """The centroids the sums give and the clusters that have one: ``(k, d)`` float32
+    (rows without one are 0) and ``(k,)`` bool. ``float32(S(j)/v(j))`` where ``v(j) > 0``;
+    under ``"cosine"``, ``float32(S(j)/||S(j)||)`` (the norm summed sequentially in
+    float64) where ``v(j) > 0`` and ``S(j) != 0``."""
+    v64 = v.astype(np.float64)
+    if metric != "cosine":
+        has = v > 0
+        scale = np.where(has, v64, 1.0)
+    else:
+        norm2 = np.zeros(S.shape[0], dtype=np.float64)
+        for t in range(S.shape[1]):
+            norm2 = norm2 + S[:, t] * S[:, t]
+        has = (v > 0) & (norm2 > 0.0)
+        scale = np.where(has, np.sqrt(norm2), 1.0)
+    C = (S / scale[:, None]).astype(np.float32)
+    C[~has] = 0.0
+    return C, has
+
+
+def brute_most_similar(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Cosine similarities ``x.c / (||x|| ||c||)`` in float64: ``(n, k)``."""
+    X64 = np.asarray(X, dtype=np.float64)
+    C64 = np.asarray(C, dtype=np.float64)
+    X64 = X64 / np.linalg.norm(X64, axis=1, keepdims=True)
+    C64 = C64 / np.linalg.norm(C64, axis=1, keepdims=True)
+    return X64 @ C64.T
+
+
+def filled_store(
+    X: np.ndarray, *, seed: int = 0, capacity: int = 64, metric: str = "euclidean"
+) -> NestedBatchStore:
     """A store holding the rows of ``X`` (appended in one call), tail shuffled by ``seed``."""
-    store = NestedBatchStore(X.shape[1], seed=seed, capacity=capacity)
+    store = NestedBatchStore(X.shape[1], seed=seed, capacity=capacity, metric=metric)
     store.append(X)
     return store
 
@@ -113,7 +153,8 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
     - ``v`` sums to the number of voting rows and ``S(j)/v(j)`` is the exact mean
       (``1e-9`` relative) of the rows labelled ``j``;
     - the centroids are ``float32(S(j)/v(j))`` for non-empty clusters and unchanged for
-      empty ones;
+      empty ones; under ``metric="cosine"`` (the rows unit vectors) ``float32(S(j)/||S(j)||)``,
+      the normalised mean, and unchanged where ``S(j) = 0`` too (``centroids_ref``);
     - every row whose label changed (with ``all_revisited``: every row of the prefix) is
       labelled with its brute-force nearest centroid among ``before.centroids``, the
       centroids in force during the step, ties to the lowest index; except a row an
@@ -122,7 +163,8 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
       such rows as the step says it relocated; and except the rows a cluster swap moved
       (``last_swaps``, :mod:`nmbatch.engine.algorithms.swap`): each is labelled with the
       swap's ``into`` (it came from ``merged``) or ``merged`` (it came from ``split``),
-      and no row moved twice;
+      and no row moved twice; under cosine that nearest centroid is also the most similar
+      one, within ``COS_TOLERANCE``;
     - with bounds (``lower_bounds()`` non-empty): ``l(i, j) <= ||x(i) - c_before(j)||`` and
       ``l(i, j) - p(j) <= ||x(i) - c_new(j)||``, in float64.
     """
@@ -138,10 +180,12 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
     assert int(algo.v.sum()) == int(seen.sum())
     assert_sums_are_means(algo.S, algo.v, X, labels)
 
-    nz = algo.v > 0
-    np.testing.assert_array_equal(
-        algo.centroids[nz], (algo.S[nz] / algo.v[nz, None]).astype(np.float32)
-    )
+    metric = getattr(algo, "metric", "euclidean")
+    if metric == "cosine":
+        norms2 = (X.astype(np.float64) ** 2).sum(axis=1)
+        assert (np.abs(norms2 - 1.0) <= 2.0**-21).all(), "a stored row is not a unit vector"
+    expected, nz = centroids_ref(algo.S, algo.v, metric)
+    np.testing.assert_array_equal(algo.centroids[nz], expected[nz])
     if before.centroids is None:
         return
     np.testing.assert_array_equal(algo.centroids[~nz], before.centroids[~nz])
@@ -153,7 +197,8 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
     moved_rows = np.concatenate([s.rows for s in swapped]) if swapped else np.empty(0, int)
     relocated = getattr(algo, "n_relocated", 0)  # empty clusters given a sample by the step
     if relocated:
-        alone = (algo.v[labels] == 1) & (algo.centroids[labels] == X).all(axis=1)
+        own = centroids_ref(X.astype(np.float64), np.ones(b, dtype=np.int64), metric)[0]
+        alone = (algo.v[labels] == 1) & (algo.centroids[labels] == own).all(axis=1)
         alone[moved_rows] = False  # a swap's one-row part is not a relocation
         ref, _ = brute_nearest(X, before.centroids)
         moved = alone & (labels != ref)
@@ -168,6 +213,10 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
     if check.any():
         ref, _ = brute_nearest(X[check], before.centroids)
         np.testing.assert_array_equal(labels[check], ref)
+        if metric == "cosine":
+            cos = brute_most_similar(X[check], before.centroids)
+            own_cos = cos[np.arange(cos.shape[0]), labels[check]]
+            assert (own_cos >= cos.max(axis=1) - COS_TOLERANCE).all(), "not the most similar"
 
     lower_bounds = getattr(algo, "lower_bounds", None)
     if lower_bounds is not None:

@@ -27,6 +27,7 @@ from nmbatch.engine.algorithms import NestedMiniBatch
 from tests.engine_helpers import (
     assert_sums_are_means,
     brute_nearest,
+    centroids_ref,
     check_step_invariants,
     filled_store,
     snapshot,
@@ -36,6 +37,10 @@ from tests.testkit import blobs
 
 ONE_VOTE = ("nmbatch", "nmbatch.deact", "elkan", "lloyd")
 NESTED = ("nmbatch", "nmbatch.deact", "elkan")
+# The invariant tests run for both metrics: under "cosine" the stored rows are unit,
+# every centroid is the normalised mean of its rows and every reassigned row sits on its
+# most similar centroid (tests.engine_helpers.check_step_invariants).
+METRICS = ("euclidean", "cosine")
 
 
 def run_checked(algo, max_steps: int, *, all_revisited: bool = True, until_converged=True):
@@ -56,15 +61,17 @@ def run_checked(algo, max_steps: int, *, all_revisited: bool = True, until_conve
 # invariants after every iteration
 
 
+@pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("name", ONE_VOTE)
 @pytest.mark.parametrize(
     ("integer", "rho", "init"),
     [(True, 100.0, "first"), (False, 100.0, "k-means++"), (False, 3.0, "first")],
 )
-def test_invariants_hold_after_every_iteration(name, integer, rho, init):
+def test_invariants_hold_after_every_iteration(name, integer, rho, init, metric):
     X = blobs(700, 3, 6, seed=4, spread=1.5, separation=6.0, integer=integer)
-    store = filled_store(X, seed=2)
-    algo = make_algorithm(name, store, 6, init=init, rho=rho, batch_size=40, random_state=3)
+    store = filled_store(X, seed=2, metric=metric)
+    algo = make_algorithm(name, store, 6, init=init, rho=rho, batch_size=40, random_state=3,
+                          metric=metric)  # fmt: skip
     history = run_checked(algo, 80)
     assert history[-1][1].converged, "did not converge in 80 iterations"
     assert algo.batch_size == store.n_samples == 700
@@ -174,11 +181,13 @@ def test_bounds_on_and_off_agree_bit_for_bit(integer, seed):
 REVISIT_PATHS = {"dense": -1.0, "scalar": np.inf}
 
 
+@pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("path", sorted(REVISIT_PATHS))
 @pytest.mark.parametrize(("integer", "rho"), [(True, 100.0), (False, 3.0)])
-def test_invariants_hold_on_either_revisit_path(path, integer, rho):
+def test_invariants_hold_on_either_revisit_path(path, integer, rho, metric):
     X = blobs(700, 3, 6, seed=4, spread=1.5, separation=6.0, integer=integer)
-    algo = make_algorithm("nmbatch", filled_store(X, seed=2), 6, rho=rho, batch_size=40)
+    algo = make_algorithm("nmbatch", filled_store(X, seed=2, metric=metric), 6, rho=rho,
+                          batch_size=40, metric=metric)  # fmt: skip
     algo.dense_revisit_fraction = REVISIT_PATHS[path]
     history = run_checked(algo, 80)
     assert history[-1][1].converged
@@ -348,12 +357,13 @@ def test_converges_then_grows_again_after_new_samples():
 # streaming
 
 
+@pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("name", ONE_VOTE)
-def test_appends_between_iterations_keep_invariants_and_the_prefix(name):
+def test_appends_between_iterations_keep_invariants_and_the_prefix(name, metric):
     X = blobs(1500, 3, 4, seed=12, spread=1.0, separation=6.0)
-    store = NestedBatchStore(3, seed=6, capacity=16)
+    store = NestedBatchStore(3, seed=6, capacity=16, metric=metric)
     store.append(X[:50])
-    algo = make_algorithm(name, store, 4, batch_size=20, rho=5.0)
+    algo = make_algorithm(name, store, 4, batch_size=20, rho=5.0, metric=metric)
     pos = 50
     for _ in range(40):
         b = store.batch_size
@@ -441,16 +451,16 @@ def test_appends_from_another_thread_while_stepping(name):
 # reproducibility
 
 
+@pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("name", ALGORITHMS)
 @pytest.mark.parametrize("init", ["first", "k-means++"])
-def test_same_seeds_give_identical_runs(name, init):
+def test_same_seeds_give_identical_runs(name, init, metric):
     X = blobs(800, 3, 6, seed=21, spread=1.5, separation=5.0)
 
     def run(random_state):
-        store = filled_store(X, seed=11)
-        algo = make_algorithm(
-            name, store, 6, init=init, batch_size=60, rho=10.0, random_state=random_state
-        )
+        store = filled_store(X, seed=11, metric=metric)
+        algo = make_algorithm(name, store, 6, init=init, batch_size=60, rho=10.0,
+                              random_state=random_state, metric=metric)  # fmt: skip
         out = []
         for _ in range(12):
             algo.step()
@@ -483,17 +493,20 @@ def test_centroids_are_a_new_array_after_every_step():
 # restore
 
 
+@pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("name", NESTED)
-def test_restore_rebuilds_the_state_and_the_next_step_continues(name):
+def test_restore_rebuilds_the_state_and_the_next_step_continues(name, metric):
     X = blobs(1200, 3, 5, seed=30, spread=1.5, separation=5.0)
-    first = make_algorithm(name, filled_store(X, seed=9), 5, batch_size=100, rho=5.0)
+    first = make_algorithm(name, filled_store(X, seed=9, metric=metric), 5, batch_size=100,
+                           rho=5.0, metric=metric)  # fmt: skip
     for _ in range(6):
         first.step()
     C, b, it = first.centroids.copy(), first.batch_size, first.iteration
 
-    store = filled_store(X, seed=9)  # the log replayed: same rows in the same order
-    algo = make_algorithm(name, store, 5, batch_size=100, rho=5.0)
-    algo.restore(C, b, it)
+    # the log replayed: same rows in the same order (cosine: the unit rows kept as stored)
+    store = filled_store(X, seed=9, metric=metric)
+    algo = make_algorithm(name, store, 5, batch_size=100, rho=5.0, metric=metric)
+    algo.restore(C, b, it)  # cosine: the model's unit centroids are kept bit for bit
     assert (algo.batch_size, store.batch_size, algo.iteration) == (b, b, it)
     np.testing.assert_array_equal(algo.centroids, C)
     assert (algo.p == 0).all()
@@ -512,13 +525,14 @@ def test_restore_rebuilds_the_state_and_the_next_step_continues(name):
     assert history[-1][1].converged and algo.batch_size == 1200
 
 
+@pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("name", NESTED)
-def test_restore_of_the_whole_store_runs_on_to_the_fixed_point(name):
+def test_restore_of_the_whole_store_runs_on_to_the_fixed_point(name, metric):
     # Restored with b = N from centroids that are not the means of their samples: the
     # first step changes no label but moves the centroids, so it is not a fixed point.
     X = blobs(1500, 4, 6, seed=31, spread=2.0, separation=3.0)
-    store = filled_store(X, seed=4)
-    algo = make_algorithm(name, store, 6, batch_size=100, rho=5.0, swap=False)
+    store = filled_store(X, seed=4, metric=metric)
+    algo = make_algorithm(name, store, 6, batch_size=100, rho=5.0, swap=False, metric=metric)
     algo.restore(X[:6] + 0.5, X.shape[0], 2)
     assert algo.batch_size == X.shape[0]
     first = algo.step()
@@ -532,10 +546,9 @@ def test_restore_of_the_whole_store_runs_on_to_the_fixed_point(name):
     labels = algo.labels()
     np.testing.assert_array_equal(labels, brute_nearest(Xb, algo.centroids)[0])
     assert_sums_are_means(algo.S, algo.v, Xb, labels)
-    for j in np.flatnonzero(algo.v):
-        np.testing.assert_array_equal(
-            algo.centroids[j], (algo.S[j] / algo.v[j]).astype(np.float32)
-        )
+    expected, has = centroids_ref(algo.S, algo.v, metric)  # S/v, or S/||S|| under cosine
+    assert has.all()
+    np.testing.assert_array_equal(algo.centroids, expected)
 
 
 def test_restore_clamps_the_batch_to_the_store():

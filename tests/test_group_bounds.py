@@ -336,12 +336,14 @@ def test_group_bounds_skip_distances(mode):
     assert skipped > 0
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
 @pytest.mark.parametrize("mode", ["group", "hamerly"])
-def test_empty_clusters_relocated_with_group_bounds_keep_every_invariant(mode):
+def test_empty_clusters_relocated_with_group_bounds_keep_every_invariant(mode, metric):
     X = blobs(3_000, 4, 12, seed=3)
     init = np.concatenate([X[:48], X[:48] + np.float32(500.0)])  # half win no sample
-    algo = make_algorithm("nmbatch", filled_store(X), 96, init=init, batch_size=150,
-                          rho=20.0, random_state=1, bounds=mode)  # fmt: skip
+    algo = make_algorithm("nmbatch", filled_store(X, metric=metric), 96, init=init,
+                          batch_size=150, rho=20.0, random_state=1, bounds=mode,
+                          metric=metric)  # fmt: skip
     relocated = 0
     for _ in range(40):
         before = snapshot(algo)
@@ -354,12 +356,13 @@ def test_empty_clusters_relocated_with_group_bounds_keep_every_invariant(mode):
     assert relocated > 0 and int((algo.v == 0).sum()) == 0
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
 @pytest.mark.parametrize("mode", ["group", "hamerly"])
 @pytest.mark.parametrize("path", [-1.0, np.inf])
-def test_both_revisit_paths_with_group_bounds(mode, path):
+def test_both_revisit_paths_with_group_bounds(mode, path, metric):
     X = blobs(1_200, 3, 20, seed=6, spread=1.5, separation=6.0)
-    algo = make_algorithm("nmbatch", filled_store(X, seed=2), 24, rho=5.0, batch_size=50,
-                          bounds=mode)  # fmt: skip
+    algo = make_algorithm("nmbatch", filled_store(X, seed=2, metric=metric), 24, rho=5.0,
+                          batch_size=50, bounds=mode, metric=metric)  # fmt: skip
     algo.dense_revisit_fraction = path
     for _ in range(80):
         before = snapshot(algo)
@@ -369,12 +372,13 @@ def test_both_revisit_paths_with_group_bounds(mode, path):
     assert algo.converged
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
 @pytest.mark.parametrize("mode", ["group", "hamerly"])
-def test_retirements_keep_group_bounds_sound(mode):
+def test_retirements_keep_group_bounds_sound(mode, metric):
     X = blobs(8_000, 4, 10, seed=8, spread=1.5, separation=5.0)
-    store = NestedBatchStore(4, seed=3)
+    store = NestedBatchStore(4, seed=3, metric=metric)
     algo = make_algorithm("nmbatch", store, 30, batch_size=300, rho=5.0, random_state=2,
-                          bounds=mode)  # fmt: skip
+                          bounds=mode, metric=metric)  # fmt: skip
     policy = WindowRetention(2_500)
     for start in range(0, 8_000, 400):
         if algo.initialized:

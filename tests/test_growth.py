@@ -60,11 +60,12 @@ def test_first_step_takes_c_samples_per_cluster(name: str) -> None:
     assert stats.converged
 
 
-def test_invariants_hold_at_a_k_that_raises_the_first_batch() -> None:
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_invariants_hold_at_a_k_that_raises_the_first_batch(metric: str) -> None:
     k = 64
     X = blobs(4 * B0_PER_CLUSTER * k, 5, 80, seed=3, spread=2.0)
-    algo = make_algorithm("nmbatch", filled_store(X, seed=3, capacity=len(X)), k,
-                          batch_size=50, random_state=0)
+    algo = make_algorithm("nmbatch", filled_store(X, seed=3, capacity=len(X), metric=metric),
+                          k, batch_size=50, random_state=0, metric=metric)  # fmt: skip
     sizes = []
     for _ in range(60):
         before = snapshot(algo)

@@ -3,6 +3,7 @@ life (priority, death, its parent's death); the heap trimmer of the child."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from nmbatch.engine.hosting import (
     LocalEngine,
     heap,
 )
+from nmbatch.engine.metric import metric_rows
 from nmbatch.engine.state import ModelState
 from tests.testkit import blobs, wait_until
 
@@ -46,10 +48,13 @@ def _state(engine: LocalEngine | EngineProcess) -> tuple:
     )
 
 
-def test_process_and_thread_engines_agree_bit_for_bit() -> None:
-    """Same appends (also between steps), steps and restore: identical state after each call."""
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_process_and_thread_engines_agree_bit_for_bit(metric: str) -> None:
+    """Same appends (also between steps), steps and restore: identical state after each call
+    (cosine: unit rows and centroids, in the child as in the thread)."""
+    config = dataclasses.replace(CONFIG, metric=metric)
     X = blobs(3000, CONFIG.dim, 4, seed=1)
-    local, remote = LocalEngine(CONFIG), EngineProcess(CONFIG)
+    local, remote = LocalEngine(config), EngineProcess(config)
     try:
         for engine in (local, remote):
             assert not engine.ready()
@@ -76,7 +81,7 @@ def test_process_and_thread_engines_agree_bit_for_bit() -> None:
             assert engine.restore(C, b, 99).stats is None
         assert _state(local) == _state(remote)
         assert (local.state.batch_size, local.state.iteration) == (b, 99)
-        assert np.array_equal(local.state.centroids, C)
+        assert np.array_equal(local.state.centroids, metric_rows(C, metric))
         local.step(), remote.step()
         assert _state(local) == _state(remote)
     finally:

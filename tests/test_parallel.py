@@ -187,7 +187,8 @@ def test_apply_moves_is_the_row_ordered_sum(two_threads):
     assert changed == int(np.sum((prev != new) & (prev >= 0)))
 
 
-def test_centroid_update_and_nearest_parallel_equal_single_thread():
+@pytest.mark.parametrize("unit", [False, True])  # True: metric="cosine"'s S(j)/||S(j)||
+def test_centroid_update_and_nearest_parallel_equal_single_thread(unit):
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba's pool has one thread")
     rng = np.random.default_rng(2)
@@ -202,7 +203,7 @@ def test_centroid_update_and_nearest_parallel_equal_single_thread():
         sse = np.zeros(k)
         numba.set_num_threads(threads)
         try:
-            C_new, p = update.centroid_update(S, v, Q, C, sse_out=sse)
+            C_new, p = update.centroid_update(S, v, Q, C, sse_out=sse, unit=unit)
             labels, sq = nearest(X, C)
         finally:
             numba.set_num_threads(1)

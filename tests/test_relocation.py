@@ -93,13 +93,15 @@ def test_farthest_first_sorts_by_distance_then_row():
     assert top[:3].tolist() == np.argsort(-big)[:3].tolist()
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
 @pytest.mark.parametrize("name", ["nmbatch", "nmbatch.deact", "elkan", "lloyd"])
-def test_many_clusters_few_samples_relocate_and_keep_every_invariant(name):
+def test_many_clusters_few_samples_relocate_and_keep_every_invariant(name, metric):
     X = blobs(3_000, 4, 12, seed=3)
-    # Half the starting centroids far from every sample: they win none.
+    # Half the starting centroids far from every sample: they win none (cosine: all on
+    # one direction, beside one another).
     init = np.concatenate([X[:48], X[:48] + np.float32(500.0)])
-    algo = make_algorithm(name, filled_store(X), 96, init=init, batch_size=150, rho=20.0,
-                          random_state=1)  # fmt: skip
+    algo = make_algorithm(name, filled_store(X, metric=metric), 96, init=init,
+                          batch_size=150, rho=20.0, random_state=1, metric=metric)  # fmt: skip
     relocated = 0
     for _ in range(40):  # invariants after every step, relocations allowed
         before = snapshot(algo)

@@ -248,6 +248,7 @@ def retire_checked(algo, **kwargs) -> None:
     check_retire_invariants(algo, before, gone)
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
 @pytest.mark.parametrize("name", [*FORGETTING, "nmbatch+swap"])
 @settings(max_examples=8, deadline=None)
 @given(
@@ -257,13 +258,16 @@ def retire_checked(algo, **kwargs) -> None:
         min_size=2, max_size=7,
     ),
 )
-def test_invariants_hold_with_arrivals_retirements_and_steps_interleaved(name, seed, plan):
+def test_invariants_hold_with_arrivals_retirements_and_steps_interleaved(
+    name, seed, plan, metric
+):
     k = 4
     X = blobs(2000, 3, 5, seed=seed, spread=1.5, separation=5.0)
-    store = NestedBatchStore(3, seed=seed, capacity=8)
+    store = NestedBatchStore(3, seed=seed, capacity=8, metric=metric)
     swap = name.endswith("+swap")  # cluster swaps (engine.algorithms.swap) on
     algo = make_algorithm(name.removesuffix("+swap"), store, k, init="first", batch_size=30,
-                          rho=5.0, random_state=seed, **({"swap": True} if swap else {}))
+                          rho=5.0, random_state=seed, metric=metric,
+                          **({"swap": True} if swap else {}))  # fmt: skip
     rng = np.random.default_rng(seed)
     start = 0
     store.append(X[:40])

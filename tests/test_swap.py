@@ -144,13 +144,14 @@ def test_no_swap_where_it_would_not_lower_the_energy():
     np.testing.assert_array_equal(labels, before[2])
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
 @pytest.mark.parametrize("bounds", ["full", "group", "hamerly"])
-def test_every_invariant_holds_after_each_step_with_swaps_in_a_moving_window(bounds):
+def test_every_invariant_holds_after_each_step_with_swaps_in_a_moving_window(bounds, metric):
     old = blobs(12_000, 4, 8, seed=1, separation=30.0)
     new = blobs(12_000, 4, 8, seed=101, separation=30.0) + np.float32(40.0)
-    store = NestedBatchStore(4, seed=3)
+    store = NestedBatchStore(4, seed=3, metric=metric)
     algo = make_algorithm("nmbatch", store, 8, batch_size=400, random_state=0, bounds=bounds,
-                          swap=True)  # fmt: skip
+                          swap=True, metric=metric)  # fmt: skip
     policy = WindowRetention(3_000)
     n_swaps = 0
     for X in (old, new):

@@ -15,7 +15,7 @@ _PROBE = textwrap.dedent(
     import json, sys
     import numba
     import numpy as np
-    from nmbatch.engine import algorithms, assign, store
+    from nmbatch.engine import algorithms, assign, metric, store
     from nmbatch.engine.kernels import (
         bounded, common, dense, exact, lookup, retire, seeding, update,
     )
@@ -24,7 +24,7 @@ _PROBE = textwrap.dedent(
     from nmbatch.engine.warmup import warm_up
 
     MODULES = (common, bounded, dense, update, lookup, retire, exact, seeding, assign,
-               algorithms, store)
+               algorithms, store, metric)
 
     def signatures():
         out = {}
@@ -64,6 +64,12 @@ _PROBE = textwrap.dedent(
         seed_rows(method, X[:6000], 13, np.random.default_rng(0))
     lloyd = make_algorithm("lloyd", store, 11)
     lloyd.step()
+    # Spherical k-means: unit rows on ingestion, unit centroids.
+    sphere = NestedBatchStore(24, seed=0, metric="cosine")
+    sphere.append(X[:5_000])
+    spherical = make_algorithm("nmbatch", sphere, 11, batch_size=1000, metric="cosine")
+    for _ in range(5):
+        spherical.step()
     lloyd.retire(before=8_000)
     nearest(X[:100], algo.centroids)
     nearest_one(X[0], algo.centroids)

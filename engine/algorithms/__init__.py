@@ -52,6 +52,7 @@ def make_algorithm(
     relocate_empty: bool = True,
     bounds: str = "auto",
     swap: bool | str = "auto",
+    metric: str = "euclidean",
 ) -> KMeansAlgorithm:
     """Build the algorithm ``name`` (one of ``ALGORITHMS``) on ``store``.
 
@@ -70,9 +71,14 @@ def make_algorithm(
     centroids), ``"hamerly"`` (one), ``"auto"`` (full while ``k <= max(d, 256)`` or the
     batch's bounds fit in 1 GiB, then group; :mod:`.bounds`). Every mode gives the same
     centroids; memory and speed differ.
+
+    ``metric`` (every algorithm): ``"euclidean"``, or ``"cosine"`` (spherical k-means:
+    the store's rows are unit vectors, every centroid is ``S(j)/||S(j)||``;
+    :mod:`nmbatch.engine.metric`); it must be the store's.
     """
     check_bound_mode(bounds)
-    common = {"init": init, "batch_size": batch_size, "random_state": random_state}
+    common = {"init": init, "batch_size": batch_size, "random_state": random_state,
+              "metric": metric}
     moving = {**common, "relocate_empty": relocate_empty}
     if name == "nmbatch":
         return NestedMiniBatch(

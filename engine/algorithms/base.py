@@ -11,6 +11,12 @@ Decisions the paper leaves open (docs/internals/open-points.md): the initial cen
 (``S = 0``, ``v = 0``); sums are float64; empty clusters keep their centroid and take no
 part in the doubling test; a cluster with ``p(j) = 0`` never blocks doubling; one with
 ``v(j) = 1`` and ``p(j) > 0`` has no spread estimate yet and blocks it.
+
+``metric="cosine"`` (spherical k-means, :mod:`nmbatch.engine.metric`): the store holds unit
+rows, every centroid is ``S(j)/||S(j)||`` (the update, the relocation and the swaps derive
+it in one place, :func:`~nmbatch.engine.kernels.update.centroid_of`), the bounds are those
+of the Euclidean distances between unit vectors, and the doubling test takes the standard
+error of the centroid's direction (docs/design.md, "Spherical k-means").
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from nmbatch.engine.assign import sqnorms
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
+from nmbatch.engine.metric import check_metric, metric_rows
 from nmbatch.engine.pooled import pooled_assign, use_pool
 from nmbatch.engine.products import PRODUCT_ROWS, SPAN_PRODUCT_RATIO, chunks_at_once, products
 from nmbatch.engine.seeding import SEEDINGS, initial_centroids
@@ -44,6 +51,8 @@ class KMeansAlgorithm:
         Initial (nmbatch) or fixed (mbatch) batch size.
     random_state : int or None
         Seeds the seeding and mbatch's sampling.
+    metric : {"euclidean", "cosine"}
+        The store's metric (``store.metric``, checked): ``"cosine"`` keeps unit centroids.
     """
 
     name = "base"
@@ -59,11 +68,16 @@ class KMeansAlgorithm:
         init: str | np.ndarray = "first",
         batch_size: int = 5000,
         random_state: int | None = None,
+        metric: str = "euclidean",
     ) -> None:
         if n_clusters < 1:
             raise ValueError(f"n_clusters must be >= 1, got {n_clusters}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if check_metric(metric) != store.metric:
+            raise ValueError(f"metric is {metric!r} but the store's is {store.metric!r}")
+        self.metric = metric
+        self._unit = metric == "cosine"  # centroids S(j)/||S(j)||
         self.store = store
         self.n_clusters = int(n_clusters)
         self.initial_batch_size = int(batch_size)
@@ -75,7 +89,8 @@ class KMeansAlgorithm:
                 raise ValueError(f"init must be one of {SEEDINGS} or an array, got {init!r}")
             self._init: str | np.ndarray = init
         else:
-            self._init = as_float32_matrix(init, dim=self.dim, name="init")
+            self._init = metric_rows(as_float32_matrix(init, dim=self.dim, name="init"),
+                                     metric, name="init")
             if self._init.shape[0] != self.n_clusters:
                 raise ValueError(
                     f"init has {self._init.shape[0]} centroids, n_clusters is {self.n_clusters}"
@@ -149,9 +164,12 @@ class KMeansAlgorithm:
         return [self._labels, self._dist2]
 
     def energy_estimate(self) -> float:
-        """Mean ``d(i)^2`` over the samples the algorithm holds (``sse.sum() / b``)."""
+        """Mean ``d(i)^2`` over the samples the algorithm holds (``sse.sum() / b``); under
+        ``metric="cosine"`` the mean cosine dissimilarity ``1 - cos = d(i)^2 / 2``."""
         b = int(self.v.sum())
-        return float(max(self.sse.sum(), 0.0) / b) if b else float("nan")
+        if not b:
+            return float("nan")
+        return float(max(self.sse.sum(), 0.0) / b) / (2.0 if self._unit else 1.0)
 
     def nbytes(self) -> int:
         """Bytes of the algorithm's own arrays (per-sample state such as labels and bounds,
@@ -252,10 +270,11 @@ class KMeansAlgorithm:
         return changed
 
     def _update_centroids(self) -> None:
-        """``c(j) = S(j)/v(j)`` where ``v(j) > 0``; ``p(j)`` = distance moved (rounded up)."""
+        """``c(j) = S(j)/v(j)`` (cosine: ``S(j)/||S(j)||``) where ``v(j) > 0``; ``p(j)`` =
+        distance moved (rounded up)."""
         self.centroids, self.p = centroid_update(
             self.S, self.v, self.Q, self.centroids,
-            sse_out=self.sse if self._sse_from_sums_on_update else None,
+            sse_out=self.sse if self._sse_from_sums_on_update else None, unit=self._unit,
         )
         self.counts = self.v.copy()
 
@@ -266,7 +285,10 @@ class KMeansAlgorithm:
     def _doubling_test(self, rho: float, allowed: int | None = None) -> bool:
         """``sigma_C(j) / p(j) > rho`` for every non-empty moved cluster but at most
         ``allowed`` of them (default :meth:`_doubling_allowance`), with the rules above: a
-        moved cluster with ``v(j) = 1`` fails."""
+        moved cluster with ``v(j) = 1`` fails. Under ``metric="cosine"``, ``sigma_C(j)``
+        is the standard error of the direction ``S(j)/||S(j)||``,
+        ``sqrt(max(v(j) Q(j) - ||S(j)||^2, 0) / ((v(j) - 1) ||S(j)||^2))`` (infinite for
+        ``S(j) = 0``; docs/design.md, "Spherical k-means")."""
         if allowed is None:
             allowed = self._doubling_allowance()
         v = self.v.astype(np.float64)
@@ -277,6 +299,13 @@ class KMeansAlgorithm:
             return False
         testing &= v > 1
         vt = v[testing]
-        sigma = np.sqrt(np.maximum(self.sse[testing], 0.0) / (vt * (vt - 1.0)))
+        if self._unit:
+            St = self.S[testing]
+            norm2 = np.einsum("ij,ij->i", St, St)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                spread = np.maximum(vt * self.Q[testing] - norm2, 0.0) / ((vt - 1.0) * norm2)
+            sigma = np.sqrt(np.where(norm2 > 0.0, spread, np.inf))
+        else:
+            sigma = np.sqrt(np.maximum(self.sse[testing], 0.0) / (vt * (vt - 1.0)))
         n_failed += int((~(sigma / p[testing] > rho)).sum())
         return n_failed <= allowed

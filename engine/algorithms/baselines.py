@@ -90,7 +90,7 @@ class Lloyd(_WithoutBounds):
         if self.relocate_empty:
             self.n_relocated = relocate_empty(
                 data, b, labels=self._labels, norms=None, S=self.S, v=self.v, Q=self.Q,
-                sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
+                sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p, unit=self._unit,
             )  # fmt: skip
             self.counts = self.v.copy()
         self.iteration += 1

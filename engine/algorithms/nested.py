@@ -26,6 +26,7 @@ from nmbatch.engine.algorithms.relocation import relocate_empty
 from nmbatch.engine.algorithms.swap import Swap, swap_clusters
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.kernels.common import EMPTY_F64
+from nmbatch.engine.metric import metric_rows
 from nmbatch.engine.state import IterationStats
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
@@ -198,6 +199,7 @@ class NestedMiniBatch(KMeansAlgorithm):
             sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
             upper=self._upper if self.bounds else None,
             group_lower=self._bk.relocation_bounds(self._lower) if self.bounds else None,
+            unit=self._unit,
         )  # fmt: skip
 
     def _swap(
@@ -211,7 +213,7 @@ class NestedMiniBatch(KMeansAlgorithm):
             sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
             upper=self._upper if self.bounds else None,
             group_lower=self._bk.relocation_bounds(self._lower) if self.bounds else None,
-            frozen=relocated,
+            frozen=relocated, unit=self._unit,
         )  # fmt: skip
 
     def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
@@ -339,10 +341,12 @@ class NestedMiniBatch(KMeansAlgorithm):
         """Start from given centroids over the prefix ``[0, min(batch_size, N))``.
 
         One exact assignment pass rebuilds ``a``, ``d``, ``l``, ``S``, ``v`` and ``sse``;
-        the centroids are then left as given (``p = 0``), so the next ``step()`` moves them
-        to the means of the restored prefix.
+        the centroids are then left as given (``p = 0``; under ``metric="cosine"``
+        normalised first, which leaves a model's own unit centroids as they are), so the
+        next ``step()`` moves them to the means of the restored prefix.
         """
-        C = as_float32_matrix(centroids, dim=self.dim, name="centroids")
+        C = metric_rows(as_float32_matrix(centroids, dim=self.dim, name="centroids"),
+                        self.metric, name="centroids")
         if C.shape[0] != self.n_clusters:
             raise ValueError(f"centroids has {C.shape[0]} rows, n_clusters is {self.n_clusters}")
         data, b = self.store.freeze(max(int(batch_size), self.n_clusters))

@@ -13,7 +13,9 @@ several empty clusters land in one region: after a stream's abrupt change, pairs
 clusters then stay merged under one centroid.
 
 The sample's vote moves exactly, as in a reassignment: out of ``S``, ``v``, ``Q`` of
-its cluster, into those of the empty one, whose centroid becomes the sample itself;
+its cluster, into those of the empty one, whose centroid becomes the sample itself (under
+``metric="cosine"``, the sample normalised: ``S(j)/||S(j)||`` as every centroid, by
+:func:`~nmbatch.engine.kernels.update.centroid_of`);
 ``p`` of both clusters becomes their whole move since the centroids the bounds refer to
 (``C_prev``), and their ``sse`` is recomputed from the sums under those centroids, as
 the update computes it. Bounds stay sound: the moved sample's upper bound becomes its
@@ -31,6 +33,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from nmbatch.engine.kernels.exact import closer_to, own_sqdist
+from nmbatch.engine.kernels.update import centroid_of
 
 __all__ = ["farthest_first", "refresh_moved", "relocate_empty"]
 
@@ -81,6 +84,7 @@ def relocate_empty(
     p: np.ndarray,
     upper: np.ndarray | None = None,
     group_lower: tuple[np.ndarray, np.ndarray] | None = None,
+    unit: bool = False,
 ) -> int:
     """Give each empty cluster the farthest sample of the batch ``[0, b)``; returns how
     many clusters got one (fewer than the empty ones when too few clusters can spare a
@@ -98,6 +102,7 @@ def relocate_empty(
     upper  : (>= b,) float64 or None   INOUT  ``u(i)``
     group_lower : ``(lower (>= b, G) float32 INOUT, group_of (k,) int32)`` or None: group
              bounds, which bound the distances to every centroid of a group but ``a(i)``
+    unit   : bool   centroids ``S(j)/||S(j)||`` (``metric="cosine"``), else ``S(j)/v(j)``
     """
     empty = np.flatnonzero(v == 0)
     if not empty.shape[0] or b == 0:
@@ -136,19 +141,21 @@ def relocate_empty(
         dist2[row] = 0.0
         if maximin:  # the next choice sees the sample as a centroid already
             closer_to(dist2, data, b, x)
-    refresh_moved(sorted(changed), S=S, v=v, Q=Q, sse=sse, C=C, C_prev=C_prev, p=p)
+    refresh_moved(sorted(changed), S=S, v=v, Q=Q, sse=sse, C=C, C_prev=C_prev, p=p,
+                  unit=unit)
     return moved
 
 
 def refresh_moved(clusters: Iterable[int], *, S: np.ndarray, v: np.ndarray, Q: np.ndarray,
                   sse: np.ndarray | None, C: np.ndarray, C_prev: np.ndarray,
-                  p: np.ndarray) -> None:  # fmt: skip
-    """After votes moved between ``clusters`` (iterable of ints): each non-empty one's
-    centroid is its mean again, ``p`` its whole move since ``C_prev`` (rounded up), and
-    ``sse`` (if given) its sum under ``C_prev``, from the sums."""
+                  p: np.ndarray, unit: bool = False) -> None:  # fmt: skip
+    """After votes moved between ``clusters`` (iterable of ints): each one's centroid is
+    derived from its sums again where they give one (:func:`~nmbatch.engine.kernels.
+    update.centroid_of`: its mean, or with ``unit`` its sum's direction), ``p`` its whole
+    move since ``C_prev`` (rounded up), and ``sse`` (if given) its sum under ``C_prev``,
+    from the sums."""
     for c in clusters:
-        if v[c] > 0:
-            C[c] = (S[c] / v[c]).astype(np.float32)
+        centroid_of(S, v, c, unit, C[c])
         step = C[c].astype(np.float64) - C_prev[c].astype(np.float64)
         p[c] = float(np.sqrt(step @ step)) * _SAFETY
         if sse is not None:

@@ -25,7 +25,13 @@ its cluster's mean ``mu(j) = S(j)/v(j)``:
 When the gain exceeds the cost, ``j``'s samples join ``l`` and the second part of ``m``
 becomes cluster ``j``: every moved vote leaves ``S``, ``v``, ``Q`` of its cluster and
 enters those of its new one, and the batch's energy (at the means) falls by the difference.
-A swap is taken only when it lowers the energy, so swaps cannot cycle. Bounds stay sound
+A swap is taken only when it lowers the energy, so swaps cannot cycle.
+
+Under ``metric="cosine"`` every centroid is the direction of its sum, ``S(j)/||S(j)||``,
+and a cluster's energy at it is ``Q(j) + v(j) - 2 ||S(j)||`` (``sum ||x - c||^2`` with
+``||c|| = 1``; twice its cosine dissimilarities): the merge cost and the split gain are
+then ``2 (||S1|| + ||S2|| - ||S1 + S2||)`` (``unit=True`` throughout; the 2-means split
+takes the directions of its parts as centres). Bounds stay sound
 as for a relocation (:mod:`.relocation`): a moved sample's upper bound becomes its exact
 distance to its new cluster's previous centroid, group bounds take in the cluster it left,
 per-centroid bounds are unchanged, and ``p`` of the three clusters becomes their whole move
@@ -91,15 +97,16 @@ def swap_wanted(
 
 
 def merge_costs(
-    S: np.ndarray, v: np.ndarray, candidates: int = MERGE_CANDIDATES
+    S: np.ndarray, v: np.ndarray, candidates: int = MERGE_CANDIDATES, *, unit: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ward's merge cost of the non-empty clusters with the smallest ``v``.
 
     Returns ``(j, l, cost)``: ``(c,)`` int64 clusters, their cheapest partners, and the
-    costs ``v(j) v(l) / (v(j) + v(l)) ||mu(j) - mu(l)||^2`` (float64, from a BLAS
-    product: exact enough to choose, not to decide; see :func:`ward`).
+    costs ``v(j) v(l) / (v(j) + v(l)) ||mu(j) - mu(l)||^2`` (with ``unit``:
+    ``2 (||S(j)|| + ||S(l)|| - ||S(j) + S(l)||)``) (float64, from a BLAS product: exact
+    enough to choose, not to decide; see :func:`ward`).
     """
-    table = _MergeTable(S, v, candidates)
+    table = _MergeTable(S, v, candidates, unit)
     return table.cheapest(np.ones(v.shape[0], dtype=bool), candidates)
 
 
@@ -115,19 +122,25 @@ class _MergeTable:
     its own cluster.
     """
 
-    def __init__(self, S: np.ndarray, v: np.ndarray, rows: int) -> None:
+    def __init__(self, S: np.ndarray, v: np.ndarray, rows: int, unit: bool = False) -> None:
         live = np.flatnonzero(v > 0)
         self.live = live
         self.cand = live[np.lexsort((live, v[live]))][:rows]
         if live.shape[0] < 3:
             self.cost = np.empty((0, live.shape[0]))
             return
-        mu = S[live] / v[live, None]
-        mc = S[self.cand] / v[self.cand, None]
-        d2 = (mc * mc).sum(1)[:, None] - 2.0 * mc @ mu.T + (mu * mu).sum(1)[None, :]
-        vc = v[self.cand].astype(np.float64)[:, None]
-        vl = v[live].astype(np.float64)[None, :]
-        self.cost = np.maximum(d2, 0.0) * (vc * vl / (vc + vl))
+        if unit:
+            sc, sl = S[self.cand], S[live]
+            nc, nl = (sc * sc).sum(1)[:, None], (sl * sl).sum(1)[None, :]
+            joint = np.sqrt(np.maximum(nc + 2.0 * sc @ sl.T + nl, 0.0))
+            self.cost = np.maximum(2.0 * (np.sqrt(nc) + np.sqrt(nl) - joint), 0.0)
+        else:
+            mu = S[live] / v[live, None]
+            mc = S[self.cand] / v[self.cand, None]
+            d2 = (mc * mc).sum(1)[:, None] - 2.0 * mc @ mu.T + (mu * mu).sum(1)[None, :]
+            vc = v[self.cand].astype(np.float64)[:, None]
+            vl = v[live].astype(np.float64)[None, :]
+            self.cost = np.maximum(d2, 0.0) * (vc * vl / (vc + vl))
         self.cost[live[None, :] == self.cand[:, None]] = np.inf
 
     def cheapest(
@@ -144,18 +157,32 @@ class _MergeTable:
         return self.cand[rows], self.live[cols][best], cost[np.arange(rows.shape[0]), best]
 
 
-def ward(S1: np.ndarray, v1: int, S2: np.ndarray, v2: int) -> float:
-    """``v1 v2 / (v1 + v2) ||S1/v1 - S2/v2||^2`` from explicit differences (float64)."""
+def ward(S1: np.ndarray, v1: int, S2: np.ndarray, v2: int, unit: bool = False) -> float:
+    """The energy two clusters (sums ``S1``, ``S2``, counts ``v1``, ``v2``) lose apart,
+    each at its centroid, against together: ``v1 v2 / (v1 + v2) ||S1/v1 - S2/v2||^2``
+    from explicit differences (float64); with ``unit`` (centroids ``S/||S||``),
+    ``2 (||S1|| + ||S2|| - ||S1 + S2||)``, also from explicit differences, those of the
+    directions: ``2 ||S1|| ||S2|| ||u1 - u2||^2 / (||S1|| + ||S2|| + ||S1 + S2||)`` with
+    ``u = S/||S||`` (0 when a sum is 0)."""
+    if unit:
+        n1, n2 = float(np.sqrt(S1 @ S1)), float(np.sqrt(S2 @ S2))
+        if n1 == 0.0 or n2 == 0.0:
+            return 0.0
+        joint = S1 + S2
+        turn = S1 / n1 - S2 / n2
+        return 2.0 * n1 * n2 * float(turn @ turn) / (n1 + n2 + float(np.sqrt(joint @ joint)))
     gap = S1 / v1 - S2 / v2
     return float(v1 * v2 / (v1 + v2) * (gap @ gap))
 
 
 def split_cluster(
-    data: np.ndarray, rows: np.ndarray, norms: np.ndarray, mean: np.ndarray
+    data: np.ndarray, rows: np.ndarray, norms: np.ndarray, mean: np.ndarray,
+    unit: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, float] | None:
     """Two centres that split ``data[rows]`` (``norms``: ``||x(i)||^2`` by row, float64;
     ``mean``: the rows' mean, float64) and the split's gain estimated on the rows looked
-    at, scaled to all of them; None when they do not split.
+    at, scaled to all of them; None when they do not split. ``unit``: the centres are
+    the directions of the parts' sums, the gain the cosine one (:func:`ward`).
 
     Seeds: the row farthest from the mean, then the row farthest from it, among at most
     ``SPLIT_ROWS`` evenly spaced rows; then ``SPLIT_ITERATIONS`` Lloyd iterations on those
@@ -176,10 +203,17 @@ def split_cluster(
         if n2 == 0 or n2 == n:
             return None
         s2 = (second.astype(np.float32) @ sub).astype(np.float64)
-        gain = ward(total - s2, n - n2, s2, n2)
-        c1 = s2 / n2
-        c0 = (total - s2) / (n - n2)
+        gain = ward(total - s2, n - n2, s2, n2, unit)
+        c1 = _centre(s2, n2, unit)
+        c0 = _centre(total - s2, n - n2, unit)
     return c0, c1, gain * rows.shape[0] / n
+
+
+def _centre(s: np.ndarray, n: int, unit: bool) -> np.ndarray:
+    """The centre of ``n`` rows summing to ``s`` (float64): their mean, or with ``unit``
+    its direction (the mean itself when the rows cancel out)."""
+    norm = float(np.sqrt(s @ s))
+    return s / norm if unit and norm > 0.0 else s / n
 
 
 def partition(data: np.ndarray, rows: np.ndarray, c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
@@ -271,6 +305,7 @@ def swap_clusters(
     group_lower: tuple[np.ndarray, np.ndarray] | None = None,
     max_swaps: int = MAX_SWAPS,
     frozen: np.ndarray | None = None,
+    unit: bool = False,
 ) -> list[Swap]:
     """Swaps on the batch ``[0, b)`` (module docstring), each on clusters no earlier swap
     of the call touched, until none lowers the energy or ``max_swaps``; returns them.
@@ -278,21 +313,23 @@ def swap_clusters(
     just gave a sample).
 
     Arguments as :func:`.relocation.relocate_empty` (``C`` the updated centroids, the
-    means of the non-empty clusters; ``sse`` with the centroids ``C_prev``).
+    means of the non-empty clusters, or with ``unit`` their directions; ``sse`` with the
+    centroids ``C_prev``).
     """
     done: list[Swap] = []
     if sse is None:
         return done
     free = np.ones(v.shape[0], dtype=bool) if frozen is None else ~frozen
-    table = _MergeTable(S, np.where(free, v, 0), MERGE_CANDIDATES + 3 * max_swaps)
+    table = _MergeTable(S, np.where(free, v, 0), MERGE_CANDIDATES + 3 * max_swaps, unit)
     while len(done) < max_swaps:
         swap = _one_swap(data, b, free, table, labels=labels, norms=norms, S=S, v=v, Q=Q,
-                         C_prev=C_prev, upper=upper, group_lower=group_lower)  # fmt: skip
+                         C_prev=C_prev, upper=upper, group_lower=group_lower,
+                         unit=unit)  # fmt: skip
         if swap is None:
             break
         done.append(swap)
         free[list(swap[:3])] = False
-        refresh_moved(swap[:3], S=S, v=v, Q=Q, sse=sse, C=C, C_prev=C_prev, p=p)
+        refresh_moved(swap[:3], S=S, v=v, Q=Q, sse=sse, C=C, C_prev=C_prev, p=p, unit=unit)
     return done
 
 
@@ -310,6 +347,7 @@ def _one_swap(
     C_prev: np.ndarray,
     upper: np.ndarray | None,
     group_lower: tuple[np.ndarray, np.ndarray] | None,
+    unit: bool = False,
 ) -> Swap | None:
     """The swap of the ``free`` clusters that the module docstring describes, made; or
     None when it would not lower the energy; ``table``: the step's merge costs."""
@@ -324,16 +362,20 @@ def _one_swap(
     big = big[(big != j) & (big != into)]
     if big.shape[0] == 0:
         return None
-    # sse at the means (chooses m and bounds the split's gain; float64 cancellation at
-    # worst makes a poorer choice, never an inexact swap)
-    at_mean = np.maximum(Q[big] - np.einsum("ij,ij->i", S[big], S[big]) / v[big], 0.0)
+    # sse at the centroids from the sums (chooses m and bounds the split's gain; float64
+    # cancellation at worst makes a poorer choice, never an inexact swap)
+    norm2 = np.einsum("ij,ij->i", S[big], S[big])
+    if unit:
+        at_mean = np.maximum(Q[big] + v[big] - 2.0 * np.sqrt(norm2), 0.0)
+    else:
+        at_mean = np.maximum(Q[big] - norm2 / v[big], 0.0)
     pick = int(np.lexsort((big, -at_mean))[0])
     m = int(big[pick])
-    merge = ward(S[j], int(v[j]), S[into], int(v[into]))
+    merge = ward(S[j], int(v[j]), S[into], int(v[into]), unit)
     if not merge < at_mean[pick]:  # no split can gain more than the cluster's sse
         return None
     in_m = np.flatnonzero(labels[:b] == m)
-    split = split_cluster(data, in_m, _row_norms(data, in_m, norms), S[m] / v[m])
+    split = split_cluster(data, in_m, _row_norms(data, in_m, norms), S[m] / v[m], unit)
     if split is None or split[2] < ESTIMATE_MARGIN * merge:
         return None
     part2 = in_m[partition(data, in_m, split[0], split[1])]
@@ -341,7 +383,7 @@ def _one_swap(
     if n2 == 0 or n2 == in_m.shape[0]:
         return None
     S2 = data[part2].astype(np.float64).sum(axis=0)
-    if not ward(S[m] - S2, int(v[m]) - n2, S2, n2) > merge * (1.0 + 1e-9):
+    if not ward(S[m] - S2, int(v[m]) - n2, S2, n2, unit) > merge * (1.0 + 1e-9):
         return None
     in_j = np.flatnonzero(labels[:b] == j)
     votes = {"labels": labels, "norms": norms, "S": S, "v": v, "Q": Q}

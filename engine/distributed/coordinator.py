@@ -123,6 +123,8 @@ class Coordinator:
     """
 
     name = "nmbatch"
+    # KMeansAlgorithm._doubling_test reads it: the Ray backend runs metric="euclidean" only.
+    _unit = False
 
     def __init__(
         self,

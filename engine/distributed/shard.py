@@ -74,8 +74,10 @@ def votes(dS: np.ndarray, dv: np.ndarray, dQ: np.ndarray) -> Votes:
 
 class _RowsInPriorityOrder:
     """The store interface ``NestedMiniBatch`` reads (``dim``, ``n_samples``,
-    ``freeze``, ``batch_size``, ``nbytes``), over rows already in priority order: the
-    prefix ``[0, b)`` is what ``tau`` selects, and nothing is shuffled."""
+    ``freeze``, ``batch_size``, ``nbytes``, ``metric``), over rows already in priority
+    order: the prefix ``[0, b)`` is what ``tau`` selects, and nothing is shuffled."""
+
+    metric = "euclidean"  # the Ray backend runs the Euclidean metric only
 
     def __init__(self, data: np.ndarray) -> None:
         self.data = data

@@ -17,8 +17,8 @@ __all__ = ["LocalEngine", "build"]
 
 
 def build(config: EngineConfig) -> tuple[NestedBatchStore, KMeansAlgorithm]:
-    """``NestedBatchStore(dim, seed)`` and nmbatch on it, as ``config`` says."""
-    store = NestedBatchStore(config.dim, seed=config.seed)
+    """``NestedBatchStore(dim, seed, metric)`` and nmbatch on it, as ``config`` says."""
+    store = NestedBatchStore(config.dim, seed=config.seed, metric=config.metric)
     algo = make_algorithm(
         "nmbatch",
         store,
@@ -28,6 +28,7 @@ def build(config: EngineConfig) -> tuple[NestedBatchStore, KMeansAlgorithm]:
         batch_size=config.batch_size,
         random_state=config.seed,
         swap=config.swap,
+        metric=config.metric,
     )
     return store, algo
 

@@ -37,7 +37,8 @@ class EngineConfig:
     the child in Linux's ``SCHED_IDLE`` class (see :func:`~nmbatch.engine.hosting.child.
     lower_priority`); ``swap`` turns on nmbatch's cluster swaps
     (``nmbatch.engine.algorithms.swap``), which the service asks for with the
-    retentions that follow a moving stream.
+    retentions that follow a moving stream; ``metric``: ``"euclidean"`` or ``"cosine"``
+    (spherical k-means: unit rows and centroids, :mod:`nmbatch.engine.metric`).
     """
 
     dim: int
@@ -50,6 +51,7 @@ class EngineConfig:
     nice: int = 0
     idle: bool = False
     swap: bool = False
+    metric: str = "euclidean"
 
 
 class StoreView(Protocol):

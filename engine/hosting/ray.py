@@ -79,6 +79,8 @@ class RayEngine:
     def __init__(
         self, config: EngineConfig, address: str, n_shards: int, source: RowSource | None = None
     ) -> None:
+        if config.metric != "euclidean":
+            raise ValueError("the Ray backend runs metric='euclidean' only")
         import ray
 
         from nmbatch.engine.distributed.stream import StreamCoordinator
