@@ -188,7 +188,10 @@ def versions_footprint(keep: tuple[int, int], k: int, d: int, *, with_redis: boo
     """Bytes a model's versions take on this machine: the decoded ones, and (Redis here)
     the kept ones, ``keep`` being (``NMBATCH_KEEP_VERSIONS``,
     ``NMBATCH_KEEP_VERSIONS_BYTES``)."""
-    in_redis = versions_bound(*keep, k, d) * version_bytes(k, d) if with_redis else 0
+    bound = versions_bound(*keep, k, d)
+    if bound == 0:  # nothing kept: nothing cached or pinned either
+        return 0
+    in_redis = bound * version_bytes(k, d) if with_redis else 0
     return cached_versions_bytes(k, d) + in_redis
 
 

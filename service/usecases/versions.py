@@ -21,8 +21,9 @@ from typing import Any
 
 from nmbatch.service.state import PublishedModel
 from nmbatch.service.storage.capacity import versions_bound
+from nmbatch.service.usecases import serving
 from nmbatch.service.usecases.errors import VersionNotKeptError
-from nmbatch.service.usecases.serving import ModelHandle, iso_time, require_model
+from nmbatch.service.usecases.serving import ModelHandle, iso_time
 
 __all__ = ["bound", "list_versions", "pin", "read_model", "refresh_pin", "unpin"]
 
@@ -45,7 +46,7 @@ async def read_model(handle: ModelHandle, version: int | None) -> PublishedModel
     else the kept one; :class:`VersionNotKeptError` if not kept), else
     :func:`~nmbatch.service.usecases.serving.require_model`."""
     if version is None:
-        return await require_model(handle)
+        return await serving.require_model(handle)
     board = handle.board
     for model in (board.pinned, board.model):
         if model is not None and model.version == version:

@@ -411,7 +411,8 @@ def test_a_registry_entry_that_does_not_validate_keeps_its_data_and_shows(
                 assert "not valid" in listed["odd"]["status"]["phase"]
                 assert "not valid" in listed["kept"]["status"]["phase"]
             assert_problem(second.get("/models/odd/stats"), 409, "invalid-model-entry")
-        assert model_keys(redis_client, "kept") == held  # nothing purged
+        # Nothing purged (a snapshot written since may have kept one more version).
+        assert set(held) <= set(model_keys(redis_client, "kept"))
         assert redis_client.xlen(ModelKeys("kept").log) > 0
         assert redis_client.exists(ModelKeys("odd").meta)
         # Both hold their slots, visibly; deleting one frees its slot and its data.
