@@ -30,7 +30,7 @@ router = APIRouter(tags=["centroids"], dependencies=[Depends(require_read_key)])
     responses={
         200: {"content": {NPY: {"schema": {"type": "string", "format": "binary"}}}},
         304: {"description": "Not modified (same version)"},
-        **problem_responses(401, 404, 409, 503, described={404: VERSION_NOT_KEPT}),
+        **problem_responses(401, 404, 409, 422, 503, described={404: VERSION_NOT_KEPT}),
     },
 )
 async def get_centroids(
