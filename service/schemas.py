@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "FLOAT32_OVERFLOW",
@@ -232,8 +232,9 @@ class Stats(BaseModel):
     )
 
 
-VERSION_MAX = (1 << 63) - 1
-"""Largest version number a request may name (Redis's sorted-set scores and integers)."""
+VERSION_MAX = (1 << 53) - 1
+"""Largest version number a request may name: every integer up to it is exact as a
+double (a JSON number, a sorted set's score), so one above it is never taken for it."""
 
 
 class KeptVersion(BaseModel):
@@ -277,9 +278,16 @@ class PinRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: int = Field(
-        ge=1, le=VERSION_MAX, strict=True, description="A kept version (GET versions)."
-    )
+    version: int = Field(ge=1, le=VERSION_MAX, description="A kept version (GET versions).")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _a_json_integer(cls, value: Any) -> Any:
+        """A JSON integer (``3``, or ``3.0`` as JSON Schema counts it), never a string or
+        a boolean (which pydantic's lax mode would take for one)."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("must be a JSON integer")
+        return value
 
 
 class Pin(BaseModel):

@@ -358,7 +358,9 @@ class ModelManager:
             f"{ModelTooLargeError.limit_setting}",
             model=name,
             setting="max_samples" if spec.max_samples is not None else "k",
-            required_bytes=need,
+            # The member is a JSON integer: past 64 bits (a max_samples near 2^62 times a
+            # large k d), it is that bound; the detail has the exact figure.
+            required_bytes=min(need, (1 << 63) - 1),
             limit_bytes=budget,
             max_samples_fitting=fits,
         )

@@ -274,12 +274,13 @@ def test_bad_versions_and_pins_are_refused_and_change_nothing(
             response = client.get(path, params={"version": gone, **params})
             problem = assert_problem(response, 404, "version-not-kept")
             assert (problem["version"], problem["kept"]) == (gone, kept)
-        for bad in ("0", "-3", "abc", "1.5", str(1 << 64)):
+        for bad in ("0", "-3", "abc", "1.5", str(1 << 53), str(1 << 64)):
             assert_problem(client.get("/centroids", params={"version": bad}), 422)
         for body, named in (
             ({"version": "3"}, "body.version"), ({"version": 1.5}, "body.version"),
             ({"version": True}, "body.version"), ({}, "body.version"),
             ({"version": 0}, "body.version"), ({"version": None}, "body.version"),
+            ({"version": 1 << 53}, "body.version"), ({"version": "abc"}, "body.version"),
             ({"version": kept[-1], "also": 1}, "body.also"), ([kept[-1]], "body"),
         ):  # fmt: skip
             problem = assert_problem(client.post("/pin", json=body), 422)
