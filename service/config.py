@@ -252,9 +252,9 @@ class Settings(BaseSettings):
     keep_versions_bytes: int = Field(
         64 << 20,
         ge=0,
-        description="Most bytes of Redis a model's kept versions take (each about 4 k d + "
-        "8 k bytes plus a record's overhead); the count kept is the lower of "
-        "NMBATCH_KEEP_VERSIONS and what fits in these bytes.",
+        description="Most bytes of Redis a model's kept versions take (each at most 1.25 "
+        "(4 k d + 8 k) + 1152 bytes); the count kept is the lower of NMBATCH_KEEP_VERSIONS "
+        "and what fits in these bytes.",
     )
     worker_lock_seconds: float = Field(
         10.0,

@@ -54,6 +54,7 @@ __all__ = [
     "REDIS_SAMPLES",
     "VERSION_CACHE_ENTRIES",
     "VERSION_RECORD_BYTES",
+    "VERSION_ROUNDING",
     "Capacity",
     "bytes_per_vector",
     "cached_versions_bytes",
@@ -125,9 +126,18 @@ REDIS_SAMPLES = {"all": 1, "window": 2, "age": 2, "reservoir": 3}
 more size's worth, with a wide margin); ``reservoir`` a base, a log of one size, and the
 next base while a compaction writes it."""
 
-VERSION_RECORD_BYTES = 1024
-"""Bytes of Redis per kept version besides its centroids and counts: the hash's other
-fields and key, its member of the index, and the allocator's rounding (measured:
+# Measured with redis-server 7.0.15 (jemalloc 5.3.0), MEMORY USAGE ... SAMPLES 0 of a kept
+# version's hash (model name of 64 characters): k = 3, d = 8 (120 bytes of arrays): 1,088
+# bytes; k = 1, d = 8,191 (32,772 bytes, just above a size class): 41,920; k = 100, d = 128
+# (52,000 bytes): 59,184. The index: 99 bytes a member with 200 members (a skiplist),
+# 56 with 3 (a listpack). So a version takes at most 1.25 x its arrays plus 960 bytes,
+# and its member of the index at most 100.
+VERSION_ROUNDING = 1.25
+"""Allocated bytes per byte of a kept version's arrays: each is one allocation, which
+jemalloc rounds up to its size class (four per doubling: at most +25%)."""
+VERSION_RECORD_BYTES = 1152
+"""Bytes of Redis per kept version besides its rounded arrays: the hash's other fields
+and key, and its member of the index (measured above; checked by
 ``tests/service/test_versions.py::test_a_kept_version_takes_at_most_version_bytes``)."""
 VERSION_CACHE_ENTRIES = 4
 """Kept versions a process holds decoded per model for ``?version=`` reads, besides the
@@ -164,10 +174,10 @@ def default_max_samples(
 
 
 def version_bytes(k: int, d: int) -> int:
-    """Bytes of Redis one kept version of ``k`` centroids of dimension ``d`` takes: the
-    ``float32`` centroids (``4 k d``) and ``int64`` counts (``8 k``) times the allocator's
-    rounding (:data:`REDIS_ROW_FACTOR`), plus :data:`VERSION_RECORD_BYTES`."""
-    return math.ceil((4 * k * d + 8 * k) * REDIS_ROW_FACTOR) + VERSION_RECORD_BYTES
+    """Bytes of Redis one kept version of ``k`` centroids of dimension ``d`` takes at most:
+    the ``float32`` centroids (``4 k d``) and ``int64`` counts (``8 k``) times the
+    allocator's rounding (:data:`VERSION_ROUNDING`), plus :data:`VERSION_RECORD_BYTES`."""
+    return math.ceil((4 * k * d + 8 * k) * VERSION_ROUNDING) + VERSION_RECORD_BYTES
 
 
 def versions_bound(count: int, max_bytes: int, k: int, d: int | None) -> int:

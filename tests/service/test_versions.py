@@ -151,20 +151,22 @@ def test_the_kept_versions_enter_the_capacity_plan() -> None:
     assert "kept versions" in planned.detail
 
 
-@pytest.mark.parametrize(("k", "d"), [(3, 8), (100, 128)])
+@pytest.mark.parametrize(("k", "d", "n"), [(3, 8, 200), (1, 8191, 3), (100, 128, 3)])
 def test_a_kept_version_takes_at_most_version_bytes(
-    redis_client: redis.Redis, k: int, d: int
+    redis_client: redis.Redis, k: int, d: int, n: int
 ) -> None:
+    """Exact sizes (``SAMPLES 0``): small arrays, arrays just above one of jemalloc's size
+    classes (32,772 bytes: rounded up by 25%), and an index past its listpack (200)."""
     model = "m" * 64  # the longest name: the longest key names
     keys = ModelKeys(model)
     repository = ModelRepository(redis_client, model)
-    repository.write_snapshot(snapshot_of(1, k, d), keep=8)
-    index_before = redis_client.memory_usage(keys.versions)
-    repository.write_snapshot(snapshot_of(2, k, d), keep=8)
-    index_growth = redis_client.memory_usage(keys.versions) - index_before
-    record = redis_client.memory_usage(keys.version(2))
-    assert record + index_growth <= version_bytes(k, d), (record, index_growth)
-    redis_client.delete(*redis_client.keys(keys.prefix + "*"))
+    for version in range(1, n + 1):
+        repository.write_snapshot(snapshot_of(version, k, d), keep=1000)
+        record = redis_client.memory_usage(keys.version(version), samples=0)
+        assert record is not None
+    index = redis_client.memory_usage(keys.versions, samples=0)
+    records = sum(redis_client.memory_usage(keys.version(v), samples=0) for v in range(1, n + 1))
+    assert records + index <= n * version_bytes(k, d), (records / n, index / n)
 
 
 def test_a_cached_version_is_rechecked_and_dropped_once_forgotten(
