@@ -113,6 +113,7 @@ class AsyncKeptVersions:
         self.keys = ModelKeys(model)
         self.clock = clock
         self._pin = client.register_script(_PIN)
+        self.missing_pin: int | None = None  # a pin whose record was missing (logged once)
         # version -> (model, monotonic time it was last found in the index)
         self._cache: OrderedDict[int, tuple[PublishedModel, float]] = OrderedDict()
 

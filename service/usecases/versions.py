@@ -155,7 +155,8 @@ async def refresh_pin(handle: ModelHandle) -> None:
     if version == (current.version if current is not None else None):
         return
     model = await handle.kept.model(version) if version is not None else None
-    if version is not None and model is None:
+    if version is not None and model is None and handle.kept.missing_pin != version:
         log.error("model '%s': pinned version %d has no kept record; serving the newest",
-                  handle.name, version)  # fmt: skip
+                  handle.name, version)  # fmt: skip (logged once, not at every sync)
+    handle.kept.missing_pin = version if model is None else None
     handle.board.pin(model)

@@ -12,6 +12,7 @@ same Redis (a restart) keeps both. The restart of a real service process is
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from service_helpers import post_npy
 
 from nmbatch.engine.state import ModelState
 from nmbatch.service.main import create_app
+from nmbatch.service.models.manager import SYNC_SECONDS
 from nmbatch.service.state import PublishedModel
 from nmbatch.service.storage import ModelKeys, ModelRepository, Snapshot
 from nmbatch.service.storage.capacity import (
@@ -364,3 +366,25 @@ def test_a_new_app_on_the_same_redis_keeps_the_versions_and_the_pin(
         kept = kept_in_redis(redis_client, model_name)
         assert V in kept and len(kept) <= 3
         assert client.get("/centroids").json()["version"] == V
+
+
+def test_a_pin_set_or_lifted_elsewhere_is_followed_at_the_next_sync(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    """Another process's pin reaches this one through its registry sync (every 2 s); a
+    pin whose record is missing (never expected) is not served: reads follow the newest."""
+    settings = make_settings(dim=2, snapshot_seconds=0.05)
+    pin = ModelKeys(model_name).pin
+    with TestClient(create_app(settings)) as client:
+        more_versions(client, "", np.random.default_rng(8), 3)
+        kept = kept_in_redis(redis_client, model_name)
+        newest = client.get("/centroids").json()["version"]
+        redis_client.set(pin, kept[0])  # as POST /pin in another process does
+        wait_until(lambda: client.get("/centroids").json()["version"] == kept[0], 10, "the pin")
+        assert client.get("/stats").json()["pinned_version"] == kept[0]
+        redis_client.delete(pin)
+        wait_until(lambda: client.get("/centroids").json()["version"] == newest, 10, "unpinned")
+        redis_client.set(pin, newest + 1000)  # no such record
+        time.sleep(2 * SYNC_SECONDS + 0.5)
+        assert client.get("/centroids").json()["version"] == newest
+        assert client.get("/stats").json()["pinned_version"] is None
