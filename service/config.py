@@ -241,6 +241,21 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(
         0.5, gt=0, description="Seconds between polls of the sample log for other writers."
     )
+    keep_versions: int = Field(
+        32,
+        ge=0,
+        le=10_000,
+        description="Most published versions a model keeps in Redis (GET /versions, "
+        "?version=, pins): each snapshot written is kept, the oldest unpinned forgotten "
+        "first; 0 keeps none.",
+    )
+    keep_versions_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="Most bytes of Redis a model's kept versions take (each at most 1.25 "
+        "(4 k d + 8 k) + 1152 bytes); the count kept is the lower of NMBATCH_KEEP_VERSIONS "
+        "and what fits in these bytes.",
+    )
     worker_lock_seconds: float = Field(
         10.0,
         gt=0,

@@ -12,27 +12,35 @@ state of their own.
 from __future__ import annotations
 
 from functools import partial
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import numpy as np
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from nmbatch.service.metrics import RouteLabel
 from nmbatch.service.models.registry import NAME_PATTERN
-from nmbatch.service.parsing import NPY, OCTET, media_type, parse_vectors
+from nmbatch.service.parsing import JSON, NPY, OCTET, media_type, parse_vectors, read_body
+from nmbatch.service.problems import ProblemError
+from nmbatch.service.schemas import VERSION_MAX
 from nmbatch.service.usecases.serving import ModelHandle
 
 __all__ = [
     "MODEL_PREFIX",
     "ModelDep",
     "Name",
+    "VersionQuery",
     "etag_matches",
     "get_model",
     "model_path",
     "parse_body",
+    "read_json_body",
     "wants_npy",
 ]
+
+M = TypeVar("M", bound=BaseModel)
 
 MODEL_PREFIX = "/models/{name}"
 """Path prefix of a model's own routes."""
@@ -50,6 +58,20 @@ Name = Annotated[
         examples=["tenant-a"],
     ),
 ]
+
+
+VersionQuery = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=VERSION_MAX,
+        description="A kept version (GET versions) to answer from instead of the one "
+        "served now (404 `version-not-kept` if it is not kept).",
+        examples=[42],
+    ),
+]
+"""``?version=`` of the reads that can answer from a kept version (``/centroids``,
+``/assign``)."""
 
 
 async def get_model(request: Request) -> ModelHandle:
@@ -98,6 +120,34 @@ async def parse_body(
     if len(body) <= inline:
         return parse_vectors(body, content_type, **limits)
     return await run_in_threadpool(partial(parse_vectors, body, content_type, **limits))
+
+
+async def read_json_body(request: Request, schema: type[M], max_bytes: int) -> M:
+    """A small JSON body (``PUT /models/{name}``, ``POST /pin``) as a ``schema`` object,
+    read after the key check.
+
+    Through the reader of ``POST /samples`` (:func:`~nmbatch.service.parsing.read_body`):
+    at most ``max_bytes`` (or ``NMBATCH_MAX_BODY_BYTES`` if lower; 413 above, refused
+    from ``Content-Length`` before anything is read), within
+    ``NMBATCH_BODY_TIMEOUT_SECONDS`` (408). JSON only (415 otherwise); parsed and checked
+    by pydantic in one step: bad JSON, unknown members, non-finite numbers (``NaN``,
+    ``Infinity``, ``1e999``) and out-of-range values are a 422 problem naming them.
+    """
+    settings = request.app.state.settings
+    kind = media_type(request.headers.get("content-type"))
+    if kind not in (JSON, ""):
+        raise ProblemError(
+            415, "unsupported-media-type", f"{kind} is not accepted; send {JSON}",
+            accepted=[JSON],
+        )  # fmt: skip
+    body = await read_body(request, min(max_bytes, settings.max_body_bytes),
+                           settings.body_timeout_seconds)  # fmt: skip
+    try:
+        return schema.model_validate_json(bytes(body))
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [e | {"loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]
+        ) from None
 
 
 # Two request headers parsed here rather than by a library: Starlette parses neither

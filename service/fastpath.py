@@ -10,8 +10,9 @@ answer, :func:`service.parsing.parse_query_vector` then the use case
 and passes every other request through untouched:
 
 - only ``GET /assign`` whose query string is exactly one ``vector`` parameter (decoded
-  as Starlette decodes it), when reads need no API key, a model is published and its
-  ``k * d`` is small enough to search on the event loop;
+  as Starlette decodes it; ``?version=`` goes to the route), when reads need no API
+  key, a model is served (the pinned version, if any, else the newest) and its ``k * d``
+  is small enough to search on the event loop;
 - a vector that the answer refuses goes to FastAPI, whose route answers with the problem.
 
 It sits inside :class:`service.metrics.RequestTimingMiddleware`, so the request is
@@ -73,7 +74,7 @@ class AssignFastPath:
         app = scope.get("app")
         models = getattr(getattr(app, "state", None), "models", None)
         running = models.running.get(models.default_name) if models is not None else None
-        model = running.handle.board.model if running is not None else None
+        model = running.handle.board.served if running is not None else None
         if model is None or model.state.centroids.size > MAX_INLINE_VALUES:
             return None
         try:

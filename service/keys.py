@@ -9,12 +9,12 @@ Where keys come from (all three may be combined; a key given twice is refused):
   comment; a line with only a key is ``admin``). Keys in a file stay out of
   ``/proc/<pid>/environ`` and of the environment every child process inherits.
 
-Scopes nest: ``read`` (``GET`` centroids, assign, stats, dashboard, models; ``POST
-/assign``; ``/metrics``) < ``write`` (also ``POST /samples``) < ``admin`` (also ``PUT`` and
-``DELETE /models/{name}``). Patterns are :func:`fnmatch.fnmatchcase` patterns of model
-names (``tenant-a``, ``tenant-*``); a key with patterns reaches only the models they
-match, and no route that spans every model (``GET /models``, ``/metrics``). A key
-without patterns reaches every model.
+Scopes nest: ``read`` (``GET`` centroids, assign, stats, versions, dashboard, models;
+``POST /assign``; ``/metrics``) < ``write`` (also ``POST /samples``) < ``admin`` (also
+``PUT`` and ``DELETE /models/{name}``, ``POST`` and ``DELETE /pin``). Patterns are
+:func:`fnmatch.fnmatchcase` patterns of model names (``tenant-a``, ``tenant-*``); a key
+with patterns reaches only the models they match, and no route that spans every model
+(``GET /models``, ``/metrics``). A key without patterns reaches every model.
 
 :meth:`KeyRing.find` compares the token sent with every key, each with
 :func:`hmac.compare_digest` over SHA-256 digests, and never stops at the first match: the

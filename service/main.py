@@ -14,8 +14,8 @@ What the app is made of, and where each part lives:
   :mod:`nmbatch.service.admission`) around the fast path of ``GET /assign``
   (:mod:`nmbatch.service.fastpath`);
 - the routers of :mod:`nmbatch.service.routes`. The per-model ones (samples, centroids,
-  assign, stats, dashboard) are mounted twice: without a prefix for the default model,
-  and under ``/models/{name}`` (:data:`nmbatch.service.context.MODEL_PREFIX`); the same
+  assign, stats, versions, dashboard) are mounted twice: without a prefix for the default
+  model, and under ``/models/{name}`` (:data:`nmbatch.service.context.MODEL_PREFIX`); the same
   handlers, whose model dependency (:func:`nmbatch.service.context.get_model`) looks the
   model up in the registry. The OpenAPI document states the app's limits (a named
   model's largest dimension; with ``NMBATCH_DIM`` set, the vectors' length).
@@ -48,7 +48,16 @@ from nmbatch.service.models import ModelManager
 from nmbatch.service.openapi import with_dimension, with_key_refusals, with_model_limits
 from nmbatch.service.problems import install_problem_handlers, problem_responses
 from nmbatch.service.redis_errors import redis_error_handler
-from nmbatch.service.routes import assign, centroids, dashboard, health, models, samples, stats
+from nmbatch.service.routes import (
+    assign,
+    centroids,
+    dashboard,
+    health,
+    models,
+    samples,
+    stats,
+    versions,
+)
 from nmbatch.service.storage.capacity import memory_limit
 
 __all__ = ["REQUEST_SOCKET_TIMEOUT", "StartupError", "create_app"]
@@ -103,12 +112,12 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     # Past the concurrency limit or the body budget: 503 before any route (timed too).
     app.add_middleware(AdmissionControl, settings=settings)
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
-    for module in (samples, centroids, assign, stats, health, dashboard, models):
+    for module in (samples, centroids, assign, stats, versions, health, dashboard, models):
         app.include_router(module.router)
     # A model's own routes: the same routers under /models/{name} (the dashboard too:
     # /models/{name}/dashboard, whose page asks for its files and data relative to its
     # own address).
-    for module in (samples, centroids, assign, stats, dashboard):
+    for module in (samples, centroids, assign, stats, versions, dashboard):
         app.include_router(
             module.router,
             prefix=MODEL_PREFIX,

@@ -17,6 +17,7 @@ __all__ = [
     "KEY_REFUSALS",
     "VECTORS_BODY",
     "VECTORS_REFUSED",
+    "VERSION_NOT_KEPT",
     "vectors_body",
     "with_dimension",
     "with_key_refusals",
@@ -34,6 +35,13 @@ VECTORS_REFUSED = (
     "`invalid-request` (a header or parameter)."
 )
 """Description of the ``422`` answer of the operations whose body is vectors."""
+
+VERSION_NOT_KEPT = (
+    "`urn:nmbatch:problem:version-not-kept`: the version is not kept (never snapshotted, "
+    "or forgotten past the bound), or (with the model's prefix) `unknown-model`; members "
+    "`version` and `kept` (the kept versions)."
+)
+"""Description of the ``404`` answer of the operations that name a kept version."""
 
 
 def vectors_body(dim: int | None = None) -> dict[str, Any]:

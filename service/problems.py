@@ -181,6 +181,10 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
     errors.InvalidModelEntryError: DomainProblem(
         409, "invalid-model-entry", "Invalid model entry", ("model",)
     ),
+    # kept versions
+    errors.VersionNotKeptError: DomainProblem(
+        404, "version-not-kept", "Version not kept", ("model", "version", "kept")
+    ),
 }
 """Domain error class -> its answer: one entry per class (a test checks that none is
 missing, so no refusal reaches a client as a ``500``)."""

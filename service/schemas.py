@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "FLOAT32_OVERFLOW",
@@ -18,10 +18,14 @@ __all__ = [
     "Centroids",
     "DoublingOut",
     "Health",
+    "KeptVersion",
+    "Pin",
+    "PinRequest",
     "Readiness",
     "SamplesAccepted",
     "Stats",
     "VectorsIn",
+    "Versions",
     "vectors_schema",
 ]
 
@@ -212,9 +216,83 @@ class Stats(BaseModel):
     redis_maxmemory: int | None = Field(
         description="Redis's maxmemory (0: no limit); None where INFO is not allowed."
     )
+    pinned_version: int | None = Field(
+        None,
+        description="The version reads serve while pinned (POST pin); None: reads follow "
+        "the newest (version).",
+    )
+    versions_kept: int = Field(
+        0, description="Versions kept in Redis (GET versions), the pinned one included."
+    )
     invalid_models: dict[str, str] = Field(
         default_factory=dict,
         description="Registry entries of named models that do not validate (name: why). "
         "Their models are not started and their data is kept (never purged for it); each "
         "still counts toward NMBATCH_MAX_MODELS until it is fixed or deleted.",
     )
+
+
+VERSION_MAX = (1 << 53) - 1
+"""Largest version number a request may name: every integer up to it is exact as a
+double (a JSON number, a sorted set's score), so one above it is never taken for it."""
+
+
+class KeptVersion(BaseModel):
+    """One kept version: the snapshot it was, and what changed since the previous one."""
+
+    version: int
+    updated_at: str = Field(description="Time of this version, ISO 8601 UTC.")
+    energy: float | None = Field(
+        description="Mean squared distance of the prefix samples to their centroid then "
+        "(None: not known)."
+    )
+    n_samples: int = Field(description="N: samples in the worker's store then.")
+    n_ingested: int = Field(description="Samples ever accepted into the log then.")
+    k: int
+    dim: int
+    batch_size: int = Field(description="b then.")
+    iteration: int
+    converged: bool
+    pinned: bool = Field(description="True for the version reads serve while pinned.")
+    changed: str = Field(
+        description="What changed since the previous kept version, in words: iterations "
+        "run, b, N, convergence, energy."
+    )
+
+
+class Versions(BaseModel):
+    """The kept versions of a model, oldest first."""
+
+    model: str
+    versions: list[KeptVersion]
+    pinned: int | None = Field(description="The pinned version (None: reads follow the newest).")
+    newest: int | None = Field(description="The newest published version (None: none yet).")
+    bound: int = Field(
+        description="Most versions kept: the lower of NMBATCH_KEEP_VERSIONS and the versions "
+        "NMBATCH_KEEP_VERSIONS_BYTES holds; the pinned one counts and is never forgotten."
+    )
+
+
+class PinRequest(BaseModel):
+    """The body of ``POST /pin``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(ge=1, le=VERSION_MAX, description="A kept version (GET versions).")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _a_json_integer(cls, value: Any) -> Any:
+        """A JSON integer (``3``, or ``3.0`` as JSON Schema counts it), never a string or
+        a boolean (which pydantic's lax mode would take for one)."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("must be a JSON integer")
+        return value
+
+
+class Pin(BaseModel):
+    """The pin after ``POST`` or ``DELETE /pin``."""
+
+    model: str
+    pinned: int | None = Field(description="The pinned version (None: reads follow the newest).")
+    served: int | None = Field(description="The version reads serve now (None: none yet).")

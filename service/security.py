@@ -6,11 +6,12 @@ With no key configured every route is open (the service then refuses to start on
 address other than loopback unless ``NMBATCH_ALLOW_ANONYMOUS=true``, see
 :class:`~nmbatch.service.config.Settings`). With keys:
 
-- :func:`require_admin_key`: ``PUT`` and ``DELETE /models/{name}`` need scope ``admin``;
+- :func:`require_admin_key`: ``PUT`` and ``DELETE /models/{name}``, ``POST`` and
+  ``DELETE /pin`` (what every user of a model is served) need scope ``admin``;
 - :func:`require_write_key`: ``POST /samples`` needs ``write`` (or ``admin``);
 - :func:`require_read_key`: reads (``GET /centroids``, ``GET`` and ``POST /assign``,
-  ``GET /stats``, the dashboard, ``GET /models``, ``GET /metrics``) need ``read`` or
-  above only with ``NMBATCH_API_KEY_READS=true``; else they stay open;
+  ``GET /stats``, ``GET /versions``, the dashboard, ``GET /models``, ``GET /metrics``)
+  need ``read`` or above only with ``NMBATCH_API_KEY_READS=true``; else they stay open;
 - ``GET /healthz`` and ``GET /readyz`` always stay open (orchestrators probe them; they
   tell no internals), and so do the API documentation pages.
 
@@ -54,8 +55,8 @@ bearer_scheme = HTTPBearer(
     scheme_name="apiKey",
     description="An API key (NMBATCH_API_KEY, NMBATCH_API_KEYS, NMBATCH_API_KEY_FILE), when "
     "the service has keys: scope read (reads, with NMBATCH_API_KEY_READS=true), write (POST "
-    "samples) or admin (PUT and DELETE models). 401: no key or an unknown one; 403: the key "
-    "lacks the scope or does not cover the model.",
+    "samples) or admin (PUT and DELETE models, POST and DELETE pin). 401: no key or an "
+    "unknown one; 403: the key lacks the scope or does not cover the model.",
     auto_error=False,
 )
 

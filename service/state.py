@@ -4,7 +4,10 @@ The worker builds a new :class:`PublishedModel` (and :class:`PublishedStats`) af
 iteration and swaps it into the :class:`ModelBoard` with one reference assignment. A
 reader takes the reference once and uses only that object, so it never sees centroids
 of one version with counts of another, and never waits for an iteration. The arrays are
-read-only. The board also keeps the recent energy estimates by version
+read-only. A pinned version (``POST /pin``) is held beside the newest one:
+:attr:`ModelBoard.served` is what reads serve, the pinned model if any, else the newest;
+the worker goes on publishing (and snapshotting) the newest. The board also keeps the
+recent energy estimates by version
 (:class:`EnergyPoint`, for the dashboard's chart), as an immutable tuple swapped the same way.
 """
 
@@ -136,6 +139,7 @@ class ModelBoard:
     def __init__(self) -> None:
         self._lock = threading.Lock()  # serialises writers only; readers never take it
         self._model: PublishedModel | None = None
+        self._pinned: PublishedModel | None = None
         self._stats = PublishedStats()
         self._energy: tuple[EnergyPoint, ...] = ()
 
@@ -143,6 +147,21 @@ class ModelBoard:
     def model(self) -> PublishedModel | None:
         """The current model, or None before the first one."""
         return self._model
+
+    @property
+    def pinned(self) -> PublishedModel | None:
+        """The pinned model (a kept version), or None: reads follow the newest."""
+        return self._pinned
+
+    @property
+    def served(self) -> PublishedModel | None:
+        """What reads serve: the pinned model if any, else the current one."""
+        pinned = self._pinned
+        return pinned if pinned is not None else self._model
+
+    def pin(self, model: PublishedModel | None) -> None:
+        """Serve ``model`` (a kept version) whatever is published next; None: the newest."""
+        self._pinned = model
 
     @property
     def stats(self) -> PublishedStats:

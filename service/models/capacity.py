@@ -6,7 +6,10 @@ batch fixes it: logged, shown in ``nmbatch_max_samples``, and the embedded Redis
 ``maxmemory`` set to cover every model of the app (:attr:`ModelCapacity.redis_needs`,
 shared by them), its ``Idempotency-Key`` records included (at most
 ``NMBATCH_IDEMPOTENCY_MAX_KEYS`` of
-:data:`~nmbatch.service.storage.capacity.IDEMPOTENCY_RECORD_BYTES` each).
+:data:`~nmbatch.service.storage.capacity.IDEMPOTENCY_RECORD_BYTES` each) and its kept
+versions (at most :func:`~nmbatch.service.storage.capacity.versions_bound` of
+:func:`~nmbatch.service.storage.capacity.version_bytes` each; the memory they take is
+taken off the samples' share, :func:`~nmbatch.service.storage.capacity.plan_capacity`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from nmbatch.service.storage.capacity import (
     Capacity,
     plan_capacity,
     redis_maxmemory,
+    version_bytes,
+    versions_bound,
 )
 
 __all__ = ["ModelCapacity"]
@@ -86,9 +91,11 @@ class ModelCapacity:
         if capacity is not None and capacity.dim == dim:
             return capacity
         s = self.settings
+        keep = (s.keep_versions, s.keep_versions_bytes)
         capacity = plan_capacity(
-            s.max_samples, dim, s.k, memory=self.memory, with_redis=self.embedded is not None
-        )
+            s.max_samples, dim, s.k, memory=self.memory, with_redis=self.embedded is not None,
+            keep=keep,
+        )  # fmt: skip
         log.info("capacity of model '%s' (retention %s): %s", s.model, s.retention,
                  capacity.detail)  # fmt: skip
         if self.embedded is not None:
@@ -98,10 +105,12 @@ class ModelCapacity:
             if s.retention == "reservoir":
                 in_redis += MIN_COMPACTION
             needs = self.redis_needs
-            # Its samples, and its Idempotency-Key records (at most idempotency_max_keys).
+            # Its samples, its Idempotency-Key records (at most idempotency_max_keys), and
+            # its kept versions (at most their bound).
             needs[s.model] = (
                 redis_maxmemory(in_redis, dim) - REDIS_FIXED_BYTES
                 + s.idempotency_max_keys * IDEMPOTENCY_RECORD_BYTES
+                + versions_bound(*keep, s.k, dim) * version_bytes(s.k, dim)
             )
             maxmemory = await self.embedded.limit_memory(
                 self.sample_log.client, sum(needs.values()) + REDIS_FIXED_BYTES, REDIS_FIXED_BYTES

@@ -16,8 +16,10 @@ Named models come from the registry in Redis (:mod:`nmbatch.service.models.regis
 all of them at start-up, a new one on ``PUT``; and every :data:`SYNC_SECONDS` the
 registry is read again (:meth:`ModelManager.sync`): a model another process registered
 starts here too (as a standby of its worker, ready to take over), one another process
-deleted is stopped here. A request naming a model registered since the last sync starts
-it at once. The ``/models`` use cases are :mod:`nmbatch.service.usecases.catalog`.
+deleted is stopped here, and a pin another process set or lifted is served here
+(:func:`nmbatch.service.usecases.versions.refresh_pin`; also when a model starts). A
+request naming a model registered since the last sync starts it at once. The ``/models``
+use cases are :mod:`nmbatch.service.usecases.catalog`.
 Lookups and starts refuse with the domain errors of :mod:`nmbatch.service.usecases.errors`
 (:class:`UnknownModelError`, :class:`ModelCannotStartError`, :class:`ModelTooLargeError`),
 never with an HTTP answer.
@@ -48,6 +50,7 @@ from nmbatch.service.models.registry import (
     settings_for,
     spec_of,
 )
+from nmbatch.service.usecases import versions
 from nmbatch.service.usecases.errors import (
     DomainError,
     InvalidModelEntryError,
@@ -210,6 +213,7 @@ class ModelManager:
             if generation is None:
                 raise StartupError(f"model '{name}' is no longer registered")
             handle.sample_log.generation = generation
+            await versions.refresh_pin(handle)  # a pinned version is served from the start
         except redis.RedisError as exc:
             await stack.aclose()
             raise StartupError(f"Redis is unusable: {exc}") from None
@@ -245,18 +249,20 @@ class ModelManager:
         return running is not None
 
     async def sync(self) -> None:
-        """Start the registered models not running here; stop (and purge, if still
-        unregistered) those running here that another process deleted; restart those
-        deleted and created again (another generation). A model that cannot start is
-        logged and skipped (retried at the next sync). An entry that does not validate
-        is logged and kept in :attr:`invalid`: its model is neither started nor stopped
-        nor purged (fail closed)."""
+        """Serve the pins Redis holds; start the registered models not running here; stop
+        (and purge, if still unregistered) those running here that another process
+        deleted; restart those deleted and created again (another generation). A model
+        that cannot start is logged and skipped (retried at the next sync). An entry that
+        does not validate is logged and kept in :attr:`invalid`: its model is neither
+        started nor stopped nor purged (fail closed)."""
         registered, invalid = await self.registry.entries()
         for name, why in invalid.items():
             if self.invalid.get(name) != why:
                 log.error("model '%s': its registry entry is not valid (%s); its data is "
                           "kept, the model is not started", name, why)  # fmt: skip
         self.invalid = invalid
+        for running in list(self.running.values()):  # pins set or lifted by other processes
+            await versions.refresh_pin(running.handle)
         await self._restart_replaced(registered)
         for name, spec in registered.items():
             if name == self.default_name or name in self.running:
@@ -331,13 +337,14 @@ class ModelManager:
     def capacity(self, name: str, spec: ModelSpec) -> int:
         """The ``max_samples`` named model ``name`` runs with, checked against its budget.
 
-        The spec's, if its samples and centroids fit :attr:`budget`; unset, as many as
-        fit. Raises :class:`ModelTooLargeError` otherwise.
+        The spec's, if its samples, centroids and kept versions fit :attr:`budget`; unset,
+        as many as fit. Raises :class:`ModelTooLargeError` otherwise.
         """
         budget, origin = self.budget
-        fits = fitting_samples(spec, budget, with_redis=self.with_redis)
+        keep = (self.settings.keep_versions, self.settings.keep_versions_bytes)
+        fits = fitting_samples(spec, budget, with_redis=self.with_redis, keep=keep)
         wanted = spec.max_samples if spec.max_samples is not None else max(fits, spec.k)
-        need = required_bytes(spec, wanted, with_redis=self.with_redis)
+        need = required_bytes(spec, wanted, with_redis=self.with_redis, keep=keep)
         if need <= budget and wanted >= spec.k:
             return wanted
         asked = (
@@ -351,7 +358,9 @@ class ModelManager:
             f"{ModelTooLargeError.limit_setting}",
             model=name,
             setting="max_samples" if spec.max_samples is not None else "k",
-            required_bytes=need,
+            # The member is a JSON integer: past 64 bits (a max_samples near 2^62 times a
+            # large k d), it is that bound; the detail has the exact figure.
+            required_bytes=min(need, (1 << 63) - 1),
             limit_bytes=budget,
             max_samples_fitting=fits,
         )

@@ -43,6 +43,7 @@ from nmbatch.service.storage.capacity import (
     REDIS_SAMPLES,
     engine_bytes_per_vector,
     redis_bytes_per_vector,
+    versions_footprint,
 )
 from nmbatch.service.storage.keys import ModelKeys
 
@@ -166,14 +167,26 @@ def _sample_bytes(spec: ModelSpec, with_redis: bool) -> int:
     return engine_bytes_per_vector(spec.dim, spec.k) + (redis_part if with_redis else 0)
 
 
-def required_bytes(spec: ModelSpec, max_samples: int, *, with_redis: bool) -> int:
-    """Memory of a model holding ``max_samples`` samples: samples plus centroids."""
-    return max_samples * _sample_bytes(spec, with_redis) + CENTROID_BYTES * spec.k * spec.dim
+def _fixed_bytes(spec: ModelSpec, keep: tuple[int, int], with_redis: bool) -> int:
+    """Bytes that do not grow with the samples: centroids, and the versions of ``keep``
+    (``NMBATCH_KEEP_VERSIONS``, ``NMBATCH_KEEP_VERSIONS_BYTES``; :func:`versions_footprint`)."""
+    versions = versions_footprint(keep, spec.k, spec.dim, with_redis=with_redis)
+    return CENTROID_BYTES * spec.k * spec.dim + versions
 
 
-def fitting_samples(spec: ModelSpec, budget: int, *, with_redis: bool) -> int:
+def required_bytes(
+    spec: ModelSpec, max_samples: int, *, with_redis: bool, keep: tuple[int, int] = (0, 0)
+) -> int:
+    """Memory of a model holding ``max_samples`` samples: samples, centroids, and the
+    versions it keeps."""
+    return max_samples * _sample_bytes(spec, with_redis) + _fixed_bytes(spec, keep, with_redis)
+
+
+def fitting_samples(
+    spec: ModelSpec, budget: int, *, with_redis: bool, keep: tuple[int, int] = (0, 0)
+) -> int:
     """Most samples a model of ``spec`` holds within ``budget`` bytes (0 if none)."""
-    free = budget - CENTROID_BYTES * spec.k * spec.dim
+    free = budget - _fixed_bytes(spec, keep, with_redis)
     return max(0, math.floor(free / _sample_bytes(spec, with_redis)))
 
 

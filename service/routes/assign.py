@@ -21,13 +21,13 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
-from nmbatch.service.context import ModelDep, parse_body
-from nmbatch.service.openapi import VECTORS_BODY, VECTORS_REFUSED
+from nmbatch.service.context import ModelDep, VersionQuery, parse_body
+from nmbatch.service.openapi import VECTORS_BODY, VECTORS_REFUSED, VERSION_NOT_KEPT
 from nmbatch.service.parsing import parse_query_vector, read_body
 from nmbatch.service.problems import problem_responses
 from nmbatch.service.schemas import AssignMany, AssignOne
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key
-from nmbatch.service.usecases import reads, serving
+from nmbatch.service.usecases import reads, versions
 from nmbatch.service.usecases.serving import off_loop
 
 __all__ = ["MODEL_OTHER_METHODS", "OTHER_METHODS", "router"]
@@ -47,15 +47,23 @@ QUERY_VECTOR_REFUSED = (
     response_model=AssignOne,
     summary="Nearest centroid of one vector",
     openapi_extra=OPTIONAL_KEY,
-    responses=problem_responses(401, 409, 422, 503, described={422: QUERY_VECTOR_REFUSED}),
+    responses=problem_responses(
+        401,
+        404,
+        409,
+        422,
+        503,
+        described={404: VERSION_NOT_KEPT, 422: QUERY_VECTOR_REFUSED},
+    ),
 )
 async def get_assign(
     handle: ModelDep,
     vector: str = Query(
         description="The vector's coordinates, comma-separated.", examples=["0.5,1,-2"]
     ),
+    version: VersionQuery = None,
 ) -> Response:
-    model = await serving.require_model(handle)
+    model = await versions.read_model(handle, version)
     X = parse_query_vector(vector, dim=model.state.dim)  # one vector: on the loop
     document = await off_loop(model.state.centroids.size, reads.assign_one_json, model, X)
     return Response(document, media_type="application/json")
@@ -68,13 +76,22 @@ async def get_assign(
     description="Same bodies as `POST /samples`; nothing is stored.",
     openapi_extra=VECTORS_BODY | OPTIONAL_KEY,
     responses=problem_responses(
-        400, 401, 408, 409, 413, 415, 422, 503, described={422: VECTORS_REFUSED}
+        400,
+        401,
+        404,
+        408,
+        409,
+        413,
+        415,
+        422,
+        503,
+        described={404: VERSION_NOT_KEPT, 422: VECTORS_REFUSED},
     ),
 )
-async def post_assign(request: Request, handle: ModelDep) -> Response:
+async def post_assign(request: Request, handle: ModelDep, version: VersionQuery = None) -> Response:
     settings = handle.settings
     # The model is taken once: every vector of the batch uses the same version.
-    model = await serving.require_model(handle)
+    model = await versions.read_model(handle, version)
     body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
     X = await parse_body(  # binary bodies on the loop, JSON in the thread pool
         body,

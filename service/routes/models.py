@@ -11,12 +11,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from nmbatch.service.context import Name
+from nmbatch.service.context import Name, read_json_body
 from nmbatch.service.models import ModelManager, ModelSpec
-from nmbatch.service.parsing import JSON, media_type, read_body
+from nmbatch.service.parsing import JSON
 from nmbatch.service.problems import ProblemError, problem_responses
 from nmbatch.service.security import OPTIONAL_KEY, require_admin_key, require_read_key
 from nmbatch.service.usecases import catalog
@@ -63,30 +62,9 @@ SPEC_MAX_BYTES = 16 * 1024
 
 
 async def read_spec(request: Request) -> ModelSpec:
-    """The :class:`ModelSpec` of a ``PUT /models/{name}`` body, read after the key check.
-
-    Through the reader of ``POST /samples`` (:func:`~nmbatch.service.parsing.read_body`):
-    at most :data:`SPEC_MAX_BYTES` (or ``NMBATCH_MAX_BODY_BYTES`` if lower; 413 above,
-    refused from ``Content-Length`` before anything is read), within
-    ``NMBATCH_BODY_TIMEOUT_SECONDS`` (408). JSON only (415 otherwise); parsed and checked
-    by pydantic in one step: bad JSON, unknown members, non-finite numbers (``NaN``,
-    ``Infinity``, ``1e999``) and out-of-range settings are a 422 problem.
-    """
-    settings = request.app.state.settings
-    kind = media_type(request.headers.get("content-type"))
-    if kind not in (JSON, ""):
-        raise ProblemError(
-            415, "unsupported-media-type", f"{kind} is not accepted; send {JSON}",
-            accepted=[JSON],
-        )  # fmt: skip
-    limit = min(SPEC_MAX_BYTES, settings.max_body_bytes)
-    body = await read_body(request, limit, settings.body_timeout_seconds)
-    try:
-        return ModelSpec.model_validate_json(bytes(body))
-    except ValidationError as exc:
-        raise RequestValidationError(
-            [e | {"loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]
-        ) from None
+    """The :class:`ModelSpec` of a ``PUT /models/{name}`` body, read after the key check
+    (:func:`~nmbatch.service.context.read_json_body`, at most :data:`SPEC_MAX_BYTES`)."""
+    return await read_json_body(request, ModelSpec, SPEC_MAX_BYTES)
 
 
 SPEC_BODY: dict[str, Any] = {

@@ -19,6 +19,14 @@ The cost of one vector (:func:`bytes_per_vector`):
   Redis on this machine: the row in a stream entry, ``4 d`` times the allocator's
   rounding (:data:`REDIS_ROW_FACTOR`), plus a share of the entry's own overhead.
 
+A model's kept versions (:mod:`nmbatch.service.storage.versions`) do not grow with the
+samples: at most :func:`versions_bound` of :func:`version_bytes` each in Redis, and
+:func:`cached_versions_bytes` decoded in this process. :func:`versions_footprint` (the
+decoded ones, plus the Redis ones when Redis runs here) is taken off the samples' share
+of the memory before it is divided, and the Redis ones are part of the embedded Redis's
+``maxmemory`` (:mod:`nmbatch.service.models.capacity`) and of a named model's budget
+(:func:`nmbatch.service.models.registry.required_bytes`).
+
 The embedded Redis gets a ``maxmemory`` consistent with the capacity
 (:func:`redis_maxmemory`) with ``noeviction``: past it Redis refuses writes (``OOM``),
 which the append also answers with ``507``.
@@ -44,14 +52,21 @@ __all__ = [
     "REDIS_MARGIN",
     "REDIS_ROW_FACTOR",
     "REDIS_SAMPLES",
+    "VERSION_CACHE_ENTRIES",
+    "VERSION_RECORD_BYTES",
+    "VERSION_ROUNDING",
     "Capacity",
     "bytes_per_vector",
+    "cached_versions_bytes",
     "default_max_samples",
     "engine_bytes_per_vector",
     "memory_limit",
     "plan_capacity",
     "redis_bytes_per_vector",
     "redis_maxmemory",
+    "version_bytes",
+    "versions_bound",
+    "versions_footprint",
 ]
 
 MEMORY_FRACTION = 0.5
@@ -111,6 +126,23 @@ REDIS_SAMPLES = {"all": 1, "window": 2, "age": 2, "reservoir": 3}
 more size's worth, with a wide margin); ``reservoir`` a base, a log of one size, and the
 next base while a compaction writes it."""
 
+# Measured with redis-server 7.0.15 (jemalloc 5.3.0), MEMORY USAGE ... SAMPLES 0 of a kept
+# version's hash (model name of 64 characters): k = 3, d = 8 (120 bytes of arrays): 1,088
+# bytes; k = 1, d = 8,191 (32,772 bytes, just above a size class): 41,920; k = 100, d = 128
+# (52,000 bytes): 59,184. The index: 99 bytes a member with 200 members (a skiplist),
+# 56 with 3 (a listpack). So a version takes at most 1.25 x its arrays plus 960 bytes,
+# and its member of the index at most 100.
+VERSION_ROUNDING = 1.25
+"""Allocated bytes per byte of a kept version's arrays: each is one allocation, which
+jemalloc rounds up to its size class (four per doubling: at most +25%)."""
+VERSION_RECORD_BYTES = 1152
+"""Bytes of Redis per kept version besides its rounded arrays: the hash's other fields
+and key, and its member of the index (measured above; checked by
+``tests/service/test_versions.py::test_a_kept_version_takes_at_most_version_bytes``)."""
+VERSION_CACHE_ENTRIES = 4
+"""Kept versions a process holds decoded per model for ``?version=`` reads, besides the
+pinned one (the least recently read is dropped first)."""
+
 _NO_LIMIT = 1 << 60  # cgroup v1 writes a number near 2^63 for "no limit"
 
 CapacitySource = Literal["setting", "memory"]
@@ -132,10 +164,45 @@ def bytes_per_vector(d: int, k: int, *, with_redis: bool) -> int:
     return engine_bytes_per_vector(d, k) + (redis_bytes_per_vector(d) if with_redis else 0)
 
 
-def default_max_samples(memory_bytes: int, d: int, k: int, *, with_redis: bool = True) -> int:
-    """``MEMORY_FRACTION * memory_bytes`` divided by :func:`bytes_per_vector` (at least 1)."""
+def default_max_samples(
+    memory_bytes: int, d: int, k: int, *, with_redis: bool = True, fixed_bytes: int = 0
+) -> int:
+    """``MEMORY_FRACTION * memory_bytes`` less ``fixed_bytes`` (what does not grow with the
+    samples: the kept versions) divided by :func:`bytes_per_vector` (at least 1)."""
     per_vector = bytes_per_vector(d, k, with_redis=with_redis)
-    return max(1, int(MEMORY_FRACTION * memory_bytes) // per_vector)
+    return max(1, (int(MEMORY_FRACTION * memory_bytes) - fixed_bytes) // per_vector)
+
+
+def version_bytes(k: int, d: int) -> int:
+    """Bytes of Redis one kept version of ``k`` centroids of dimension ``d`` takes at most:
+    the ``float32`` centroids (``4 k d``) and ``int64`` counts (``8 k``) times the
+    allocator's rounding (:data:`VERSION_ROUNDING`), plus :data:`VERSION_RECORD_BYTES`."""
+    return math.ceil((4 * k * d + 8 * k) * VERSION_ROUNDING) + VERSION_RECORD_BYTES
+
+
+def versions_bound(count: int, max_bytes: int, k: int, d: int | None) -> int:
+    """Most versions a model keeps: ``count`` (``NMBATCH_KEEP_VERSIONS``), lowered to
+    what fits ``max_bytes`` (``NMBATCH_KEEP_VERSIONS_BYTES``) once ``d`` is known."""
+    if d is None:
+        return count
+    return min(count, max_bytes // version_bytes(k, d))
+
+
+def cached_versions_bytes(k: int, d: int) -> int:
+    """Bytes of this process's memory a model's decoded versions take at most: the
+    :data:`VERSION_CACHE_ENTRIES` cached ones and the pinned one, ``4 k d + 8 k`` each."""
+    return (VERSION_CACHE_ENTRIES + 1) * (4 * k * d + 8 * k)
+
+
+def versions_footprint(keep: tuple[int, int], k: int, d: int, *, with_redis: bool) -> int:
+    """Bytes a model's versions take on this machine: the decoded ones, and (Redis here)
+    the kept ones, ``keep`` being (``NMBATCH_KEEP_VERSIONS``,
+    ``NMBATCH_KEEP_VERSIONS_BYTES``)."""
+    bound = versions_bound(*keep, k, d)
+    if bound == 0:  # nothing kept: nothing cached or pinned either
+        return 0
+    in_redis = bound * version_bytes(k, d) if with_redis else 0
+    return cached_versions_bytes(k, d) + in_redis
 
 
 def redis_maxmemory(max_samples: int, d: int) -> int:
@@ -227,10 +294,17 @@ class Capacity:
 
 
 def plan_capacity(
-    setting: int | None, d: int, k: int, *, memory: tuple[int, str], with_redis: bool
+    setting: int | None,
+    d: int,
+    k: int,
+    *,
+    memory: tuple[int, str],
+    with_redis: bool,
+    keep: tuple[int, int] = (0, 0),
 ) -> Capacity:
     """The :class:`Capacity` for dimension ``d``: ``setting`` if given, else from ``memory``
-    (bytes and their origin, :func:`memory_limit`)."""
+    (bytes and their origin, :func:`memory_limit`) less the :func:`versions_footprint` of
+    ``keep`` (``NMBATCH_KEEP_VERSIONS``, ``NMBATCH_KEEP_VERSIONS_BYTES``)."""
     source: CapacitySource
     if setting is not None:
         max_samples, source = int(setting), "setting"
@@ -238,14 +312,17 @@ def plan_capacity(
     else:
         memory_bytes, origin = memory
         per_vector = bytes_per_vector(d, k, with_redis=with_redis)
-        max_samples = default_max_samples(memory_bytes, d, k, with_redis=with_redis)
+        fixed = versions_footprint(keep, k, d, with_redis=with_redis)
+        max_samples = default_max_samples(
+            memory_bytes, d, k, with_redis=with_redis, fixed_bytes=fixed
+        )
         source = "memory"
         parts = f"engine {engine_bytes_per_vector(d, k)}" + (
             f" + Redis {redis_bytes_per_vector(d)}" if with_redis else ""
         )
         detail = (
-            f"NMBATCH_MAX_SAMPLES unset: {MEMORY_FRACTION:g} x {memory_bytes / 2**30:.2f} GiB "
-            f"({origin}) / {per_vector:,} bytes per vector (d = {d}, k = {k}: {parts}) "
-            f"= {max_samples:,}"
+            f"NMBATCH_MAX_SAMPLES unset: ({MEMORY_FRACTION:g} x {memory_bytes / 2**30:.2f} GiB "
+            f"({origin}) - {fixed / 2**20:.2f} MiB of kept versions) / {per_vector:,} bytes "
+            f"per vector (d = {d}, k = {k}: {parts}) = {max_samples:,}"
         )
     return Capacity(max_samples, source, d, detail, redis_maxmemory(max_samples, d))

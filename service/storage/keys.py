@@ -35,6 +35,18 @@ Keys (``{model}`` is ``NMBATCH_MODEL``, so several models share one Redis):
     (:mod:`service.storage.snapshot`); written in one WATCH/MULTI/EXEC transaction that
     refuses to replace a newer version (and, for the worker, refuses to write unless it
     still holds the lease below).
+``nmbatch:{model}:versions`` (sorted set)
+    The kept versions (:mod:`service.storage.versions`): member and score the version
+    number. Every snapshot written adds its version, in the same transaction, with its
+    record below, and forgets the oldest unpinned versions beyond the model's bound
+    (``NMBATCH_KEEP_VERSIONS`` and ``NMBATCH_KEEP_VERSIONS_BYTES``).
+``nmbatch:{model}:version:{V}`` (hash)
+    Kept version ``V``: the snapshot's fields as it was written (centroids, counts,
+    ``b``, ``N``, iteration, energy, time ...).
+``nmbatch:{model}:pin`` (string)
+    The pinned version, if any: reads serve it while training goes on. Set only while
+    that version is kept (checked in the script that sets it); a pinned version is never
+    forgotten.
 ``nmbatch:{model}:lock`` (string, with expiry)
     The worker lease: ``{token}:{run id}:{client id}``, set with ``SET NX PX``
     (:mod:`service.storage.lease`).
@@ -89,6 +101,18 @@ class ModelKeys:
     @property
     def snapshot(self) -> str:
         return self.prefix + "snapshot"
+
+    @property
+    def versions(self) -> str:
+        return self.prefix + "versions"
+
+    @property
+    def pin(self) -> str:
+        return self.prefix + "pin"
+
+    def version(self, version: int) -> str:
+        """Key of kept version ``version``: ``nmbatch:{model}:version:{V}``."""
+        return f"{self.prefix}version:{int(version)}"
 
     @property
     def lock(self) -> str:

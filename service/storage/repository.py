@@ -17,6 +17,7 @@ from nmbatch.service.storage.handoff import LocalEntries
 from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.storage.lease import held_by, reserve_versions, reserved_versions
 from nmbatch.service.storage.snapshot import Snapshot
+from nmbatch.service.storage.versions import plan_keep, queue_keep
 
 __all__ = ["ModelRepository"]
 
@@ -134,15 +135,21 @@ class ModelRepository:
         raw = self.client.hget(self.keys.snapshot, "version")
         return int(raw) if raw is not None else None
 
-    def write_snapshot(self, snapshot: Snapshot, lease_token: str | None = None) -> bool:
+    def write_snapshot(
+        self, snapshot: Snapshot, lease_token: str | None = None, keep: int = 0
+    ) -> bool:
         """Store ``snapshot`` atomically unless Redis holds a version >= its version.
 
         With ``lease_token`` (a :attr:`WorkerLease.token`), the write happens only while
         that lease is held, checked in the same transaction; otherwise
-        :class:`LeaseLostError` is raised. Returns True when written.
+        :class:`LeaseLostError` is raised. In the same transaction the version is kept,
+        and the oldest unpinned versions beyond ``keep`` forgotten
+        (:mod:`~nmbatch.service.storage.versions`). Returns True when written.
         """
         key = self.keys.snapshot
-        watched = [key] if lease_token is None else [key, self.keys.lock]
+        watched = [key, self.keys.versions, self.keys.pin]
+        if lease_token is not None:
+            watched.append(self.keys.lock)
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -156,8 +163,10 @@ class ModelRepository:
                     if stored is not None and int(stored) >= snapshot.model.version:
                         pipe.unwatch()
                         return False
+                    added, forget = plan_keep(pipe, self.keys, snapshot.model.version, keep)
                     pipe.multi()
                     pipe.hset(key, mapping=snapshot.to_fields())
+                    queue_keep(pipe, self.keys, snapshot, added, forget)
                     pipe.execute()
                     return True
                 except redis.WatchError:  # another writer in between: look again

@@ -5,7 +5,8 @@ A snapshot is the published model (:class:`PublishedModel`: version, the engine'
 ``centroids`` as little-endian ``float32`` bytes, ``counts`` as ``int64`` bytes, ``k``
 and ``dim`` (their shape), ``version``, ``batch_size``, ``iteration``, ``last_id``,
 ``n_samples``, ``converged`` (0 or 1) as decimal text, ``updated_at`` as ``repr`` of a
-float.
+float, and ``energy`` (``repr`` of a float; absent before the first iteration). A kept
+version (:mod:`service.storage.versions`) is these same fields.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Snapshot:
     def to_fields(self) -> dict[str, bytes | int | float | str]:
         """The hash fields of the snapshot."""
         model, state = self.model, self.model.state
-        return {
+        fields: dict[str, bytes | int | float | str] = {
             "version": model.version,
             "k": state.k,
             "dim": state.dim,
@@ -55,6 +56,9 @@ class Snapshot:
             "converged": int(state.converged),
             "updated_at": repr(float(model.updated_at)),
         }
+        if state.energy is not None:
+            fields["energy"] = repr(float(state.energy))
+        return fields
 
     @classmethod
     def from_fields(cls, fields: dict[bytes, bytes]) -> Snapshot:
@@ -68,6 +72,7 @@ class Snapshot:
             n_ingested=int(fields.get(b"n_ingested", fields[b"n_samples"])),
             iteration=int(fields[b"iteration"]),
             converged=bool(int(fields[b"converged"])),
+            energy=float(fields[b"energy"]) if b"energy" in fields else None,
             initialized=True,  # a snapshot holds centroids that were served
         )
         model = PublishedModel.build(

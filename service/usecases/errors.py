@@ -35,6 +35,7 @@ __all__ = [
     "StoreFullError",
     "TooManyModelsError",
     "UnknownModelError",
+    "VersionNotKeptError",
     "WrongDimensionError",
 ]
 
@@ -262,3 +263,23 @@ class DefaultModelError(DomainError):
             "deleted through the API"
         )
         self.model = model
+
+
+# -- kept versions -------------------------------------------------------------------
+class VersionNotKeptError(DomainError):
+    """Version ``version`` of model ``model`` is not kept (never snapshotted, or forgotten
+    past the bound): it can be neither read nor pinned. ``kept`` lists the kept ones."""
+
+    def __init__(self, model: str, version: int, kept: list[int], bound: int) -> None:
+        listed = (
+            f"versions {kept[0]} to {kept[-1]} ({len(kept)} kept)" if kept
+            else "no version yet"
+        )  # fmt: skip
+        super().__init__(
+            f"version {version} of model '{model}' is not kept: it keeps {listed}, at most "
+            f"{bound} (NMBATCH_KEEP_VERSIONS, NMBATCH_KEEP_VERSIONS_BYTES); a version is kept "
+            "when it is snapshotted (every NMBATCH_SNAPSHOT_SECONDS); GET versions lists them"
+        )
+        self.model = model
+        self.version = version
+        self.kept = kept

@@ -121,6 +121,8 @@ async def stats(handle: ModelHandle) -> Stats:
         engine_bytes=course.engine_bytes,
         redis_used_memory=memory.get("used_memory"),
         redis_maxmemory=memory.get("maxmemory"),
+        pinned_version=pinned.version if (pinned := handle.board.pinned) is not None else None,
+        versions_kept=await handle.kept.count(),
     )
 
 

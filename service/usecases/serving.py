@@ -33,6 +33,7 @@ from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard, PublishedModel
 from nmbatch.service.storage import AppendOutcome, AsyncSampleLog
 from nmbatch.service.storage.capacity import Capacity
+from nmbatch.service.storage.versions import AsyncKeptVersions
 from nmbatch.service.usecases.errors import (
     CentroidsPendingError,
     DomainError,
@@ -137,6 +138,8 @@ class ModelHandle:
         Its capacity.
     dim : int or None
         Its dimension once known (the setting, Redis's, or the first batch's).
+    kept : AsyncKeptVersions
+        Its kept versions and pin in Redis (:mod:`nmbatch.service.storage.versions`).
     """
 
     def __init__(
@@ -156,6 +159,7 @@ class ModelHandle:
         self.worker = worker
         self.planner = planner
         self.dim = dim
+        self.kept = AsyncKeptVersions(sample_log.client, settings.model)
 
     @property
     def name(self) -> str:
@@ -272,12 +276,13 @@ def iso_time(unix: float) -> str:
 
 
 async def require_model(handle: ModelHandle) -> PublishedModel:
-    """The published model, or a domain error saying why there is none yet.
+    """The model reads serve (the pinned version, else the newest published one), or a
+    domain error saying why there is none yet.
 
     :class:`NotEnoughSamplesError` while fewer than ``k`` samples are stored,
     :class:`CentroidsPendingError` while the first iteration runs.
     """
-    model = handle.board.model
+    model = handle.board.served  # the pinned version, if any, else the newest
     if model is not None:
         return model
     k = handle.settings.k

@@ -24,6 +24,7 @@ from nmbatch.service.config import Settings
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
+from nmbatch.service.storage.capacity import versions_bound
 from nmbatch.service.storage.handoff import handoff_bytes
 from nmbatch.service.storage.retained import RetainedLog
 from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
@@ -449,7 +450,10 @@ class Worker(EngineRecovery):
         if model is None or model.version <= self._snapshot_version:
             return
         snapshot = Snapshot(model, self.last_id)  # at the log position read so far
-        written = self.backoff.call(self.repository.write_snapshot, snapshot, self.lease.token)
+        s = self.settings  # the version is kept with it, within the model's bound
+        keep = versions_bound(s.keep_versions, s.keep_versions_bytes, s.k, model.state.dim)
+        write = self.repository.write_snapshot
+        written = self.backoff.call(write, snapshot, self.lease.token, keep)
         self._snapshot_version = model.version
         if written:
             self.metrics.snapshot_written()

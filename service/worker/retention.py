@@ -65,7 +65,10 @@ def retention_size(
         return None
     if settings.max_samples is not None:
         return settings.max_samples
-    return plan_capacity(None, dim, settings.k, memory=memory, with_redis=with_redis).max_samples
+    keep = (settings.keep_versions, settings.keep_versions_bytes)
+    return plan_capacity(
+        None, dim, settings.k, memory=memory, with_redis=with_redis, keep=keep
+    ).max_samples
 
 
 class LogRetention:

@@ -26,6 +26,8 @@ from nmbatch.service.storage.capacity import (
     plan_capacity,
     redis_bytes_per_vector,
     redis_maxmemory,
+    version_bytes,
+    versions_bound,
 )
 from nmbatch.service.storage.errors import redis_oom, redis_unavailable
 from tests.testkit import (
@@ -266,7 +268,13 @@ def test_the_embedded_redis_gets_maxmemory_for_the_capacity_and_noeviction(
             admin.close()
         # The samples' share and the Idempotency-Key records' (count x bytes each).
         records = settings.idempotency_max_keys * IDEMPOTENCY_RECORD_BYTES
-        assert maxmemory == redis_maxmemory(capacity, d) + records > used + REDIS_FIXED_BYTES
+        # And its kept versions (at most their bound of version_bytes each).
+        k = settings.k
+        bound = versions_bound(settings.keep_versions, settings.keep_versions_bytes, k, d)
+        versions = bound * version_bytes(k, d)
+        assert bound == settings.keep_versions and versions > 0
+        expected = redis_maxmemory(capacity, d) + records + versions
+        assert maxmemory == expected > used + REDIS_FIXED_BYTES
         stats = client.get("/stats").json()
         assert stats["redis_maxmemory"] == maxmemory and stats["redis_used_memory"] > 0
         assert stats["max_samples"] == capacity and stats["max_samples_source"] == "setting"
@@ -288,7 +296,9 @@ def test_stats_and_metrics_show_the_capacity_and_the_engine_memory(
         assert before["max_samples"] is None and before["max_samples_source"] is None
         assert before["engine_bytes"] == 0
         assert post_npy(client, X).status_code == 202
-        expected = plan_capacity(None, 5, 3, memory=memory_limit(), with_redis=False)
+        settings = client.app.state.settings
+        keep = (settings.keep_versions, settings.keep_versions_bytes)
+        expected = plan_capacity(None, 5, 3, memory=memory_limit(), with_redis=False, keep=keep)
 
         def stepped() -> dict | None:
             stats = client.get("/stats").json()

@@ -248,6 +248,9 @@ def test_limits_on_models_and_memory_are_4xx_and_store_nothing(
         # Not even its k samples and centroids fit (16 k d = 2.56 MB of centroids).
         wide = client.put("/models/wide", json={"k": 4, "dim": 40_000})
         assert assert_problem(wide, 422, "model-too-large")["setting"] == "k"
+        # A need past 64 bits (found by schemathesis) is still a 422, its member bounded.
+        huge = client.put("/models/huge", json={"k": 58387, "dim": 223, "max_samples": 1 << 57})
+        assert assert_problem(huge, 422, "model-too-large")["required_bytes"] == (1 << 63) - 1
         wider = client.put("/models/wide", json={"k": 4, "dim": 100_000})
         assert assert_problem(wider, 422, "dimension-too-large")["setting"] == "NMBATCH_MAX_DIM"
         assert not redis_client.exists(REGISTRY_KEY)
@@ -411,7 +414,8 @@ def test_a_registry_entry_that_does_not_validate_keeps_its_data_and_shows(
                 assert "not valid" in listed["odd"]["status"]["phase"]
                 assert "not valid" in listed["kept"]["status"]["phase"]
             assert_problem(second.get("/models/odd/stats"), 409, "invalid-model-entry")
-        assert model_keys(redis_client, "kept") == held  # nothing purged
+        # Nothing purged (a snapshot written since may have kept one more version).
+        assert set(held) <= set(model_keys(redis_client, "kept"))
         assert redis_client.xlen(ModelKeys("kept").log) > 0
         assert redis_client.exists(ModelKeys("odd").meta)
         # Both hold their slots, visibly; deleting one frees its slot and its data.
