@@ -32,9 +32,15 @@ HTTP_THIRD_PARTY = ("fastapi", "starlette", "uvicorn")
 # The HTTP side: routes, their dependencies and the use cases they call.
 HTTP_SIDE = ("nmbatch.service.routes", "nmbatch.service.context", "nmbatch.service.usecases")
 
-# What storage may import of the service: itself, the settings and the published model's
-# record (data, no behaviour). Nothing of HTTP, the use cases or the worker.
-STORAGE_MAY_IMPORT = ("nmbatch.service.storage", "nmbatch.service.config", "nmbatch.service.state")
+# What storage may import of the service: itself, the settings, the published model's
+# record (data, no behaviour) and the process's cgroup limits (files of the OS read with
+# the standard library). Nothing of HTTP, the use cases or the worker.
+STORAGE_MAY_IMPORT = (
+    "nmbatch.service.storage",
+    "nmbatch.service.config",
+    "nmbatch.service.state",
+    "nmbatch.service.cgroups",
+)
 
 
 def module_files() -> dict[str, Path]:

@@ -37,6 +37,7 @@ import redis
 import redis.asyncio
 
 from nmbatch.service.config import Settings
+from nmbatch.service.logs import about_model
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.models.registry import (
     ModelRegistry,
@@ -195,16 +196,17 @@ class ModelManager:
         name = settings.model
         stack = AsyncExitStack()
         try:
-            handle = await self.start(
-                settings,
-                metrics,
-                stack,
-                memory=memory,
-                redis_needs=self.redis_needs,
-                warm_up=default,  # the default model starts first: it loads the kernels
-                capacity_setting="NMBATCH_MAX_SAMPLES" if default
-                else f"max_samples of model '{name}'",
-            )  # fmt: skip
+            with about_model(name):  # its start-up's log lines
+                handle = await self.start(
+                    settings,
+                    metrics,
+                    stack,
+                    memory=memory,
+                    redis_needs=self.redis_needs,
+                    warm_up=default,  # the default model starts first: it loads the kernels
+                    capacity_setting="NMBATCH_MAX_SAMPLES" if default
+                    else f"max_samples of model '{name}'",
+                )  # fmt: skip
             # The incarnation its appends are checked against (storage.keys: generation).
             generation = await self.registry.claim_generation(name, named=not default)
             if generation is None:

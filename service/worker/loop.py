@@ -21,6 +21,7 @@ from nmbatch.engine.hosting import EngineHost, EngineProcessError, iterate, sett
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.service.config import Settings
+from nmbatch.service.logs import bind_model
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
@@ -176,6 +177,7 @@ class Worker(EngineRecovery):
 
     # -- the thread: roles ----------------------------------------------------------------
     def _run(self) -> None:
+        bind_model(self.settings.model)
         threads = self.settings.worker_threads
         try:
             with kernel_threads(threads):  # the engine's kernels on `threads`, BLAS on one
