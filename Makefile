@@ -30,13 +30,13 @@ serve: $(RUN_STAMP)
 ## suite (the dashboard's browser tests fail, not skip, without chromium).
 test: $(STAMP)
 	NMBATCH_REQUIRE_BROWSER=1 bash tools/ensure_chromium.sh
-	$(BIN)/ruff check nmbatch engine service benchmarks tests
+	$(BIN)/ruff check nmbatch engine service client benchmarks tests
 	$(BIN)/mkdocs build --strict --site-dir site
 	NMBATCH_REQUIRE_BROWSER=1 $(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check nmbatch engine service benchmarks tests
-	$(BIN)/ruff format --check nmbatch engine service benchmarks tests || true
+	$(BIN)/ruff check nmbatch engine service client benchmarks tests
+	$(BIN)/ruff format --check nmbatch engine service client benchmarks tests || true
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks --dataset mnist --seeds 5 --out bench-results/mnist
