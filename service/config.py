@@ -185,6 +185,12 @@ class Settings(BaseSettings):
         "its opening, or from the previous answer); then 408 and the connection is closed.",
     )
     log_level: str = Field("info", description="uvicorn log level.")
+    tracing: Literal["off", "otlp", "console"] = Field(
+        "off",
+        description="OpenTelemetry traces of the requests and the worker's steps (needs "
+        "nmbatch[otel]): otlp sends them by OTLP over HTTP (OTEL_EXPORTER_OTLP_ENDPOINT "
+        "...), console prints them; off: none (service.tracing).",
+    )
     log_format: Literal["text", "json"] = Field(
         "text",
         description="Log lines on stderr: text, or json (one JSON object per line with the "

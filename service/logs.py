@@ -91,8 +91,10 @@ class JsonFormatter(logging.Formatter):
 
     Members: ``time`` (UTC, ISO 8601 with milliseconds), ``level``, ``logger``,
     ``message``, ``request_id`` and ``model`` (null outside a request or a model's
-    thread), ``exception`` (the traceback, when the record has one); uvicorn's access
-    lines add ``client``, ``method``, ``path``, ``http_version`` and ``status``.
+    thread), ``trace_id`` and ``span_id`` inside an OpenTelemetry span
+    (:mod:`nmbatch.service.tracing`), ``exception`` (the traceback, when the record has
+    one); uvicorn's access lines add ``client``, ``method``, ``path``,
+    ``http_version`` and ``status``.
     """
 
     def format(self, record: logging.LogRecord) -> str:
@@ -106,6 +108,12 @@ class JsonFormatter(logging.Formatter):
             "request_id": REQUEST_ID.get(),
             "model": MODEL.get(),
         }
+        trace = sys.modules.get("opentelemetry.trace")  # loaded only with NMBATCH_TRACING
+        if trace is not None:
+            context = trace.get_current_span().get_span_context()
+            if context.is_valid:
+                entry["trace_id"] = format(context.trace_id, "032x")
+                entry["span_id"] = format(context.span_id, "016x")
         args = record.args
         if record.name == "uvicorn.access" and isinstance(args, tuple) and len(args) == 5:
             client, method, path, http_version, status = args

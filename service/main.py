@@ -9,8 +9,9 @@ What the app is made of, and where each part lives:
   the heap (:func:`nmbatch.service.runtime.freeze_heap`);
 - errors are RFC 9457 problem details (:mod:`nmbatch.service.problems`), Redis errors
   ``503``/``500`` problems (:mod:`nmbatch.service.redis_errors`);
-- four pure ASGI middlewares: the request's id and model for the log lines
-  (:mod:`nmbatch.service.logs`) around request timing (:mod:`nmbatch.service.metrics`) around
+- pure ASGI middlewares: the request's id and model for the log lines
+  (:mod:`nmbatch.service.logs`) around its trace span when ``NMBATCH_TRACING`` is on
+  (:mod:`nmbatch.service.tracing`) around request timing (:mod:`nmbatch.service.metrics`) around
   admission control (the concurrency limit and the in-flight body budget,
   :mod:`nmbatch.service.admission`) around the fast path of ``GET /assign``
   (:mod:`nmbatch.service.fastpath`);
@@ -52,6 +53,7 @@ from nmbatch.service.problems import install_problem_handlers, problem_responses
 from nmbatch.service.redis_errors import redis_error_handler
 from nmbatch.service.routes import assign, centroids, dashboard, health, models, samples, stats
 from nmbatch.service.storage.capacity import memory_limit
+from nmbatch.service.tracing import TracingMiddleware
 
 __all__ = ["REQUEST_SOCKET_TIMEOUT", "StartupError", "create_app"]
 
@@ -108,6 +110,8 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     # Past the concurrency limit or the body budget: 503 before any route (timed too).
     app.add_middleware(AdmissionControl, settings=settings)
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
+    if settings.tracing != "off":  # a span per request, inside the request's context
+        app.add_middleware(TracingMiddleware)
     # Outermost: the request id and the model of every log line the request causes.
     app.add_middleware(
         RequestContext,

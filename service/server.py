@@ -8,6 +8,7 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
+from nmbatch.service import tracing
 from nmbatch.service.config import Settings
 from nmbatch.service.connections import MAX_HEADER_BYTES, bounded_h11
 from nmbatch.service.keys import KeyRingError
@@ -30,6 +31,13 @@ def main() -> int:
         print(f"invalid NMBATCH_* setting:\n{exc}", file=sys.stderr)
         return 2
     log_config = configure_logging(settings.log_format, settings.log_level)
+    provider = None
+    if settings.tracing != "off":
+        try:
+            provider = tracing.install(settings.tracing)
+        except tracing.TracingError as exc:
+            print(f"invalid NMBATCH_TRACING: {exc}", file=sys.stderr)
+            return 2
     # The event loop shares the GIL with the worker thread and the request thread pool:
     # a thread waiting for it waits up to the switch interval (default 5 ms) whenever
     # another one runs Python. 0.5 ms keeps the loop's turns (and /assign) short.
@@ -63,5 +71,7 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: None)
     server.run()
+    if provider is not None:
+        provider.shutdown()  # the spans still batched go out
     # uvicorn returns normally when the lifespan start-up failed; report it in the code.
     return 0 if server.started else 3
