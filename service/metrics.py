@@ -240,14 +240,22 @@ class ServiceMetrics:
 
 
 class _ModelLabels:
-    """A family with labels after ``model``, its model given: ``.labels(problem)``."""
+    """A family with labels after ``model``, its model given: ``.labels(problem)``.
+
+    Each series is made once and kept here: after :meth:`ServiceMetrics.remove_model`, a
+    request still in flight for the model counts in a series no longer exported, and
+    never makes it again."""
 
     def __init__(self, family: Any, model: str) -> None:
         self.family = family
         self.model = model
+        self._series: dict[tuple[str, ...], Any] = {}
 
     def labels(self, *values: str) -> Any:
-        return self.family.labels(self.model, *values)
+        series = self._series.get(values)
+        if series is None:
+            series = self._series[values] = self.family.labels(self.model, *values)
+        return series
 
 
 class ModelMetrics(ServiceMetrics):

@@ -90,7 +90,7 @@ def add_client_commands(
     push.add_argument(
         "--batch-rows",
         type=positive_int,
-        default=65_536,
+        default=65_536,  # sources.BATCH_ROWS (not imported here: it loads numpy)
         help="rows read from a text or Parquet file at a time (default: %(default)s)",
     )
     push.add_argument(

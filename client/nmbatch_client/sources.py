@@ -6,8 +6,9 @@
 - a file path (``str`` or ``os.PathLike``), by its suffix:
 
   - ``.npy``: memory-mapped; only the chunk being sent is read;
-  - ``.csv``, ``.tsv``, ``.txt``: numbers, ``batch_rows`` lines parsed at a time; a
-    first line that is not numbers is a header, whose names ``columns`` may select;
+  - ``.csv``, ``.tsv``, ``.txt``: numbers, ``batch_rows`` lines parsed at a time (the
+    lines are counted first, for the total); a first line that is not numbers is a
+    header, whose names ``columns`` may select;
   - ``.parquet``: ``batch_rows`` rows at a time (``pyarrow.parquet.ParquetFile``);
   - ``.arrow``, ``.feather``, ``.ipc``: Arrow IPC, file or stream format, a record batch
     at a time (memory-mapped);

@@ -116,3 +116,28 @@ def test_unknown_route_and_method_are_problems(client: TestClient) -> None:
     assert missing.json()["detail"] == "no resource at /nowhere"
     wrong = client.delete("/samples")
     assert wrong.status_code == 405 and wrong.json()["status"] == 405
+
+
+def test_a_models_series_leave_with_it_and_are_not_made_again() -> None:
+    from prometheus_client import generate_latest
+
+    from nmbatch.service.metrics import MODEL_METRICS, ServiceMetrics
+
+    metrics = ServiceMetrics()
+    gone, kept = metrics.for_model("gone"), metrics.for_model("kept")
+    for view in (gone, kept):
+        view.iterations.inc()
+        view.samples_rejected.labels("store-full").inc()
+        view.snapshot_written()
+    text = generate_latest(metrics.registry).decode()
+    for name in MODEL_METRICS:  # every one of a model's metrics carries its name
+        assert getattr(kept, name) is not getattr(metrics, name), name
+    assert 'nmbatch_iterations_total{model="gone"} 1.0' in text
+    assert 'nmbatch_samples_rejected_requests_total{model="kept",problem="store-full"} 1.0' in text
+    metrics.remove_model("gone")
+    # A request still in flight for the removed model counts where nothing is exported.
+    gone.samples_rejected.labels("store-full").inc()
+    gone.iterations.inc()
+    text = generate_latest(metrics.registry).decode()
+    assert 'model="gone"' not in text and 'model="kept"' in text
+    assert 'nmbatch_redis_up{model="kept"} 1.0' in text
