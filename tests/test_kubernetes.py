@@ -8,11 +8,13 @@ newest Kubernetes release checked here. Then what the schemas cannot see: the pr
 reach ``/healthz`` and ``/readyz`` on the container's port, the Services select the
 pods, the service's Redis URL names the Redis Service, Redis keeps an append-only file on
 a volume claim, and the environment the Deployment gives the service (its Secret
-included) is accepted by ``Settings``, or refused while the shipped key is empty.
+included) is refused by ``Settings`` while the base's key is empty, and accepted once an
+overlay (as docs/operations/kubernetes.md shows it) sets the key.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -54,8 +56,9 @@ def render(folder: Path = BASE) -> list[dict[str, Any]]:
 OBJECTS = render()
 
 
-def one(kind: str, name: str) -> dict[str, Any]:
-    found = [o for o in OBJECTS if o["kind"] == kind and o["metadata"]["name"] == name]
+def one(kind: str, name: str, objects: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    found = [o for o in objects or OBJECTS
+             if o["kind"] == kind and o["metadata"]["name"] == name]  # fmt: skip
     assert len(found) == 1, f"{kind}/{name}: {len(found)} objects"
     return found[0]
 
@@ -73,14 +76,16 @@ def container(workload: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_base_renders_every_object_once() -> None:
     kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in OBJECTS)
-    assert kinds == [
+    secret = [k for k in kinds if k.startswith("Secret/")]
+    assert [k for k in kinds if k not in secret] == [
         "Deployment/nmbatch",
         "NetworkPolicy/nmbatch-redis",
-        "Secret/nmbatch-api-key",
         "Service/nmbatch",
         "Service/nmbatch-redis",
         "StatefulSet/nmbatch-redis",
     ]
+    # The generated Secret's name carries a hash of its content.
+    assert len(secret) == 1 and secret[0].startswith("Secret/nmbatch-api-key-")
     # Every file of the folder is in the base.
     listed = yaml.safe_load((BASE / "kustomization.yaml").read_text())["resources"]
     assert sorted(listed) == sorted(p.name for p in BASE.glob("*.yaml")
@@ -143,34 +148,59 @@ def test_redis_persists_on_a_volume_claim_and_only_nmbatch_reaches_it() -> None:
     assert selects(source["podSelector"]["matchLabels"], one("Deployment", "nmbatch"))
 
 
-def _service_environment(api_key: str | None) -> dict[str, str]:
-    """The NMBATCH_* variables the Deployment gives the service, the Secret's with
-    ``api_key`` in place of the shipped value when given."""
-    server = container(one("Deployment", "nmbatch"))
+def _service_environment(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """The NMBATCH_* variables the rendered Deployment gives the service, its Secret's
+    included."""
+    server = container(one("Deployment", "nmbatch", objects))
     env = {e["name"]: e["value"] for e in server["env"]}
     (source,) = server["envFrom"]
-    secret = one("Secret", source["secretRef"]["name"])
-    values = dict(secret["stringData"])
+    secret = one("Secret", source["secretRef"]["name"], objects)
+    values = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert set(values) == {"NMBATCH_API_KEY"}
-    if api_key is not None:
-        values["NMBATCH_API_KEY"] = api_key
     return {**env, **values}
 
 
-def test_the_service_accepts_its_environment_once_the_key_is_set(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    fields = {f"NMBATCH_{name.upper()}" for name in Settings.model_fields}
-    shipped = _service_environment(None)
-    assert set(shipped) <= fields
+def _settings_of(environment: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
     for name in [n for n in os.environ if n.startswith("NMBATCH_")]:
         monkeypatch.delenv(name)
-    for name, value in shipped.items():
+    for name, value in environment.items():
         monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def test_the_base_has_no_key_and_an_overlay_sets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fields = {f"NMBATCH_{name.upper()}" for name in Settings.model_fields}
+    shipped = _service_environment(OBJECTS)
+    assert set(shipped) <= fields and shipped["NMBATCH_API_KEY"] == ""
     # As shipped the key is empty: on 0.0.0.0 the service refuses to start without one.
     with pytest.raises(ValidationError, match="no API key is set"):
-        Settings()
-    monkeypatch.setenv("NMBATCH_API_KEY", "k" * 24)
-    settings = Settings()
+        _settings_of(shipped, monkeypatch)
+
+    # The overlay of docs/operations/kubernetes.md, beside a file holding the key.
+    overlay = tmp_path / "nmbatch-prod"
+    overlay.mkdir()
+    key = "k" * 24
+    (overlay / "api-key.env").write_text(f"NMBATCH_API_KEY={key}\n")
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        f"resources:\n  - {os.path.relpath(BASE, overlay)}\n"
+        "secretGenerator:\n"
+        "  - name: nmbatch-api-key\n"
+        "    behavior: replace\n"
+        "    envs: [api-key.env]\n"
+    )
+    objects = render(overlay)
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
+    environment = _service_environment(objects)
+    assert environment["NMBATCH_API_KEY"] == key
+    settings = _settings_of(environment, monkeypatch)
     assert (settings.host, settings.port, settings.log_format) == ("0.0.0.0", 8000, "json")
     assert settings.redis_url == shipped["NMBATCH_REDIS_URL"]
+    assert settings.api_key is not None and settings.api_key.get_secret_value() == key
+    # Another key, another Secret name: the Deployment's pods roll.
+    assert (container(one("Deployment", "nmbatch", objects))["envFrom"]
+            != container(one("Deployment", "nmbatch"))["envFrom"])  # fmt: skip
