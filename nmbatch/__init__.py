@@ -6,7 +6,8 @@ importable from the top::
 
     from nmbatch import NestedMiniBatchKMeans, RayBackend
 
-and so is the client of a running service (:mod:`nmbatch.service.client`)::
+and so is the client of a running service (:mod:`nmbatch_client`, the ``nmbatch-client``
+distribution, which this one ships too)::
 
     from nmbatch import Client, AsyncClient
 
@@ -29,7 +30,7 @@ def __getattr__(name: str):
 
         return RayBackend
     if name in ("Client", "AsyncClient"):
-        from nmbatch.service import client
+        import nmbatch_client
 
-        return getattr(client, name)
+        return getattr(nmbatch_client, name)
     raise AttributeError(f"module 'nmbatch' has no attribute {name!r}")

@@ -10,7 +10,7 @@ Subcommands, each run by the package it belongs to:
   ``(k, d)`` and the labels ``(n,)`` of every row (its exact nearest centroid). A
   progress line on stderr shows the iteration, the nested batch size and the energy
   estimate.
-- ``nmbatch push FILE`` and ``nmbatch watch`` (``nmbatch.service.client.cli``): send
+- ``nmbatch push FILE`` and ``nmbatch watch`` (``nmbatch_client.cli``): send
   the rows of a ``.npy``/``.csv`` file to a running service, and follow its centroid
   versions and statistics, with the Python client.
 - ``nmbatch bench``: the benchmarks, which live in the repository's ``benchmarks/``
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-q", "--quiet", action="store_true", help="no progress line and no summary on stderr"
     )
 
-    from nmbatch.service.client.cli import add_client_commands  # argparse only
+    from nmbatch_client.cli import add_client_commands  # argparse only
 
     add_client_commands(sub, _positive_int)
 
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ServeError as exc:
             return _error(args.command, exc)
     if args.command in ("push", "watch"):
-        from nmbatch.service.client.cli import run_client_command
+        from nmbatch_client.cli import run_client_command
 
         return run_client_command(args)
     if args.command == "fit":

@@ -9,12 +9,15 @@ environment. Every field is documented in the settings table of
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from nmbatch.service import cgroups
 
 __all__ = ["Settings", "default_worker_threads"]
 
@@ -30,12 +33,21 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def default_worker_threads() -> int:
-    """All cores but one (at least 1), so the worker never starves the HTTP side."""
+def default_worker_threads(root: Path = Path("/")) -> int:
+    """All cores but one (at least 1), so the worker never starves the HTTP side.
+
+    The cores are those of the CPU affinity, capped by the container's CPU quota (its
+    cgroup's v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``, :func:`cgroups.cpu_quota`)
+    rounded up: a quota of 2.5 CPUs counts 3 cores, so 2 threads. ``root`` stands for
+    ``/`` (tests).
+    """
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    quota = cgroups.cpu_quota(root)
+    if quota is not None:
+        cores = min(cores, math.ceil(quota[0]))
     return max(1, cores - 1)
 
 
@@ -173,6 +185,17 @@ class Settings(BaseSettings):
         "its opening, or from the previous answer); then 408 and the connection is closed.",
     )
     log_level: str = Field("info", description="uvicorn log level.")
+    tracing: Literal["off", "otlp", "console"] = Field(
+        "off",
+        description="OpenTelemetry traces of the requests and the worker's steps (needs "
+        "nmbatch[otel]): otlp sends them by OTLP over HTTP (OTEL_EXPORTER_OTLP_ENDPOINT "
+        "...), console prints them; off: none (service.tracing).",
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="Log lines on stderr: text, or json (one JSON object per line with the "
+        "time, level, logger, message, request id and model; service.logs).",
+    )
     access_log: bool = Field(
         True,
         description="uvicorn's access log, one line per request; turn it off under heavy load.",
@@ -267,7 +290,8 @@ class Settings(BaseSettings):
     worker_threads: int = Field(
         default_factory=default_worker_threads,
         ge=1,
-        description="BLAS / numba threads of the worker (default: all cores but one).",
+        description="BLAS / numba threads of the worker (default: all cores but one, the "
+        "cores capped by the container's CPU quota, cgroup v2 or v1).",
     )
     worker_process: bool = Field(
         True,

@@ -9,7 +9,9 @@ What the app is made of, and where each part lives:
   the heap (:func:`nmbatch.service.runtime.freeze_heap`);
 - errors are RFC 9457 problem details (:mod:`nmbatch.service.problems`), Redis errors
   ``503``/``500`` problems (:mod:`nmbatch.service.redis_errors`);
-- three pure ASGI middlewares: request timing (:mod:`nmbatch.service.metrics`) around
+- pure ASGI middlewares: the request's id and model for the log lines
+  (:mod:`nmbatch.service.logs`) around its trace span when ``NMBATCH_TRACING`` is on
+  (:mod:`nmbatch.service.tracing`) around request timing (:mod:`nmbatch.service.metrics`) around
   admission control (the concurrency limit and the in-flight body budget,
   :mod:`nmbatch.service.admission`) around the fast path of ``GET /assign``
   (:mod:`nmbatch.service.fastpath`);
@@ -43,6 +45,7 @@ from nmbatch.service.config import Settings
 from nmbatch.service.context import MODEL_PREFIX, model_path
 from nmbatch.service.fastpath import AssignFastPath
 from nmbatch.service.keys import load_keys
+from nmbatch.service.logs import RequestContext
 from nmbatch.service.metrics import RequestTimingMiddleware, ServiceMetrics
 from nmbatch.service.models import ModelManager
 from nmbatch.service.openapi import with_dimension, with_key_refusals, with_model_limits
@@ -59,8 +62,12 @@ from nmbatch.service.routes import (
     versions,
 )
 from nmbatch.service.storage.capacity import memory_limit
+from nmbatch.service.tracing import TracingMiddleware
 
 __all__ = ["REQUEST_SOCKET_TIMEOUT", "StartupError", "create_app"]
+
+PER_MODEL_ROUTES = (samples, centroids, assign, stats, versions, dashboard)
+"""The routers of one model: mounted for the default model and under ``/models/{name}``."""
 
 
 def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -> FastAPI:
@@ -112,12 +119,24 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     # Past the concurrency limit or the body budget: 503 before any route (timed too).
     app.add_middleware(AdmissionControl, settings=settings)
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
+    if settings.tracing != "off":  # a span per request, inside the request's context
+        app.add_middleware(TracingMiddleware)
+    # Outermost: the request id and the model of every log line the request causes.
+    app.add_middleware(
+        RequestContext,
+        default_model=settings.model,
+        model_roots=frozenset(
+            route.path.split("/")[1]
+            for module in PER_MODEL_ROUTES
+            for route in module.router.routes
+        ),
+    )
     for module in (samples, centroids, assign, stats, versions, health, dashboard, models):
         app.include_router(module.router)
     # A model's own routes: the same routers under /models/{name} (the dashboard too:
     # /models/{name}/dashboard, whose page asks for its files and data relative to its
     # own address).
-    for module in (samples, centroids, assign, stats, versions, dashboard):
+    for module in PER_MODEL_ROUTES:
         app.include_router(
             module.router,
             prefix=MODEL_PREFIX,

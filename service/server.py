@@ -2,33 +2,42 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 
 import uvicorn
 from pydantic import ValidationError
 
+from nmbatch.service import tracing
 from nmbatch.service.config import Settings
 from nmbatch.service.connections import MAX_HEADER_BYTES, bounded_h11
 from nmbatch.service.keys import KeyRingError
+from nmbatch.service.logs import configure_logging
 from nmbatch.service.main import create_app
 
 SWITCH_INTERVAL = 0.0005
 """Seconds a thread may hold the GIL while another waits for it (``sys.setswitchinterval``)."""
+ENV_FILE = ".env"
+"""File of ``NMBATCH_*`` settings the server reads from its current directory, under the
+environment's own variables (pydantic-settings' dotenv source; absent: none)."""
 
 
 def main() -> int:
     """Run until SIGINT/SIGTERM; returns the process exit code."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
-        settings = Settings()
+        # The environment wins over the .env file of the current directory (if any).
+        settings = Settings(_env_file=ENV_FILE)  # type: ignore[call-arg]
     except ValidationError as exc:
         print(f"invalid NMBATCH_* setting:\n{exc}", file=sys.stderr)
         return 2
-    logging.getLogger().setLevel(settings.log_level.upper())
+    log_config = configure_logging(settings.log_format, settings.log_level)
+    provider = None
+    if settings.tracing != "off":
+        try:
+            provider = tracing.install(settings.tracing)
+        except tracing.TracingError as exc:
+            print(f"invalid NMBATCH_TRACING: {exc}", file=sys.stderr)
+            return 2
     # The event loop shares the GIL with the worker thread and the request thread pool:
     # a thread waiting for it waits up to the switch interval (default 5 ms) whenever
     # another one runs Python. 0.5 ms keeps the loop's turns (and /assign) short.
@@ -43,6 +52,7 @@ def main() -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=log_config,
         access_log=settings.access_log,
         # h11 whatever else is installed: its answers to malformed framing are the
         # service's problem documents (tests/hardening); httptools would answer some with
@@ -61,5 +71,7 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: None)
     server.run()
+    if provider is not None:
+        provider.shutdown()  # the spans still batched go out
     # uvicorn returns normally when the lifespan start-up failed; report it in the code.
     return 0 if server.started else 3

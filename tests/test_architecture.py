@@ -11,6 +11,7 @@ it); importing a package's submodule is not counted as importing the package.
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +24,14 @@ PACKAGES = {
     "nmbatch": "nmbatch",
     "engine": "nmbatch.engine",
     "service": "nmbatch.service",
+    "client/nmbatch_client": "nmbatch_client",
     "benchmarks": "benchmarks",
 }
+
+# What the client's package (client/nmbatch_client, the nmbatch-client distribution)
+# imports besides itself: the standard library and its dependencies; pyarrow (its arrow
+# extra) and orjson (when installed) only inside a guard.
+CLIENT_MAY_IMPORT = frozenset(sys.stdlib_module_names) | {"httpx", "numpy", "pyarrow", "orjson"}
 
 # Modules of the HTTP layer: what storage must never reach.
 HTTP_THIRD_PARTY = ("fastapi", "starlette", "uvicorn")
@@ -32,9 +39,15 @@ HTTP_THIRD_PARTY = ("fastapi", "starlette", "uvicorn")
 # The HTTP side: routes, their dependencies and the use cases they call.
 HTTP_SIDE = ("nmbatch.service.routes", "nmbatch.service.context", "nmbatch.service.usecases")
 
-# What storage may import of the service: itself, the settings and the published model's
-# record (data, no behaviour). Nothing of HTTP, the use cases or the worker.
-STORAGE_MAY_IMPORT = ("nmbatch.service.storage", "nmbatch.service.config", "nmbatch.service.state")
+# What storage may import of the service: itself, the settings, the published model's
+# record (data, no behaviour) and the process's cgroup limits (files of the OS read with
+# the standard library). Nothing of HTTP, the use cases or the worker.
+STORAGE_MAY_IMPORT = (
+    "nmbatch.service.storage",
+    "nmbatch.service.config",
+    "nmbatch.service.state",
+    "nmbatch.service.cgroups",
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -144,6 +157,11 @@ def forbidden(source: str, target: str) -> str | None:
         return "the engine knows nothing of the service or the benchmarks"
     if _in(source, "nmbatch.service") and _in(target, "benchmarks"):
         return "the service knows nothing of the benchmarks"
+    if _in(source, "nmbatch_client") and (
+        _in(target, "nmbatch", "benchmarks")
+        or not (_in(target, "nmbatch_client") or target in CLIENT_MAY_IMPORT)
+    ):
+        return "the client is its own distribution: the standard library, httpx and numpy"
     if _in(source, "nmbatch.service.storage") and (
         target in HTTP_THIRD_PARTY
         or (_in(target, "nmbatch.service") and not _in(target, *STORAGE_MAY_IMPORT))
@@ -213,6 +231,8 @@ def test_no_import_cycle() -> None:
         ("nmbatch.engine.kernels.dense", "nmbatch.engine.algorithms.nested"),
         ("nmbatch.service.context", "nmbatch.service.worker"),
         ("nmbatch.service.usecases.serving", "nmbatch.service.worker.loop"),
+        ("nmbatch_client.operations", "nmbatch.service.models.registry"),
+        ("nmbatch_client.errors", "tenacity"),
     ],
 )
 def test_the_rules_catch_each_forbidden_arrow(source: str, target: str) -> None:

@@ -170,3 +170,32 @@ def test_watch_once_without_a_service_exits_1() -> None:
     header, line = result.stdout.splitlines()
     assert header.startswith("time")
     assert "unavailable: GET /stats: no answer" in line
+
+
+def test_push_a_parquet_column_of_vectors_and_an_iterator_of_arrays(
+    serve: Callable[..., Served], redis_log: redis.Redis, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from nmbatch import Client
+
+    proc, model = serve()
+    X = blobs(300, 3, 3, seed=3)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(X.ravel(), pa.float32()), 3)
+    pq.write_table(pa.table({"id": np.arange(300), "embedding": column}),
+                   tmp_path / "x.parquet", row_group_size=100)  # fmt: skip
+    pushed = run_cli("push", str(tmp_path / "x.parquet"), "--url", proc.base, "--column",
+                     "embedding", "--batch-rows", "64", "--max-vectors", "50", "-q")  # fmt: skip
+    assert pushed.returncode == 0, pushed.stderr
+    # Batches of 64 rows within each row group of 100 (64 + 36), sent 50 rows at most.
+    assert pushed.stdout.startswith("pushed 300 vectors (300 x 3) in 9 request(s)")
+    np.testing.assert_array_equal(logged_samples(redis_log, model), X)
+    # A column that is not there: exit status 2, nothing sent.
+    missing = run_cli("push", str(tmp_path / "x.parquet"), "--url", proc.base, "--column", "v")
+    assert missing.returncode == 2 and "no column 'v'" in missing.stderr
+    # Any iterator of arrays, through the library.
+    with Client(proc.base) as client:
+        result = client.push(X[i : i + 40] for i in range(0, 300, 40))
+    assert (result.accepted, result.n_samples, result.requests) == (300, 600, 8)
+    np.testing.assert_array_equal(logged_samples(redis_log, model), np.concatenate([X, X]))

@@ -17,6 +17,7 @@ import argparse
 import ast
 import functools
 import inspect
+import itertools
 import re
 from pathlib import Path
 
@@ -235,6 +236,27 @@ def check_mkdocs(args: list[str]) -> list[str]:
     return [] if args and args[0] in cli.commands else [f"mkdocs {' '.join(args)}"]
 
 
+def check_kubectl(args: list[str]) -> list[str]:
+    """A Kustomize folder (``-k``) holds a kustomization.yaml; a ``service/NAME`` is a
+    Service of the Kubernetes base (deploy/kubernetes)."""
+    problems = []
+    if args[:1] not in (["create"], ["apply"], ["port-forward"], ["kustomize"], ["-n"]):
+        problems.append(f"kubectl {' '.join(args)}: not checked")
+    for flag, value in itertools.pairwise(args):
+        if flag == "-k" and not (REPO / value / "kustomization.yaml").is_file():
+            problems.append(f"no Kustomize base {value}")
+    base = (REPO / "deploy" / "kubernetes").glob("*.yaml")
+    services = set()
+    for manifest in base:
+        text = manifest.read_text(encoding="utf-8")
+        if re.search(r"^kind: Service$", text, re.MULTILINE):
+            services.update(re.findall(r"^  name: ([\w-]+)$", text, re.MULTILINE))
+    for word in args:
+        if word.startswith("service/") and word.removeprefix("service/") not in services:
+            problems.append(f"no Service {word} in deploy/kubernetes")
+    return problems
+
+
 CHECKS = {
     "python": check_python,
     "nmbatch": check_nmbatch,
@@ -243,6 +265,7 @@ CHECKS = {
     "docker": check_docker,
     "pytest": check_pytest,
     "mkdocs": check_mkdocs,
+    "kubectl": check_kubectl,
     # Other programs' own commands, not this project's: only what they are is checked.
     "ray": lambda args: [] if args[:1] == ["start"] else [f"ray {args}"],
     "pip": lambda args: [] if args[:1] == ["install"] else [f"pip {args}"],
@@ -306,6 +329,8 @@ def test_the_commands_are_read() -> None:
         "pytest -m faults",
         "pytest tests/fault",
         "NMBATCH_K=3 pyton -m nmbatch",
+        "kubectl apply -n nmbatch -k deploy/kubernets",
+        "kubectl -n nmbatch port-forward service/nmbatc 8000:8000",
     ],
 )
 def test_a_typo_in_a_command_is_caught(typo: str) -> None:

@@ -1,8 +1,10 @@
-"""The distribution installs one namespace, ``nmbatch``, and nothing else at the top.
+"""The distribution installs the namespace ``nmbatch`` and the client's package
+``nmbatch_client``, and nothing else at the top.
 
-``engine/`` installs as ``nmbatch.engine`` and ``service/`` as ``nmbatch.service``
-(``package-dir`` in ``pyproject.toml``); every package folder must be listed there, or a
-wheel would silently lack it. ``engine`` imports nothing from ``service``. The
+``engine/`` installs as ``nmbatch.engine``, ``service/`` as ``nmbatch.service`` and
+``client/nmbatch_client`` (also the ``nmbatch-client`` distribution, ``client/``) as
+``nmbatch_client`` (``package-dir`` in ``pyproject.toml``); every package folder must be
+listed there, or a wheel would silently lack it. ``engine`` imports nothing from ``service``. The
 benchmarks (``benchmarks/``) run from a checkout: the wheel, built here, holds none.
 """
 
@@ -17,7 +19,12 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FOLDERS = {"nmbatch": "nmbatch", "nmbatch.engine": "engine", "nmbatch.service": "service"}
+FOLDERS = {
+    "nmbatch": "nmbatch",
+    "nmbatch.engine": "engine",
+    "nmbatch.service": "service",
+    "nmbatch_client": "client/nmbatch_client",
+}
 
 
 def pyproject() -> dict:
@@ -79,7 +86,7 @@ def test_the_wheel_holds_the_nmbatch_package_alone(tmp_path: Path) -> None:
     # checkout (pip's isolated build; the checkout itself gets no build/ or egg-info).
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc")
-    for folder in ("nmbatch", "engine", "service", "benchmarks", "tests"):
+    for folder in ("nmbatch", "engine", "service", "client", "benchmarks", "tests"):
         shutil.copytree(REPO / folder, src / folder, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
@@ -91,7 +98,8 @@ def test_the_wheel_holds_the_nmbatch_package_alone(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "out").glob("nmbatch-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
-    assert {name.split("/")[0] for name in names} == {"nmbatch", dist_info}
+    assert {name.split("/")[0] for name in names} == {"nmbatch", "nmbatch_client", dist_info}
     assert [n for n in names if "bench" in n] == []  # no benchmarks/, no engine/bench/
     assert "nmbatch/engine/kernels/grouped.py" in names
     assert "nmbatch/service/main.py" in names
+    assert "nmbatch_client/sources.py" in names and "nmbatch/service/client/__init__.py" in names

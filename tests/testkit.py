@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import subprocess
 import time
 import warnings
@@ -211,3 +212,25 @@ def two_node_ray_cluster(store_bytes: int = 80 * 2**20) -> Iterator[Any]:
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
+
+
+_SERIES = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every series of metric ``name`` in a Prometheus text exposition: (labels, value)."""
+    found = []
+    for line in text.splitlines():
+        match = _SERIES.match(line)
+        if match and match["name"] == name:
+            labels = dict(_LABEL.findall(match["labels"] or ""))
+            found.append((labels, float(match["value"])))
+    return found
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the one series of ``name`` whose labels include ``labels``."""
+    values = [v for got, v in metric_series(text, name) if labels.items() <= got.items()]
+    assert len(values) == 1, f"{name} {labels}: {len(values)} series"
+    return values[0]

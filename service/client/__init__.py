@@ -1,88 +1,20 @@
-"""A Python client of the nmbatch service: :class:`Client` and :class:`AsyncClient`.
+"""The Python client, under its former name: :mod:`nmbatch_client`, re-exported.
 
-``from nmbatch import Client, AsyncClient`` (or ``from nmbatch.service.client import
-...``; ``from service.client import ...`` from a checkout gives the same classes)::
-
-    with Client("http://127.0.0.1:8000", api_key=None) as client:
-        client.push(X)                       # (n, d) array, chunked, each chunk stored once
-        model = client.wait_for(converged=True, min_samples=len(X))
-        model.centroids, model.counts, model.version
-        labels = client.assign(X).labels
-        client.stats()["energy"]
-
-    Client("http://127.0.0.1:8000", model="tenant-a")  # the routes /models/tenant-a/...
-
-Modules: :mod:`~service.client.operations` (the requests of each call, without I/O),
-``_sync``/``_async`` (the two drivers), :mod:`~service.client.retry` (backoff),
-:mod:`~service.client.errors` (typed problem exceptions), :mod:`~service.client.results`
-(returned objects), :mod:`~service.client.cli` (``nmbatch push`` and ``nmbatch watch``).
-
-The names are imported on first use, so that ``nmbatch --help`` (which reads the
-argument parsers of :mod:`~service.client.cli`) loads neither httpx nor numpy.
+The client is its own distribution (``nmbatch-client``, the repository's ``client/``
+folder), which the server's distribution ships as well. ``from nmbatch.service.client
+import Client`` (and ``from service.client import ...`` from a checkout) give the very
+classes of :mod:`nmbatch_client`; its modules are ``nmbatch_client.retry``,
+``nmbatch_client.cli`` ... Names are imported on first use, as there.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import Any
 
-__all__ = [
-    "Assignment",
-    "AsyncClient",
-    "BadRequestError",
-    "Centroids",
-    "Client",
-    "ConflictError",
-    "ConnectionFailedError",
-    "IdempotencyKeyReusedError",
-    "InvalidVectorsError",
-    "NmbatchError",
-    "NotEnoughSamplesError",
-    "NotFoundError",
-    "PayloadTooLargeError",
-    "ProblemError",
-    "PushResult",
-    "RetryPolicy",
-    "ServerError",
-    "StoreFullError",
-    "UnauthorizedError",
-    "UnavailableError",
-    "UnsupportedMediaTypeError",
-    "WaitTimeoutError",
-    "WrongDimensionError",
-]
+import nmbatch_client
 
-_WHERE = {
-    "Client": "_sync",
-    "AsyncClient": "_async",
-    "Assignment": "results",
-    "Centroids": "results",
-    "PushResult": "results",
-    "RetryPolicy": "retry",
-    "BadRequestError": "errors",
-    "ConflictError": "errors",
-    "ConnectionFailedError": "errors",
-    "IdempotencyKeyReusedError": "errors",
-    "InvalidVectorsError": "errors",
-    "NmbatchError": "errors",
-    "NotEnoughSamplesError": "errors",
-    "NotFoundError": "errors",
-    "PayloadTooLargeError": "errors",
-    "ProblemError": "errors",
-    "ServerError": "errors",
-    "StoreFullError": "errors",
-    "UnauthorizedError": "errors",
-    "UnavailableError": "errors",
-    "UnsupportedMediaTypeError": "errors",
-    "WaitTimeoutError": "errors",
-    "WrongDimensionError": "errors",
-}
+__all__ = list(nmbatch_client.__all__)
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    # Always the nmbatch.service.client modules: the `service.client` alias of a checkout
-    # hands out the very same classes.
-    return getattr(import_module(f"nmbatch.service.client.{module}"), name)
+    return getattr(nmbatch_client, name)

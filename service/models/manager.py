@@ -6,9 +6,10 @@ One :class:`ModelManager` lives in ``app.state.models``. The default model
 :func:`nmbatch.service.bootstrap.start_model`), looked up by the same
 :meth:`ModelManager.handle`, stopped by the same :meth:`ModelManager.aclose`. Each model
 has an exit stack of its own: its own Redis clients, lease, worker thread and engine
-process; a named model has its own metrics registry (``/metrics`` shows the default
-model's). They share the request handlers' async Redis client and, with the embedded
-Redis, its ``maxmemory`` (the sum of the models' needs, :attr:`ModelManager.redis_needs`).
+process, and its series of the app's metrics (label ``model``; removed when it stops
+here, :meth:`ServiceMetrics.remove_model`). They share the request handlers' async
+Redis client and, with the embedded Redis, its ``maxmemory`` (the sum of the models'
+needs, :attr:`ModelManager.redis_needs`).
 The default model differs only in where its settings come from (the ``NMBATCH_*``
 environment rather than the registry hash) and in that it cannot be deleted.
 
@@ -39,6 +40,7 @@ import redis
 import redis.asyncio
 
 from nmbatch.service.config import Settings
+from nmbatch.service.logs import about_model
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.models.registry import (
     ModelRegistry,
@@ -117,7 +119,7 @@ class ModelManager:
     settings : Settings
         The service's settings (the default model's, the limits).
     metrics : ServiceMetrics
-        The app's metrics (the default model's).
+        The app's metrics (each model gets its series: :meth:`ServiceMetrics.for_model`).
     start : StartModel
         Starts one model.
     client : redis.asyncio.Redis
@@ -178,8 +180,8 @@ class ModelManager:
             except redis.RedisError as exc:
                 raise StartupError(f"Redis is unusable: {exc}") from None
             await self._launch(
-                self.settings, spec_of(self.settings), self.metrics, self.memory,
-                default=True,
+                self.settings, spec_of(self.settings),
+                self.metrics.for_model(self.default_name), self.memory, default=True,
             )  # fmt: skip
         await self.sync()
         if sync_seconds is not None:
@@ -198,16 +200,17 @@ class ModelManager:
         name = settings.model
         stack = AsyncExitStack()
         try:
-            handle = await self.start(
-                settings,
-                metrics,
-                stack,
-                memory=memory,
-                redis_needs=self.redis_needs,
-                warm_up=default,  # the default model starts first: it loads the kernels
-                capacity_setting="NMBATCH_MAX_SAMPLES" if default
-                else f"max_samples of model '{name}'",
-            )  # fmt: skip
+            with about_model(name):  # its start-up's log lines
+                handle = await self.start(
+                    settings,
+                    metrics,
+                    stack,
+                    memory=memory,
+                    redis_needs=self.redis_needs,
+                    warm_up=default,  # the default model starts first: it loads the kernels
+                    capacity_setting="NMBATCH_MAX_SAMPLES" if default
+                    else f"max_samples of model '{name}'",
+                )  # fmt: skip
             # The incarnation its appends are checked against (storage.keys: generation).
             generation = await self.registry.claim_generation(name, named=not default)
             if generation is None:
@@ -215,14 +218,20 @@ class ModelManager:
             handle.sample_log.generation = generation
             await versions.refresh_pin(handle)  # a pinned version is served from the start
         except redis.RedisError as exc:
-            await stack.aclose()
+            await self._abandon(name, stack, default)
             raise StartupError(f"Redis is unusable: {exc}") from None
         except BaseException:
-            await stack.aclose()
+            await self._abandon(name, stack, default)
             raise
         running = RunningModel(spec, handle, stack, default, generation)
         self.running[name] = running
         return running
+
+    async def _abandon(self, name: str, stack: AsyncExitStack, default: bool) -> None:
+        """Undo a start that failed: its resources, and a named model's series."""
+        await stack.aclose()
+        if not default:
+            self.metrics.remove_model(name)
 
     async def start_named(self, name: str, spec: ModelSpec) -> RunningModel:
         """Start named model ``name`` (call with the lock held) unless it runs; returns it.
@@ -233,8 +242,9 @@ class ModelManager:
         if current is not None:
             return current
         settings = settings_for(self.settings, name, spec, self.capacity(name, spec))
-        # A metrics registry of its own: /metrics shows the default model.
-        running = await self._launch(settings, spec.model_dump(), ServiceMetrics(), self.budget)
+        running = await self._launch(
+            settings, spec.model_dump(), self.metrics.for_model(name), self.budget
+        )
         log.info("model '%s' started (k = %d, dim = %d, max_samples = %d)",
                  name, spec.k, spec.dim, settings.max_samples)  # fmt: skip
         return running
@@ -245,6 +255,7 @@ class ModelManager:
         running = self.running.pop(name, None)
         if running is not None:
             await running.stack.aclose()
+            self.metrics.remove_model(name)  # its series leave /metrics
         self.redis_needs.pop(name, None)
         return running is not None
 

@@ -323,9 +323,10 @@ async def dashboard_data(
         "client_errors": client,
         "server_errors": server,
         "assign_errors": assign_errors,
-        "redis_up": any(v > 0 for _, _, v in _samples(metrics.redis_up)),
+        # The model's own series (its worker's Redis, its engine); Redis errors: the process's.
+        "redis_up": any(v > 0 for _, _, v in _samples(handle.metrics.redis_up)),
         "redis_unavailable": _counter_total(metrics.redis_errors),
-        "engine_restarts": _counter_total(metrics.engine_restarts),
+        "engine_restarts": _counter_total(handle.metrics.engine_restarts),
         "server_rss_bytes": _rss_bytes(),
     }
     # The centroids go in as /centroids serialised them (not parsed again).

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from nmbatch.service.cgroups import memory_limits
 from nmbatch.service.storage.codec import CHUNK_BYTES
 
 __all__ = [
@@ -143,8 +144,6 @@ VERSION_CACHE_ENTRIES = 4
 """Kept versions a process holds decoded per model for ``?version=`` reads, besides the
 pinned one (the least recently read is dropped first)."""
 
-_NO_LIMIT = 1 << 60  # cgroup v1 writes a number near 2^63 for "no limit"
-
 CapacitySource = Literal["setting", "memory"]
 
 
@@ -211,43 +210,6 @@ def redis_maxmemory(max_samples: int, d: int) -> int:
     return math.ceil(expected * REDIS_MARGIN) + REDIS_FIXED_BYTES
 
 
-def _read_int(path: Path) -> int | None:
-    """The number in ``path`` (a cgroup file), or None if absent, unreadable or ``max``."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if not text.isdigit():
-        return None
-    value = int(text)
-    return value if value < _NO_LIMIT else None
-
-
-def _cgroup_limits(root: Path) -> list[tuple[int, str]]:
-    """Memory limits of the cgroups of this process and their ancestors (v2 and v1)."""
-    try:
-        lines = (root / "proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return []
-    base = root / "sys/fs/cgroup"
-    found: list[tuple[int, str]] = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2: "0::/path"
-            folder, name = base, "memory.max"
-        elif "memory" in controllers.split(","):  # v1: "N:memory:/path"
-            folder, name = base / "memory", "memory.limit_in_bytes"
-        else:
-            continue
-        parts = [p for p in path.split("/") if p]
-        for depth in range(len(parts), -1, -1):  # this cgroup, then each ancestor
-            where = folder.joinpath(*parts[:depth]) / name
-            value = _read_int(where)
-            if value is not None:
-                found.append((value, f"cgroup {'/' + '/'.join(parts[:depth])} {name}"))
-    return found
-
-
 def memory_limit(root: Path = Path("/")) -> tuple[int, str]:
     """Bytes of memory this process may use, and where the figure comes from.
 
@@ -256,7 +218,7 @@ def memory_limit(root: Path = Path("/")) -> tuple[int, str]:
     ``MemTotal`` of ``/proc/meminfo``; where neither is readable (not Linux), the
     physical memory ``os.sysconf`` reports. ``root`` stands for ``/`` (tests).
     """
-    candidates = _cgroup_limits(root)
+    candidates = memory_limits(root)
     try:
         for line in (root / "proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):

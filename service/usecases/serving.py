@@ -131,7 +131,7 @@ class ModelHandle:
     board : ModelBoard
         Where its worker publishes the model and the statistics.
     metrics : ServiceMetrics
-        Its metrics (the default model's are the app's, served by ``/metrics``).
+        Its series of the app's metrics (label ``model``, served by ``/metrics``).
     worker : WorkerPort
         Its worker.
     planner : CapacityPlanner

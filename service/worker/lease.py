@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import redis
 
+from nmbatch.service.logs import bind_model
 from nmbatch.service.storage import ModelRepository, WorkerLease, redis_unavailable
 from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
 
@@ -80,6 +81,7 @@ class LeaseKeeper:
         self._worker_alive = worker_alive
         self._on_lost = on_lost
         self._stop = threading.Event()
+        self._model = model
         self._thread = threading.Thread(
             target=self._keep, name=f"nmbatch-lease-{model}", daemon=True
         )
@@ -148,6 +150,7 @@ class LeaseKeeper:
 
     def _keep(self) -> None:
         """Renew the lease every third of its expiry while held and the worker lives."""
+        bind_model(self._model)
         interval = self._interval
         delay = interval
         while not self._stop.wait(delay):

@@ -21,12 +21,14 @@ from nmbatch.engine.hosting import EngineHost, EngineProcessError, iterate, sett
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.service.config import Settings
+from nmbatch.service.logs import bind_model
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
 from nmbatch.service.storage.capacity import versions_bound
 from nmbatch.service.storage.handoff import handoff_bytes
 from nmbatch.service.storage.retained import RetainedLog
+from nmbatch.service.tracing import span
 from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
 from nmbatch.service.worker.engines import build_engine
 from nmbatch.service.worker.lease import VERSION_BLOCK, LeaseKeeper
@@ -177,6 +179,7 @@ class Worker(EngineRecovery):
 
     # -- the thread: roles ----------------------------------------------------------------
     def _run(self) -> None:
+        bind_model(self.settings.model)
         threads = self.settings.worker_threads
         try:
             with kernel_threads(threads):  # the engine's kernels on `threads`, BLAS on one
@@ -355,8 +358,9 @@ class Worker(EngineRecovery):
             if self.wake.is_set() or time.monotonic() - last_pull >= poll:
                 self.wake.clear()
                 try:
-                    while self._pull_log():  # everything available, page by page
-                        pass
+                    with span("nmbatch.worker.pull", self.settings.model):
+                        while self._pull_log():  # everything available, page by page
+                            pass
                 except RedisAwayError:
                     pass  # iterate on what we have; the next pull retries
                 self._retain()
@@ -365,7 +369,8 @@ class Worker(EngineRecovery):
             if engine.ready() and not idle:
                 self.phase = Phase.ITERATING
                 idle_logged = False
-                self._step()
+                with span("nmbatch.worker.step", self.settings.model):
+                    self._step()
             else:
                 if not idle_logged:
                     converged = engine.state.converged
@@ -375,7 +380,8 @@ class Worker(EngineRecovery):
                 self.wake.wait(max(0.0, poll - (time.monotonic() - last_pull)))
             if time.monotonic() - self._last_snapshot >= self.settings.snapshot_seconds:
                 try:
-                    self._write_snapshot()
+                    with span("nmbatch.worker.snapshot", self.settings.model):
+                        self._write_snapshot()
                     log_bytes = self.backoff.call(self.retained_log.log_bytes)
                     self.metrics.log_bytes.set(log_bytes if log_bytes is not None else -1)
                 except RedisAwayError:

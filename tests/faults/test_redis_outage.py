@@ -29,7 +29,7 @@ from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.main import REQUEST_SOCKET_TIMEOUT, create_app
 from nmbatch.service.storage import ModelRepository
 from nmbatch.service.worker import Worker
-from tests.testkit import TestClient, wait_until
+from tests.testkit import TestClient, metric, wait_until
 
 pytestmark = pytest.mark.fault
 
@@ -192,7 +192,7 @@ def test_redis_outage_under_load_then_recovery_loses_nothing_acknowledged(
         assert final["version"] > during["version"]
         stats = client.get("/stats").json()
         assert (stats["N"], stats["n_logged"], stats["role"]) == (rows, rows, "worker")
-        assert "nmbatch_is_worker 1.0" in client.get("/metrics").text
+        assert metric(client.get("/metrics").text, "nmbatch_is_worker", model=MODEL) == 1.0
 
         # Snapshots resumed: the converged version reaches Redis.
         repository = ModelRepository(check_client, MODEL)

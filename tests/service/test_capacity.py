@@ -36,6 +36,7 @@ from tests.testkit import (
     assert_problem,
     log_state,
     logged_samples,
+    metric,
     npy_bytes,
     wait_until,
 )
@@ -151,7 +152,7 @@ def test_a_batch_past_the_capacity_gets_507_and_stores_nothing(
         assert client.get("/readyz").status_code == 200
         assert log_state(redis_client, model_name)[1] == 10
         metrics = client.get("/metrics").text
-        assert 'nmbatch_samples_rejected_requests_total{problem="store-full"}' in metrics
+        assert metric(metrics, "nmbatch_samples_rejected_requests_total", problem="store-full")
 
 
 def test_concurrent_appends_at_the_boundary_store_only_what_fits(
@@ -281,12 +282,6 @@ def test_the_embedded_redis_gets_maxmemory_for_the_capacity_and_noeviction(
 
 
 # -- what /stats, /metrics and the OpenAPI document show -----------------------------------
-def gauge(metrics: str, name: str) -> float:
-    """The value of the unlabelled metric ``name`` in a Prometheus text exposition."""
-    (value,) = [line.split()[1] for line in metrics.splitlines() if line.startswith(name + " ")]
-    return float(value)
-
-
 def test_stats_and_metrics_show_the_capacity_and_the_engine_memory(
     make_settings: SettingsFactory,
 ) -> None:
@@ -311,8 +306,8 @@ def test_stats_and_metrics_show_the_capacity_and_the_engine_memory(
         assert stats["engine_bytes"] >= 60 * (4 * 5 + 8 + 4 * 3)  # rows, ids, bounds
         assert stats["redis_used_memory"] > 0
         metrics = client.get("/metrics").text
-        assert gauge(metrics, "nmbatch_max_samples") == expected.max_samples
-        assert gauge(metrics, "nmbatch_engine_bytes") > 0
+        assert metric(metrics, "nmbatch_max_samples") == expected.max_samples
+        assert metric(metrics, "nmbatch_engine_bytes") > 0
         document = client.get("/openapi.json").json()
         full = document["paths"]["/samples"]["post"]["responses"]["507"]
         assert "store-full" in full["description"]

@@ -19,7 +19,6 @@ import httpx
 import numpy as np
 import pytest
 import redis
-import tenacity
 
 from nmbatch import AsyncClient, Client
 from nmbatch.service.client import (
@@ -33,9 +32,9 @@ from nmbatch.service.client import (
     WaitTimeoutError,
     WrongDimensionError,
 )
-from nmbatch.service.client.retry import retry_after_seconds
-from nmbatch.service.client.session import NAME_PATTERN, model_prefix
 from nmbatch.service.embedded_redis import EmbeddedRedis
+from nmbatch_client.retry import retry_after_seconds
+from nmbatch_client.session import NAME_PATTERN, model_prefix
 from tests.faults.fault_helpers import ServiceProcess
 from tests.testkit import blobs, log_state, logged_samples
 
@@ -384,7 +383,7 @@ def test_from_service_client_is_the_same_client() -> None:
 
 # -- backoff, without a server ---------------------------------------------------------------
 class FakeTime:
-    """A monotonic clock that only the recorded sleeps move (replaces tenacity's ``time``)."""
+    """A monotonic clock that only the recorded sleeps move (the retry loop's ``clock``)."""
 
     def __init__(self) -> None:
         self.now = 100.0
@@ -409,13 +408,10 @@ def answers(*statuses: tuple[int, dict[str, str]]) -> Callable[[], httpx.Respons
     return request
 
 
-def test_backoff_doubles_with_jitter_up_to_its_cap_and_stops_at_the_attempts(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_backoff_doubles_with_jitter_up_to_its_cap_and_stops_at_the_attempts() -> None:
     fake = FakeTime()
-    monkeypatch.setattr(tenacity, "time", fake)
     policy = RetryPolicy(attempts=6, deadline=1000, backoff=0.5, max_backoff=3.0, jitter=0.5)
-    retrying = policy.retrying(rng=random.Random(1), sleep=fake.sleep)
+    retrying = policy.retrying(rng=random.Random(1), sleep=fake.sleep, clock=fake.monotonic)
     calls = []
 
     def refused() -> None:
@@ -436,24 +432,21 @@ def test_backoff_doubles_with_jitter_up_to_its_cap_and_stops_at_the_attempts(
         raise httpx.UnsupportedProtocol("ftp://")
 
     with pytest.raises(httpx.UnsupportedProtocol):  # not a "no answer": never retried
-        policy.retrying(sleep=fake.sleep)(bad_url)
+        policy.retrying(sleep=fake.sleep, clock=fake.monotonic)(bad_url)
     assert len(calls) == 1
-    never = RetryPolicy.never().retrying(sleep=fake.sleep)
+    never = RetryPolicy.never().retrying(sleep=fake.sleep, clock=fake.monotonic)
     assert never(answers((503, {}), (200, {}))).status_code == 503
     assert never.statistics["attempt_number"] == 1
 
 
-def test_retry_after_is_honoured_and_the_deadline_bounds_the_retries(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_retry_after_is_honoured_and_the_deadline_bounds_the_retries() -> None:
     fake = FakeTime()
-    monkeypatch.setattr(tenacity, "time", fake)
     policy = RetryPolicy(deadline=10.0, backoff=0.1)
-    retrying = policy.retrying(rng=random.Random(0), sleep=fake.sleep)
+    retrying = policy.retrying(rng=random.Random(0), sleep=fake.sleep, clock=fake.monotonic)
     final = retrying(answers((503, {"retry-after": "4"}), (422, {"retry-after": "4"})))
     assert final.status_code == 422 and fake.sleeps == [4.0]  # a final answer
     fake.sleeps.clear()
-    retrying = policy.retrying(rng=random.Random(0), sleep=fake.sleep)
+    retrying = policy.retrying(rng=random.Random(0), sleep=fake.sleep, clock=fake.monotonic)
     last = retrying(answers((503, {"retry-after": "4"}), (503, {"retry-after": "7"})))
     assert last.status_code == 503 and fake.sleeps == [4.0]  # 4 + 7 s: past the deadline
     assert retrying.statistics["attempt_number"] == 2

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from nmbatch.service.cgroups import cpu_quota
 from nmbatch.service.config import Settings, default_worker_threads
 from nmbatch.service.main import StartupError, create_app
 from tests.testkit import SettingsFactory, TestClient
@@ -30,8 +33,61 @@ def test_settings_come_from_nmbatch_variables(monkeypatch: pytest.MonkeyPatch) -
 
 def test_worker_threads_default_to_all_cores_but_one() -> None:
     cores = len(os.sched_getaffinity(0))
+    quota = cpu_quota()
+    if quota is not None:
+        cores = min(cores, math.ceil(quota[0]))
     assert default_worker_threads() == max(1, cores - 1)
     assert Settings().worker_threads == default_worker_threads()
+
+
+def _cgroup_root(tmp_path: Path, cgroup: str, files: dict[str, str]) -> Path:
+    """A fake ``/`` whose /proc/self/cgroup is ``cgroup`` and with ``files`` under
+    /sys/fs/cgroup."""
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text(cgroup)
+    for name, text in files.items():
+        path = tmp_path / "sys/fs/cgroup" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_cpu_quota_of_cgroup_v2_takes_the_smallest_of_the_group_and_its_ancestors(
+    tmp_path: Path,
+) -> None:
+    root = _cgroup_root(tmp_path, "0::/kubepods/pod1/app\n", {
+        "kubepods/pod1/app/cpu.max": "max 100000\n",
+        "kubepods/pod1/cpu.max": "250000 100000\n",  # the pod's limits.cpu: 2.5
+        "kubepods/cpu.max": "max 100000\n",
+    })  # fmt: skip
+    assert cpu_quota(root) == (2.5, "cgroup /kubepods/pod1 cpu.max")
+    cores = len(os.sched_getaffinity(0))
+    assert default_worker_threads(root) == max(1, min(cores, 3) - 1)
+    (root / "sys/fs/cgroup/kubepods/pod1/app/cpu.max").write_text("50000 100000\n")
+    assert cpu_quota(root) == (0.5, "cgroup /kubepods/pod1/app cpu.max")
+    assert default_worker_threads(root) == 1
+
+
+def test_cpu_quota_of_cgroup_v1_in_a_container_reads_the_top_group(tmp_path: Path) -> None:
+    # Docker on cgroup v1: /proc/self/cgroup gives the host's path, the container sees
+    # its own group at the top of the hierarchy (mounted as cpu,cpuacct).
+    root = _cgroup_root(tmp_path, "5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "150000\n",
+        "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+    })  # fmt: skip
+    assert cpu_quota(root) == (1.5, "cgroup / cpu.cfs_quota_us")
+    assert default_worker_threads(root) == max(1, min(len(os.sched_getaffinity(0)), 2) - 1)
+    (root / "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us").write_text("-1\n")  # no quota
+    assert cpu_quota(root) is None
+    assert default_worker_threads(root) == max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+def test_no_cgroup_files_no_quota(tmp_path: Path) -> None:
+    assert cpu_quota(tmp_path) is None
+    root = _cgroup_root(tmp_path, "0::/\n", {"cpu.max": "max 100000\n"})
+    assert cpu_quota(root) is None
+    (root / "sys/fs/cgroup/cpu.max").write_text("100000 0\n")  # a malformed period
+    assert cpu_quota(root) is None
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ worker and engine process), a second app on the same Redis for the shared regist
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -20,7 +21,14 @@ from nmbatch.service.models.manager import SYNC_SECONDS
 from nmbatch.service.storage import ModelKeys
 from nmbatch.service.usecases import reads, serving
 from tests.service.service_helpers import post_npy
-from tests.testkit import SettingsFactory, TestClient, assert_problem, blobs, wait_until
+from tests.testkit import (
+    SettingsFactory,
+    TestClient,
+    assert_problem,
+    blobs,
+    metric,
+    wait_until,
+)
 
 SPEC_A: dict[str, Any] = {"k": 3, "dim": 2, "rho": 100, "batch_size": 32, "seed": 1}
 SPEC_B: dict[str, Any] = {"k": 2, "dim": 3, "rho": 100, "batch_size": 32, "seed": 2}
@@ -423,3 +431,42 @@ def test_a_registry_entry_that_does_not_validate_keeps_its_data_and_shows(
         assert client.delete("/models/odd?confirm=odd").status_code == 200
         assert model_keys(redis_client, "odd") == []
         assert client.put("/models/third", json=SPEC_B).status_code == 201
+
+
+def _series_models(text: str) -> set[str]:
+    """The values of the ``model`` label in a Prometheus text exposition."""
+    return set(re.findall(r'\bmodel="([^"]*)"', text))
+
+
+def test_each_running_model_has_its_own_metric_series_until_it_is_deleted(
+    make_settings: SettingsFactory, model_name: str
+) -> None:
+    with TestClient(create_app(make_settings(max_models=2))) as client:
+        for name in ("m-one", "m-two"):
+            assert client.put(f"/models/{name}", json=SPEC_A).status_code == 201
+        X = blobs(60, 2, 3, seed=4)
+        assert client.post("/models/m-one/samples", json={"vectors": X.tolist()}).status_code == 202
+        assert client.post("/samples", json={"vectors": X[:10].tolist()}).status_code == 202
+        converged(client, "/models/m-one", 60)
+        text = client.get("/metrics").text
+        assert metric(text, "nmbatch_samples_ingested_total", model="m-one") == 60
+        assert metric(text, "nmbatch_samples_ingested_total", model=model_name) == 10
+        assert metric(text, "nmbatch_samples_ingested_total", model="m-two") == 0
+        assert metric(text, "nmbatch_centroid_version", model="m-one") >= 1
+        assert metric(text, "nmbatch_is_worker", model="m-two") == 1
+        # The label takes the running models' names, at most NMBATCH_MAX_MODELS + 1.
+        assert_problem(client.put("/models/m-three", json=SPEC_A), 409, "too-many-models")
+        assert _series_models(client.get("/metrics").text) == {model_name, "m-one", "m-two"}
+        # Only the process's own series go without a model.
+        process_wide = ("nmbatch_request_seconds", "nmbatch_redis_unavailable",
+                        "nmbatch_gc_frozen_objects")  # fmt: skip
+        for line in text.splitlines():
+            if line.startswith("nmbatch_") and 'model="' not in line:
+                assert line.startswith(process_wide), line
+
+        assert client.delete("/models/m-one", params={"confirm": "m-one"}).status_code == 200
+        assert _series_models(client.get("/metrics").text) == {model_name, "m-two"}
+        # Created again: its series start afresh.
+        assert client.put("/models/m-one", json=SPEC_A).status_code == 201
+        text = client.get("/metrics").text
+        assert metric(text, "nmbatch_samples_ingested_total", model="m-one") == 0

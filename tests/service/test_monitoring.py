@@ -10,7 +10,7 @@ from nmbatch.engine.algorithms.growth import B0_PER_CLUSTER
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.main import create_app
-from tests.testkit import TestClient, wait_until
+from tests.testkit import TestClient, metric, wait_until
 
 POINTS = [[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 20.0], [1.0, 20.0]]
 
@@ -46,13 +46,15 @@ def test_readyz_is_503_when_redis_is_gone(tmp_path: Path, model_name: str) -> No
         server.stop()
 
 
-def test_metrics_expose_ingestion_iterations_and_latencies(client: TestClient) -> None:
+def test_metrics_expose_ingestion_iterations_and_latencies(
+    client: TestClient, model_name: str
+) -> None:
     client.post("/samples", json={"vectors": POINTS})
     wait_converged(client, len(POINTS))
     text = client.get("/metrics").text
-    assert "nmbatch_samples_ingested_total 6.0" in text
-    assert "nmbatch_samples_in_store 6.0" in text
-    assert "nmbatch_batch_size 6.0" in text
+    assert metric(text, "nmbatch_samples_ingested_total", model=model_name) == 6.0
+    assert metric(text, "nmbatch_samples_in_store", model=model_name) == 6.0
+    assert metric(text, "nmbatch_batch_size", model=model_name) == 6.0
     for name in (
         "nmbatch_iterations_total", "nmbatch_iteration_seconds_bucket",
         "nmbatch_distances_skipped_ratio", "nmbatch_snapshot_age_seconds",
@@ -64,10 +66,7 @@ def test_metrics_expose_ingestion_iterations_and_latencies(client: TestClient) -
 
 
 def snapshot_age(client: TestClient) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith("nmbatch_snapshot_age_seconds "):
-            return float(line.split()[1])
-    raise AssertionError("no nmbatch_snapshot_age_seconds")
+    return metric(client.get("/metrics").text, "nmbatch_snapshot_age_seconds")
 
 
 def test_stats_show_the_course_of_the_algorithm(client: TestClient) -> None:
@@ -117,3 +116,28 @@ def test_unknown_route_and_method_are_problems(client: TestClient) -> None:
     assert missing.json()["detail"] == "no resource at /nowhere"
     wrong = client.delete("/samples")
     assert wrong.status_code == 405 and wrong.json()["status"] == 405
+
+
+def test_a_models_series_leave_with_it_and_are_not_made_again() -> None:
+    from prometheus_client import generate_latest
+
+    from nmbatch.service.metrics import MODEL_METRICS, ServiceMetrics
+
+    metrics = ServiceMetrics()
+    gone, kept = metrics.for_model("gone"), metrics.for_model("kept")
+    for view in (gone, kept):
+        view.iterations.inc()
+        view.samples_rejected.labels("store-full").inc()
+        view.snapshot_written()
+    text = generate_latest(metrics.registry).decode()
+    for name in MODEL_METRICS:  # every one of a model's metrics carries its name
+        assert getattr(kept, name) is not getattr(metrics, name), name
+    assert 'nmbatch_iterations_total{model="gone"} 1.0' in text
+    assert 'nmbatch_samples_rejected_requests_total{model="kept",problem="store-full"} 1.0' in text
+    metrics.remove_model("gone")
+    # A request still in flight for the removed model counts where nothing is exported.
+    gone.samples_rejected.labels("store-full").inc()
+    gone.iterations.inc()
+    text = generate_latest(metrics.registry).decode()
+    assert 'model="gone"' not in text and 'model="kept"' in text
+    assert 'nmbatch_redis_up{model="kept"} 1.0' in text

@@ -17,7 +17,7 @@ from service_helpers import post_npy, wait_converged
 from nmbatch.engine.hosting import LocalEngine
 from nmbatch.service.main import create_app
 from nmbatch.service.worker import recovery
-from tests.testkit import SettingsFactory, TestClient, blobs, wait_until
+from tests.testkit import SettingsFactory, TestClient, blobs, metric, wait_until
 
 POLL_SLACK = 0.1  # seconds: wait_until's poll interval, with room to spare
 
@@ -121,4 +121,4 @@ def test_the_worker_rebuilds_a_killed_engine_and_goes_on(make_settings: Settings
         assert after["version"] > before["version"]
         assert worker.engine.pid != old_pid and worker.alive()
         assert client.get("/readyz").json()["ready"] is True
-        assert "nmbatch_engine_restarts_total 1.0" in client.get("/metrics").text
+        assert metric(client.get("/metrics").text, "nmbatch_engine_restarts_total") == 1.0

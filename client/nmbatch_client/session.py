@@ -1,5 +1,5 @@
 """What both clients' drivers share: headers, which transport errors are retried, the
-path prefix of a named model, and answers to :class:`~service.client.operations.Answer`
+path prefix of a named model, and answers to :class:`~nmbatch_client.operations.Answer`
 or typed errors."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import re
 
 import httpx
 
-from nmbatch.service.client.errors import ConnectionFailedError, error_from_answer
-from nmbatch.service.client.operations import Answer, Call
-from nmbatch.service.client.retry import RETRIED_ERRORS
+from nmbatch_client.errors import ConnectionFailedError, error_from_answer
+from nmbatch_client.operations import Answer, Call
+from nmbatch_client.retry import RETRIED_ERRORS
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -1,6 +1,6 @@
 """The synchronous client: :class:`Client` over ``httpx.Client``.
 
-It drives the operations of :mod:`service.client.operations`: each :class:`Call` is sent
+It drives the operations of :mod:`nmbatch_client.operations`: each :class:`Call` is sent
 with the API key, retried under the :class:`RetryPolicy` (no answer, ``429``/``502``/
 ``503``/``504``, ``Retry-After``), and its final answer is handed back, or the typed
 error of an error answer is thrown into the operation. :class:`AsyncClient` (``_async.py``)
@@ -10,13 +10,14 @@ is the same on ``httpx.AsyncClient``.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import httpx
 
-from nmbatch.service.client.errors import NmbatchError
-from nmbatch.service.client.operations import (
+from nmbatch_client.errors import NmbatchError
+from nmbatch_client.operations import (
     Answer,
     Call,
     CentroidsCache,
@@ -31,15 +32,16 @@ from nmbatch.service.client.operations import (
     stats_operation,
     wait_operation,
 )
-from nmbatch.service.client.results import Assignment, Centroids, PushResult
-from nmbatch.service.client.retry import RetryPolicy
-from nmbatch.service.client.session import (
+from nmbatch_client.results import Assignment, Centroids, PushResult
+from nmbatch_client.retry import RetryPolicy
+from nmbatch_client.session import (
     DEFAULT_TIMEOUT,
     client_headers,
     final_answer,
     model_prefix,
     no_answer,
 )
+from nmbatch_client.sources import BATCH_ROWS
 
 __all__ = ["Client"]
 
@@ -63,7 +65,7 @@ class Client:
         :class:`NotFoundError`). ValueError if it is not a model name (1 to 64 letters,
         digits, ``_``, ``.``, ``-``, starting with a letter or digit).
     retry : RetryPolicy
-        Retries of every request (see :mod:`service.client.retry`).
+        Retries of every request (see :mod:`nmbatch_client.retry`).
     timeout : float
         Seconds for each request's connect, read and write (httpx's timeout).
     max_vectors, max_body_bytes : int
@@ -116,17 +118,25 @@ class Client:
         encoding: Encoding = "npy",
         idempotency_key: str | None = None,
         progress: Progress | None = None,
+        columns: str | Sequence[str] | None = None,
+        batch_rows: int = BATCH_ROWS,
     ) -> PushResult:
         """Store the rows of ``X`` (``(n, d)``, real numbers, sent as float32).
+
+        ``X`` may also be a file (a path: ``.npy``, ``.csv``/``.tsv``/``.txt``,
+        ``.parquet``, ``.arrow``/``.feather``; ``columns`` names the column of vectors
+        or the numeric columns to take) or any iterable of arrays ``(m, d)`` (a
+        generator ...), read ``batch_rows`` rows at a time (:mod:`nmbatch_client.sources`).
 
         Sent in chunks within the service's limits, each with its own
         ``Idempotency-Key`` (``"{idempotency_key}:{start}-{stop}"``; a random prefix when
         None), so retries store every vector once; repeat a push that raised with the
         same ``idempotency_key`` to complete it without duplicates. ``encoding`` ``raw``
-        sends bare float32 (the model's dimension must be known); ``progress(done, n)``
-        is called after each chunk. Raises a :class:`ProblemError` subclass when refused
-        (:class:`WrongDimensionError`, :class:`StoreFullError` ...); the chunks before
-        it are stored.
+        sends bare float32 (the model's dimension must be known); ``progress(done, total)``
+        is called after each chunk (``total`` None for an iterator). Raises a
+        :class:`ProblemError` subclass when refused (:class:`WrongDimensionError`,
+        :class:`StoreFullError` ...), the chunks before it stored, and
+        :class:`~nmbatch_client.sources.SourceError` for a file that cannot be read.
         """
         return self._run(
             push_operation(
@@ -135,6 +145,8 @@ class Client:
                 encoding=encoding,
                 idempotency_key=idempotency_key,
                 progress=progress,
+                columns=columns,
+                batch_rows=batch_rows,
             )
         )
 

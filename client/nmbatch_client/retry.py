@@ -12,13 +12,14 @@ come back together), and never less than the answer's ``Retry-After``. Retries s
 after ``attempts`` requests in all, or when the next one would start more than
 ``deadline`` seconds after the first; the last failure is then raised.
 
-The retry loop is tenacity's (``Retrying`` for :class:`~service.client.Client`,
-``AsyncRetrying`` for :class:`~service.client.AsyncClient`): :meth:`RetryPolicy.retrying`
-gives it these rules as its ``retry``, ``wait`` and ``stop``.
+:meth:`RetryPolicy.retrying` gives the loop of one request under these rules:
+:class:`Retrying` for :class:`~nmbatch_client.Client`, :class:`AsyncRetrying` (awaited)
+for :class:`~nmbatch_client.AsyncClient`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import time
@@ -28,17 +29,15 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    Retrying,
-    retry_if_exception_type,
-    retry_if_result,
-    stop_after_attempt,
-    stop_before_delay,
-)
 
-__all__ = ["RETRIED_ERRORS", "RETRY_STATUSES", "RetryPolicy", "retry_after_seconds"]
+__all__ = [
+    "RETRIED_ERRORS",
+    "RETRY_STATUSES",
+    "AsyncRetrying",
+    "RetryPolicy",
+    "Retrying",
+    "retry_after_seconds",
+]
 
 RETRIED_ERRORS: tuple[type[Exception], ...] = (
     httpx.NetworkError,  # connect, read, write, close
@@ -99,45 +98,94 @@ class RetryPolicy:
         asynchronous: bool = False,
         rng: random.Random | None = None,
         sleep: Callable[[float], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> Retrying | AsyncRetrying:
-        """tenacity's retry loop for one request under this policy.
+        """The retry loop of one request under this policy.
 
         ``retrying(request, ...)`` (awaited with ``asynchronous=True``) calls ``request``
         until it returns an answer that is not in :data:`RETRY_STATUSES` or raises an
         error other than :data:`RETRIED_ERRORS`; when the attempts or the deadline run out
         it returns the last answer or raises the last error. ``statistics
         ["attempt_number"]`` then counts the requests. ``rng`` draws the jitter;
-        ``sleep`` replaces ``time.sleep`` (``asyncio.sleep``) in tests.
+        ``sleep`` replaces ``time.sleep`` (``asyncio.sleep``) and ``clock``
+        ``time.monotonic`` in tests.
         """
         rng = rng if rng is not None else random.Random()
+        if asynchronous:
+            return AsyncRetrying(self, rng, sleep or asyncio.sleep, clock)
+        return Retrying(self, rng, sleep or time.sleep, clock)
 
-        def wait(state: RetryCallState) -> float:
-            seconds = self.backoff_for(state.attempt_number, rng)
-            outcome = state.outcome
-            if outcome is not None and not outcome.failed:
-                after = retry_after_seconds(outcome.result().headers.get("retry-after"))
-                seconds = seconds if after is None else max(seconds, after)
-            return seconds
 
-        options: dict[str, Any] = {
-            "retry": retry_if_exception_type(RETRIED_ERRORS) | retry_if_result(_says_later),
-            "wait": wait,
-            "stop": stop_after_attempt(self.attempts) | stop_before_delay(self.deadline),
-            "retry_error_callback": _last_outcome,
-        }
-        if sleep is not None:
-            options["sleep"] = sleep
-        return AsyncRetrying(**options) if asynchronous else Retrying(**options)
+class Retrying:
+    """The retry loop of one request (:meth:`RetryPolicy.retrying`)."""
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        rng: random.Random,
+        sleep: Callable[[float], Any],
+        clock: Callable[[], float],
+    ) -> None:
+        self.policy = policy
+        self.rng = rng
+        self.sleep = sleep
+        self.clock = clock
+        self.statistics: dict[str, int] = {"attempt_number": 0}
+        self._start = 0.0
+
+    def _next_wait(self, response: httpx.Response | None) -> float | None:
+        """Seconds to wait before the next attempt, or None when none may follow.
+
+        After attempt ``n`` (``statistics["attempt_number"]``): the backoff of retry
+        ``n``, at least the answer's ``Retry-After``; None past ``attempts`` or when the
+        next attempt would start ``deadline`` seconds or more after the first.
+        """
+        attempt = self.statistics["attempt_number"]
+        if attempt >= self.policy.attempts:
+            return None
+        seconds = self.policy.backoff_for(attempt, self.rng)
+        if response is not None:
+            after = retry_after_seconds(response.headers.get("retry-after"))
+            seconds = seconds if after is None else max(seconds, after)
+        if self.clock() - self._start + seconds >= self.policy.deadline:
+            return None
+        return seconds
+
+    def __call__(self, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._start = self.clock()
+        while True:
+            self.statistics["attempt_number"] += 1
+            try:
+                response = request(*args, **kwargs)
+            except RETRIED_ERRORS:
+                if (wait := self._next_wait(None)) is None:
+                    raise
+            else:
+                if not _says_later(response) or (wait := self._next_wait(response)) is None:
+                    return response
+            self.sleep(wait)
+
+
+class AsyncRetrying(Retrying):
+    """:class:`Retrying` for coroutines: ``await retrying(request, ...)``."""
+
+    async def __call__(self, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._start = self.clock()
+        while True:
+            self.statistics["attempt_number"] += 1
+            try:
+                response = await request(*args, **kwargs)
+            except RETRIED_ERRORS:
+                if (wait := self._next_wait(None)) is None:
+                    raise
+            else:
+                if not _says_later(response) or (wait := self._next_wait(response)) is None:
+                    return response
+            await self.sleep(wait)
 
 
 def _says_later(response: httpx.Response) -> bool:
     return response.status_code in RETRY_STATUSES
-
-
-def _last_outcome(state: RetryCallState) -> Any:
-    """Out of attempts or time: the last answer, or the last error raised again."""
-    assert state.outcome is not None
-    return state.outcome.result()
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

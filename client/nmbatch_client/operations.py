@@ -4,8 +4,8 @@ Each operation (push, centroids, assign, stats, wait) is a generator that yields
 :class:`Call` (an HTTP request to make) or a :class:`Sleep`, and receives the
 :class:`Answer` of each call. The synchronous and the asynchronous client drive the same
 generators (``_sync.py``, ``_async.py``): they make the request, retry it under their
-:class:`~service.client.retry.RetryPolicy`, and send back the final answer, or throw
-the typed error of an error answer (:mod:`service.client.errors`) into the generator,
+:class:`~nmbatch_client.retry.RetryPolicy`, and send back the final answer, or throw
+the typed error of an error answer (:mod:`nmbatch_client.errors`) into the generator,
 which may catch it (a ``413`` with the service's limit: send smaller chunks; ``409``
 not-enough-samples while waiting: poll again).
 
@@ -26,17 +26,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-import orjson
 
-from nmbatch.service.client.errors import (
+from nmbatch_client.errors import (
     ConnectionFailedError,
     NotEnoughSamplesError,
     PayloadTooLargeError,
     UnavailableError,
     WaitTimeoutError,
+    json_loads,
 )
-from nmbatch.service.client.results import Assignment, Centroids, PushResult
-from nmbatch.service.client.retry import RetryPolicy
+from nmbatch_client.results import Assignment, Centroids, PushResult
+from nmbatch_client.retry import RetryPolicy
+from nmbatch_client.sources import BATCH_ROWS, Batches, Columns, is_source, open_source
 
 __all__ = [
     "Answer",
@@ -61,7 +62,8 @@ NPY_RESERVE = 256
 """Bytes kept free in each body for the ``.npy`` preamble and header (128 for 2-D arrays)."""
 MAX_KEY_PREFIX = 200
 """Longest key prefix: ``"{key}:{start}-{stop}"`` stays within the service's 255."""
-Progress = Callable[[int, int], None]
+Progress = Callable[[int, int | None], None]
+"""``progress(rows_acknowledged, total)``; ``total`` None when unknown (an iterator)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class Answer:
     attempts: int = 1
 
     def json(self) -> Any:
-        return orjson.loads(self.content)
+        return json_loads(self.content)
 
 
 Operation = Generator[Call | Sleep, Answer | None, T]
@@ -225,21 +227,34 @@ def push_operation(
     encoding: Encoding = "npy",
     idempotency_key: str | None = None,
     progress: Progress | None = None,
+    columns: Columns = None,
+    batch_rows: int = BATCH_ROWS,
 ) -> Operation[PushResult]:
-    """``POST /samples`` of the rows of ``X`` ``(n, d)``, chunk by chunk.
+    """``POST /samples`` of the rows of ``X``, chunk by chunk.
 
-    Chunk ``[start, stop)`` carries ``Idempotency-Key: {prefix}:{start}-{stop}``: a retry
-    (by the client, or by a caller repeating the push with the same ``idempotency_key``)
-    is stored once. ``progress(rows_acknowledged, n)`` is called after every chunk.
+    ``X``: an array ``(n, d)``, a file or an iterable of batches of rows
+    (:mod:`nmbatch_client.sources`; ``columns`` and ``batch_rows`` are for files). Rows
+    ``[start, stop)`` of the whole source (counted across its batches) carry
+    ``Idempotency-Key: {prefix}:{start}-{stop}``: a retry (by the client, or by a caller
+    repeating the push of the same source with the same ``idempotency_key``) is stored
+    once. ``progress(rows_acknowledged, total)`` is called after every chunk; ``total``
+    is None for an iterator, whose length is unknown.
     """
-    A = as_matrix(X)
     prefix = new_key(idempotency_key)
-    n = A.shape[0]
-    tally = {"accepted": 0, "replayed": 0, "retries": 0}
+    streamed = is_source(X)
+    if streamed:
+        source = open_source(X, columns, batch_rows)
+    elif columns is not None:
+        raise ValueError("columns selects columns of a Parquet, Arrow or CSV file only")
+    else:
+        A = as_matrix(X)
+        source = Batches(iter([A]), A.shape[0])
+    tally = {"accepted": 0, "replayed": 0, "retries": 0, "requests": 0}
     n_samples: int | None = None
+    offset = 0  # rows of the source before the current batch
 
     def headers(start: int, stop: int) -> dict[str, str]:
-        return {"idempotency-key": f"{prefix}:{start}-{stop}"}
+        return {"idempotency-key": f"{prefix}:{offset + start}-{offset + stop}"}
 
     def on_answer(start: int, stop: int, answer: Answer) -> None:
         nonlocal n_samples
@@ -247,14 +262,21 @@ def push_operation(
         tally["accepted"] += int(document["accepted"])
         tally["replayed"] += answer.headers.get("idempotent-replayed") == "true"
         tally["retries"] += answer.attempts - 1
+        tally["requests"] += 1
         n_samples = int(document["n_samples"])
         if progress is not None:
-            progress(tally["accepted"], n)
+            progress(tally["accepted"], source.total)
 
-    answers = yield from _chunked(A, limits, "/samples", encoding, headers, on_answer)
+    for batch in source.arrays:
+        A = as_matrix(batch)
+        if streamed and A.shape[0] == 0:
+            continue  # an empty batch of a stream (an array with no rows is sent: refused)
+        yield from _chunked(A, limits, "/samples", encoding, headers, on_answer)
+        offset += A.shape[0]
     return PushResult(
-        tally["accepted"], n_samples, len(answers), tally["replayed"], tally["retries"], prefix
-    )
+        tally["accepted"], n_samples, tally["requests"], tally["replayed"], tally["retries"],
+        prefix,
+    )  # fmt: skip
 
 
 def assign_operation(

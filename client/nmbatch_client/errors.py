@@ -22,7 +22,10 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
-import orjson
+try:  # faster where it is installed (the server's distribution has it); not a dependency
+    from orjson import loads as json_loads
+except ImportError:  # pragma: no cover - the slim client's venv (tests/test_client_slim.py)
+    from json import loads as json_loads
 
 __all__ = [
     "BadRequestError",
@@ -212,8 +215,8 @@ def error_from_answer(
     is summarised in ``detail`` (its first 300 characters).
     """
     document: Any = None
-    with contextlib.suppress(orjson.JSONDecodeError):
-        document = orjson.loads(content) if content else None
+    with contextlib.suppress(ValueError):  # both libraries' decode errors are ValueErrors
+        document = json_loads(content) if content else None
     try:
         phrase = HTTPStatus(status).phrase
     except ValueError:

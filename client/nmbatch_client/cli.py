@@ -1,11 +1,14 @@
 """``nmbatch push`` and ``nmbatch watch``: the client on the command line.
 
 - ``nmbatch push FILE`` sends the rows of a ``.npy`` (read as a memory map: only one
-  chunk at a time is in memory) or ``.csv``/``.tsv``/``.txt`` file (numbers; a
-  non-numeric first line is a header) to ``POST /samples`` with
-  :meth:`Client.push <service.client._sync.Client.push>`: chunked, retried, every chunk
-  stored once. A push that fails half-way says how to finish it without duplicates (the
-  same command with ``--idempotency-key``). ``--wait`` then waits for convergence.
+  chunk at a time is in memory), ``.csv``/``.tsv``/``.txt`` (numbers; a non-numeric
+  first line is a header), ``.parquet`` or ``.arrow``/``.feather`` file (pyarrow;
+  ``--column`` picks the column of vectors or the numeric columns) to ``POST /samples``
+  with :meth:`Client.push <nmbatch_client._sync.Client.push>`, streamed a batch of rows
+  at a time (:mod:`nmbatch_client.sources`): chunked, retried, every chunk stored once,
+  with a progress bar on a terminal. A push that fails half-way says how to finish it
+  without duplicates (the same command with ``--idempotency-key``). ``--wait`` then
+  waits for convergence.
 - ``nmbatch watch`` prints one line per ``--interval`` seconds from ``GET /stats``: the
   centroid version and how many versions appeared since the last line, ``N``, the
   ingestion rate, ``b``, the iteration, the energy estimate, the phase and the share of
@@ -13,9 +16,10 @@
 
 Both take ``--url`` (``NMBATCH_URL``, default ``http://127.0.0.1:8000``) and
 ``--api-key`` (``NMBATCH_API_KEY``). Exit status: 0 done, 1 the service refused or did
-not answer, 2 a bad file or option. ``nmbatch/cli.py`` adds the parsers with
-:func:`add_client_commands` and runs :func:`run_client_command`; this module imports
-neither httpx nor numpy until a command runs.
+not answer, 2 a bad file or option. ``nmbatch/cli.py`` (the server's distribution) adds
+the parsers with :func:`add_client_commands` and runs :func:`run_client_command`; the
+client's own distribution runs them as ``nmbatch-client push`` and ``nmbatch-client
+watch`` (:func:`main`). This module imports neither httpx nor numpy until a command runs.
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["COMMANDS", "DEFAULT_URL", "add_client_commands", "load_vectors", "run_client_command"]
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_URL",
+    "add_client_commands",
+    "main",
+    "progress_bar",
+    "run_client_command",
+]
 
 COMMANDS = ("push", "watch")
 DEFAULT_URL = "http://127.0.0.1:8000"
-TEXT_SUFFIXES = (".csv", ".tsv", ".txt")
 
 
 class FileError(Exception):
@@ -56,15 +66,33 @@ def add_client_commands(
     push = sub.add_parser(
         "push",
         parents=[common],
-        help="send the rows of a .npy/.csv file to a running service",
+        help="send the rows of a .npy/.csv/.parquet/.arrow file to a running service",
         description=(
             "Send the rows of a data file to POST /samples, in chunks within the service's "
             "limits; each chunk carries an Idempotency-Key and is retried on connection "
             "errors and 503, so it is stored once. Input: .npy (2-D; more dimensions are "
-            "flattened to rows) or .csv/.tsv/.txt (numbers; a header line is skipped)."
+            "flattened to rows), .csv/.tsv/.txt (numbers; a header line is skipped, and "
+            "names the columns), .parquet or .arrow/.feather/.ipc (Arrow IPC; both need "
+            "pyarrow: one column of lists of numbers, or numeric columns)."
         ),
     )
-    push.add_argument("file", type=Path, help="data file: .npy, .csv, .tsv or .txt")
+    push.add_argument(
+        "file", type=Path, help="data file: .npy, .csv, .tsv, .txt, .parquet, .arrow, .feather"
+    )
+    push.add_argument(
+        "--column",
+        dest="columns",
+        action="append",
+        metavar="NAME",
+        help="a column to push (repeatable): the one column of vectors (lists of numbers), "
+        "or numeric columns taken as the dimensions in this order (default: every column)",
+    )
+    push.add_argument(
+        "--batch-rows",
+        type=positive_int,
+        default=65_536,  # sources.BATCH_ROWS (not imported here: it loads numpy)
+        help="rows read from a text or Parquet file at a time (default: %(default)s)",
+    )
     push.add_argument(
         "--encoding",
         choices=("npy", "raw"),
@@ -123,7 +151,7 @@ def run_client_command(
     """Run ``push`` or ``watch``; returns the exit status."""
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    from nmbatch.service.client import Client, NmbatchError  # httpx and numpy from here
+    from nmbatch_client import Client, NmbatchError  # httpx and numpy from here
 
     url = args.url or os.environ.get("NMBATCH_URL") or DEFAULT_URL
     api_key = args.api_key or os.environ.get("NMBATCH_API_KEY") or None
@@ -142,56 +170,59 @@ def run_client_command(
         return 130
 
 
-def load_vectors(path: Path) -> Any:
-    """The rows of ``path`` as a 2-D array: ``.npy`` memory-mapped, text files parsed.
-
-    Raises :class:`FileError` for a missing, unreadable or non-2-D file.
-    """
-    import numpy as np
-
-    if not path.is_file():
-        raise FileError(f"{path}: no such file")
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".npy":
-            A = np.load(path, mmap_mode="r", allow_pickle=False)
-        elif suffix in TEXT_SUFFIXES:
-            delimiter = {".csv": ",", ".tsv": "\t"}.get(suffix)
-            with path.open() as handle:
-                first = handle.readline().strip()
-            try:
-                for field in first.split(delimiter) if first else ():
-                    float(field)
-                skip = 0
-            except ValueError:
-                skip = 1  # a header line
-            A = np.loadtxt(path, delimiter=delimiter, skiprows=skip, ndmin=2, dtype=np.float64)
-        else:
-            raise FileError(f"{path}: unknown file type {suffix!r} (use .npy or .csv)")
-    except (OSError, ValueError) as exc:
-        raise FileError(f"{path}: cannot read: {exc}") from None
-    if A.ndim < 2:
-        raise FileError(f"{path}: expected a 2-D array (n_samples, n_features), got {A.shape}")
-    return A.reshape(A.shape[0], -1) if A.ndim > 2 else A
+def progress_bar(done: int, total: int | None, elapsed: float, width: int = 30) -> str:
+    """One line of ``nmbatch push``'s progress: a bar when the total is known."""
+    rate = f"{done / elapsed:,.0f} rows/s" if elapsed > 0 else ""
+    if total is None or total <= 0:
+        return f"pushed {done:,} rows  {rate}"
+    share = min(1.0, done / total)
+    filled = int(share * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {share:4.0%}  {done:,}/{total:,} rows  {rate}"
 
 
 def _push(client: Any, args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    from nmbatch.service.client import ProblemError
-    from nmbatch.service.client.operations import new_key
+    from nmbatch_client import ProblemError
+    from nmbatch_client.operations import new_key
+    from nmbatch_client.sources import SourceError, open_source
 
-    X = load_vectors(args.file)
+    columns = args.columns if args.columns else None
+    try:
+        source = open_source(args.file, columns, args.batch_rows)
+    except SourceError as exc:
+        raise FileError(str(exc).removeprefix(f"{args.file}: ")) from None
     if args.max_vectors is not None:
         client.limits.max_vectors = args.max_vectors
     key = new_key(args.idempotency_key)
-    n = X.shape[0]
     show = not args.quiet and stderr.isatty()
+    started = time.monotonic()
+    shape: list[int] = [0, 0]  # rows and dimension of the batches read
 
-    def progress(done: int, total: int) -> None:
-        if show:
-            print(f"\rpushed {done:,}/{total:,}", end="", file=stderr, flush=True)
+    def counted(arrays: Any) -> Any:
+        for A in arrays:
+            shape[0] += A.shape[0]
+            shape[1] = A.shape[1] if A.ndim == 2 else shape[1]
+            yield A
+
+    def progress(done: int, _streamed: int | None) -> None:
+        if show:  # the file's total (the client sees a stream of batches)
+            line = progress_bar(done, source.total, time.monotonic() - started)
+            print(f"\r{line}", end="", file=stderr, flush=True)
 
     try:
-        result = client.push(X, encoding=args.encoding, idempotency_key=key, progress=progress)
+        result = client.push(
+            counted(source.arrays), encoding=args.encoding, idempotency_key=key,
+            progress=progress,
+        )  # fmt: skip
+    except SourceError as exc:
+        if show:
+            print(file=stderr)
+        print(f"nmbatch push: error: {exc}", file=stderr)
+        print(
+            f"nmbatch push: the rows before it are stored; once the file is fixed, finish "
+            f"without storing anything twice: nmbatch push {args.file} --idempotency-key {key}",
+            file=stderr,
+        )
+        return 2
     except ProblemError as exc:
         if show:
             print(file=stderr)
@@ -205,12 +236,12 @@ def _push(client: Any, args: argparse.Namespace, stdout: TextIO, stderr: TextIO)
     if show:
         print(file=stderr)
     print(
-        f"pushed {result.accepted:,} vectors ({n:,} x {X.shape[1]}) in {result.requests} "
+        f"pushed {result.accepted:,} vectors ({shape[0]:,} x {shape[1]}) in {result.requests} "
         f"request(s), {result.replayed} replayed, {result.retries} retried; the model holds "
-        f"{result.n_samples:,} samples",
+        f"{result.n_samples or 0:,} samples",
         file=stdout,
     )
-    if args.wait:
+    if args.wait and result.n_samples is not None:
         model = client.wait_for(
             converged=True, min_samples=result.n_samples, timeout=args.wait_timeout
         )
@@ -248,7 +279,7 @@ def watch_line(stats: dict[str, Any], previous: dict[str, Any] | None, elapsed: 
 
 
 def _watch(client: Any, args: argparse.Namespace, stdout: TextIO) -> int:
-    from nmbatch.service.client import NmbatchError, RetryPolicy
+    from nmbatch_client import NmbatchError, RetryPolicy
 
     client.retry = RetryPolicy.never()  # a line per interval: an outage shows, not waits
     count = 1 if args.once else args.count
@@ -270,3 +301,25 @@ def _watch(client: Any, args: argparse.Namespace, stdout: TextIO) -> int:
         print(line, file=stdout, flush=True)
         printed += 1
     return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``nmbatch-client push ...`` and ``nmbatch-client watch ...`` (the client's own
+    distribution; the server's ``nmbatch`` has the same two commands)."""
+
+    def positive_int(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        return value
+
+    parser = argparse.ArgumentParser(
+        prog="nmbatch-client", description="Client of a running nmbatch service."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_client_commands(sub, positive_int)
+    return run_client_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,19 +1,20 @@
 """The asynchronous client: :class:`AsyncClient` over ``httpx.AsyncClient``.
 
-The same operations (:mod:`service.client.operations`), retries and errors as
-:class:`~service.client._sync.Client`; only the driver awaits.
+The same operations (:mod:`nmbatch_client.operations`), retries and errors as
+:class:`~nmbatch_client._sync.Client`; only the driver awaits.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import httpx
 
-from nmbatch.service.client.errors import NmbatchError
-from nmbatch.service.client.operations import (
+from nmbatch_client.errors import NmbatchError
+from nmbatch_client.operations import (
     Answer,
     Call,
     CentroidsCache,
@@ -28,15 +29,16 @@ from nmbatch.service.client.operations import (
     stats_operation,
     wait_operation,
 )
-from nmbatch.service.client.results import Assignment, Centroids, PushResult
-from nmbatch.service.client.retry import RetryPolicy
-from nmbatch.service.client.session import (
+from nmbatch_client.results import Assignment, Centroids, PushResult
+from nmbatch_client.retry import RetryPolicy
+from nmbatch_client.session import (
     DEFAULT_TIMEOUT,
     client_headers,
     final_answer,
     model_prefix,
     no_answer,
 )
+from nmbatch_client.sources import BATCH_ROWS
 
 __all__ = ["AsyncClient"]
 
@@ -90,6 +92,8 @@ class AsyncClient:
         encoding: Encoding = "npy",
         idempotency_key: str | None = None,
         progress: Progress | None = None,
+        columns: str | Sequence[str] | None = None,
+        batch_rows: int = BATCH_ROWS,
     ) -> PushResult:
         """Store the rows of ``X`` ``(n, d)``, chunked, every chunk stored once
         (see :meth:`Client.push`)."""
@@ -100,6 +104,8 @@ class AsyncClient:
                 encoding=encoding,
                 idempotency_key=idempotency_key,
                 progress=progress,
+                columns=columns,
+                batch_rows=batch_rows,
             )
         )
 
