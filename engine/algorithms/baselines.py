@@ -91,6 +91,7 @@ class Lloyd(_WithoutBounds):
             self.n_relocated = relocate_empty(
                 data, b, labels=self._labels, norms=None, S=self.S, v=self.v, Q=self.Q,
                 sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p, unit=self._unit,
+                weights=self._weigh_sums(),
             )  # fmt: skip
             self.counts = self.v.copy()
         self.iteration += 1

@@ -286,7 +286,8 @@ class ShardState:
         voted = rows[rows < b]
         if voted.shape[0]:
             labels, xx, dist2 = algo._vote_arrays()
-            remove_votes(self.data, voted, labels, xx, dist2, dS, dv, dQ, np.zeros(k))
+            remove_votes(self.data, voted, labels, xx, dist2, dS, dv, dQ, np.zeros(k),
+                         np.empty(0))  # the shards hold no weights yet
             self.S_s += dS
             self.v_s += dv
             self.Q_s += dQ
