@@ -315,7 +315,8 @@ class NestedMiniBatchKMeans(
         ``sample_weight``: ``(n,)`` (or a scalar), each weight ``>= 0`` and finite, else
         ``ValueError``; None: every weight 1. A sample of weight ``w`` votes ``w`` times
         (``S(j) += w x``, ``v(j) += w``): the model of ``w`` copies of it (docs/design.md,
-        "Sample weights"); a weight of 0 keeps the sample out of every sum.
+        "Sample weights"); a weight of 0 keeps the sample out of every sum (all zero:
+        ``ValueError``).
 
         Runs iterations until the algorithm converges, ``max_iter`` is reached or
         ``callback`` returns ``True``. On a ``ValueError`` (bad parameter, bad ``X``,
@@ -329,6 +330,8 @@ class NestedMiniBatchKMeans(
         if n < k:
             raise ValueError(f"n_samples={n} should be >= n_clusters={k}.")
         weights = as_sample_weight(sample_weight, n)
+        if weights is not None and not weights.any():
+            raise ValueError("sample_weight is zero for every sample: nothing to cluster")
         init = check_init(self.init, k, d)
         store_seed, algo_seed, policy_seed = spawn_seeds(seed_sequence(self.random_state), 3)
         policy = self._make_retention(policy_seed)
