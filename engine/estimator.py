@@ -49,8 +49,8 @@ from nmbatch.engine._estimator_checks import (
     spawn_seeds,
 )
 from nmbatch.engine._estimator_pickle import PicklingMixin
-from nmbatch.engine._validation import as_sample_weight
 from nmbatch.engine._estimator_use import ModelUseMixin
+from nmbatch.engine._validation import as_sample_weight
 from nmbatch.engine.algorithms import IterationStats
 from nmbatch.engine.backend import RayBackend, ray_backend
 from nmbatch.engine.hosting import LocalEngine, iterate, offer

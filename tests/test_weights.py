@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import pickle
 
+import numba
 import numpy as np
 import pytest
 
 from nmbatch.engine import NestedBatchStore, make_algorithm
 from nmbatch.engine.estimator import NestedMiniBatchKMeans
+from nmbatch.engine.kernels.parallel import every_parallel_path
 from nmbatch.engine.seeding import seed_rows
 from tests.engine_helpers import (
     check_retire_invariants,
@@ -329,3 +331,31 @@ def test_pickle_keeps_the_weights():
     np.testing.assert_array_equal(again._store.weights(), w[ids])
     np.testing.assert_array_equal(km._store.weights()[np.argsort(km._store.ids())],
                                   again._store.weights()[np.argsort(ids)])
+
+
+# -- the parallel paths -------------------------------------------------------------------
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="numba's pool has one thread")
+@pytest.mark.parametrize("bounds", ["full", "group"])
+@pytest.mark.parametrize("name", ["nmbatch", "nmbatch.deact", "lloyd"])
+def test_weighted_votes_on_every_parallel_path(name, bounds):
+    """Two threads and every parallel kernel (the votes cast by ``apply_moves``, the
+    pooled dense pass): the same model, bit for bit, as one thread."""
+    X = blobs(1500, 6, 12, seed=3, separation=3.0)
+    w = float_weights(1500, seed=4)
+    models = []
+    for threads in (1, 2):
+        before = numba.get_num_threads()
+        numba.set_num_threads(threads)
+        try:
+            with every_parallel_path():
+                algo = make_algorithm(name, weighted_store(X, w), 12, init="first",
+                                      rho=3.0, batch_size=200, bounds=bounds, random_state=0)
+                for _ in range(15):
+                    before_step = snapshot(algo)
+                    algo.step()
+                    check_step_invariants(algo, before_step)
+        finally:
+            numba.set_num_threads(before)
+        models.append((algo.centroids.copy(), algo.v.copy(), algo.S.copy()))
+    for a, b in zip(*models, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -304,8 +304,9 @@ class KMeansAlgorithm:
         ``allowed`` of them (default :meth:`_doubling_allowance`), with the rules above: a
         moved cluster with ``v(j) <= 1`` fails (``v(j) = 1`` unweighted; with sample
         weights ``v(j)`` is the sum of its samples' weights, and the formulas below are
-        those of ``v(j)`` copies: docs/design.md, "Sample weights"). Under ``metric="cosine"``, ``sigma_C(j)``
-        is the standard error of the direction ``S(j)/||S(j)||``,
+        those of ``v(j)`` copies: docs/design.md, "Sample weights"). Under
+        ``metric="cosine"``, ``sigma_C(j)`` is the standard error of the direction
+        ``S(j)/||S(j)||``,
         ``sqrt(max(v(j) Q(j) - ||S(j)||^2, 0) / ((v(j) - 1) ||S(j)||^2))`` (infinite for
         ``S(j) = 0``; docs/design.md, "Spherical k-means")."""
         if allowed is None:

@@ -50,7 +50,6 @@ __all__ = [
     "list_row",
     "min8",
     "move_vote",
-    "weight_of",
     "open_pairs",
     "prefetch_row",
     "push_candidate",
@@ -60,6 +59,7 @@ __all__ = [
     "sqdist_safe",
     "sqnorm",
     "sqnorms32",
+    "weight_of",
 ]
 
 UNIT_ROUNDOFF32 = 2.0**-24
