@@ -359,3 +359,23 @@ def test_weighted_votes_on_every_parallel_path(name, bounds):
         models.append((algo.centroids.copy(), algo.v.copy(), algo.S.copy()))
     for a, b in zip(*models, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_cluster_emptied_of_fractional_weights_is_empty():
+    """``0.1 + 0.2 + 0.3`` taken back in another order leaves a float64 residue; a cluster
+    with no voting row left has ``S = 0`` and ``v = 0`` exactly (an empty cluster, not
+    a centroid at ``residue / residue``)."""
+    X = np.array([[0.0, 0.0], [0.1, 0.0], [0.0, 0.1], [9.0, 9.0], [9.1, 9.0], [9.0, 9.1]],
+                 dtype=np.float32)
+    w = np.array([0.1, 0.2, 0.7, 0.1, 0.2, 0.3])
+    store = NestedBatchStore(2, seed=0)
+    store.append(X, weights=w)
+    algo = make_algorithm("nmbatch", store, 2, init=np.array([[0, 0], [9, 9]]),
+                          batch_size=6, relocate_empty=False)  # fmt: skip
+    algo.step()
+    far = store.ids()[store.samples()[:, 0] > 5]
+    algo.retire(ids=far[::-1])  # in another order than the votes were cast
+    assert algo.v[1] == 0.0 and not algo.S[1].any() and algo.Q[1] == 0.0
+    centroid = algo.centroids[1].copy()
+    algo.step()
+    np.testing.assert_array_equal(algo.centroids[1], centroid)  # empty: it stays

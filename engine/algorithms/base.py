@@ -150,6 +150,7 @@ class KMeansAlgorithm:
                 rows[out.prefix_to] = rows[out.prefix_from]
             labels[out.batch_size : b_old] = -1  # vacated: these rows hold no vote
             self.batch_size = out.batch_size
+            self._clear_emptied()
             if self.initialized and self._sse_from_sums_on_update:
                 # sse of the retained rows under the current centroids (update discarded).
                 centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
@@ -216,6 +217,24 @@ class KMeansAlgorithm:
         weights = w[: X.shape[0]].copy() if w.shape[0] else None
         self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng, weights)
         self.initialized = True
+
+    def _clear_emptied(self) -> None:
+        """In a weighted store, zero the sums of every cluster left without a voting row
+        (label ``j``, weight > 0) in the prefix. Fractional weights added and taken back
+        need not cancel in float64 (``0.1 + 0.2 - 0.1 - 0.2 != 0``): the residue would
+        make ``S(j)/v(j)`` an arbitrary point instead of an empty cluster. One pass over
+        the prefix labels (numpy), only when weighted; unweighted sums cancel exactly."""
+        w = self.store.weights_buffer
+        if not w.shape[0]:
+            return
+        b = self.batch_size
+        labels = self._labels[:b]
+        voting = (labels >= 0) & (w[:b] > 0)
+        empty = np.bincount(labels[voting], minlength=self.n_clusters) == 0
+        self.S[empty] = 0.0
+        self.v[empty] = 0.0
+        self.Q[empty] = 0.0
+        self.sse[empty] = 0.0
 
     def _weigh_sums(self) -> np.ndarray:
         """The store's weights by row for the kernels (empty: unweighted). The first time

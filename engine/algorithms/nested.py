@@ -303,6 +303,7 @@ class NestedMiniBatch(KMeansAlgorithm):
             self._assign_new(data, b_old, b)
             n_dist += (b - b_old) * k
         self.batch_size = b
+        self._clear_emptied()
         C_prev = self.centroids
         self._update_centroids()
         was_empty = self.v == 0
