@@ -68,9 +68,9 @@ class ModelUseMixin(ClassNamePrefixFeaturesOutMixin):
         labels, _ = nearest(self._rows(X), self.cluster_centers_)
         return labels
 
-    def fit_predict(self, X: object, y: object = None) -> np.ndarray:
-        """``fit(X)`` then return ``labels_`` (``(n,)`` int64)."""
-        return self.fit(X).labels_
+    def fit_predict(self, X: object, y: object = None, sample_weight: object = None) -> np.ndarray:
+        """``fit(X, sample_weight=sample_weight)`` then return ``labels_`` (``(n,)`` int64)."""
+        return self.fit(X, sample_weight=sample_weight).labels_
 
     @with_threads
     def transform(self, X: object) -> np.ndarray:
@@ -96,9 +96,12 @@ class ModelUseMixin(ClassNamePrefixFeaturesOutMixin):
                 np.sqrt(sq, out=out[start : start + rows])
         return out
 
-    def fit_transform(self, X: object, y: object = None) -> np.ndarray:
-        """``fit(X)`` then return ``transform(X)``: ``(n, k)`` float64."""
-        return self.fit(X).transform(X)
+    def fit_transform(
+        self, X: object, y: object = None, sample_weight: object = None
+    ) -> np.ndarray:
+        """``fit(X, sample_weight=sample_weight)`` then return ``transform(X)``: ``(n, k)``
+        float64."""
+        return self.fit(X, sample_weight=sample_weight).transform(X)
 
     @with_threads
     def score(self, X: object, y: object = None, sample_weight: object = None) -> float:

@@ -379,3 +379,16 @@ def test_a_cluster_emptied_of_fractional_weights_is_empty():
     centroid = algo.centroids[1].copy()
     algo.step()
     np.testing.assert_array_equal(algo.centroids[1], centroid)  # empty: it stays
+
+
+def test_fit_predict_and_fit_transform_take_weights():
+    X = blobs(200, 2, 3, seed=4)
+    w = float_weights(200, seed=6)
+    params = dict(n_clusters=3, init=X[:3], batch_size=10_000)
+    km = NestedMiniBatchKMeans(**params).fit(X, sample_weight=w)
+    np.testing.assert_array_equal(
+        NestedMiniBatchKMeans(**params).fit_predict(X, sample_weight=w), km.labels_
+    )
+    np.testing.assert_array_equal(
+        NestedMiniBatchKMeans(**params).fit_transform(X, sample_weight=w), km.transform(X)
+    )
