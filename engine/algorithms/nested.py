@@ -194,12 +194,13 @@ class NestedMiniBatch(KMeansAlgorithm):
 
     def _relocate(self, data: np.ndarray, b: int, C_prev: np.ndarray) -> int:
         """Empty clusters take the batch's farthest samples (:mod:`.relocation`)."""
+        w = self._weigh_sums()  # first: it may make v float64
         return relocate_empty(
             data, b, labels=self._labels, norms=self._xx, S=self.S, v=self.v, Q=self.Q,
             sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
             upper=self._upper if self.bounds else None,
             group_lower=self._bk.relocation_bounds(self._lower) if self.bounds else None,
-            unit=self._unit, weights=self._weigh_sums(),
+            unit=self._unit, weights=w,
         )  # fmt: skip
 
     def _swap(
