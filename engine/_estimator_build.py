@@ -19,7 +19,14 @@ from nmbatch.engine.metric import dissimilarity
 from nmbatch.engine.retention import RetentionPolicy, make_retention
 from nmbatch.engine.store import NestedBatchStore
 
-__all__ = ["ModelBuildMixin"]
+__all__ = ["ModelBuildMixin", "weighted_sum"]
+
+
+def weighted_sum(values: np.ndarray, weights: np.ndarray | None) -> float:
+    """``sum(w * values)`` (``values`` and ``weights`` ``(n,)``; None: ``sum(values)``)."""
+    if weights is None:
+        return float(np.sum(values))
+    return float(np.dot(weights, np.asarray(values, dtype=np.float64)))
 
 
 class ModelBuildMixin:
@@ -72,15 +79,21 @@ class ModelBuildMixin:
         )
 
     def _publish(
-        self, algo: Any, stats: IterationStats, store: NestedBatchStore, X: np.ndarray
+        self,
+        algo: Any,
+        stats: IterationStats,
+        store: NestedBatchStore,
+        X: np.ndarray,
+        weights: np.ndarray | None = None,
     ) -> None:
         """Set the fitted attributes after the step ``stats``; labels and inertia are of
-        ``X`` (``(n, d)`` float32, as the store keeps rows: unit under cosine)."""
+        ``X`` (``(n, d)`` float32, as the store keeps rows: unit under cosine), the
+        inertia weighted by ``weights`` (``(n,)`` float64 or None: 1), as scikit-learn's."""
         centers = np.array(algo.centroids, dtype=np.float32, copy=True)
         labels, sqdist = nearest(X, centers)
         self.cluster_centers_ = centers
         self.labels_ = labels
-        self.inertia_ = float(np.sum(dissimilarity(sqdist, self.metric)))
+        self.inertia_ = weighted_sum(dissimilarity(sqdist, self.metric), weights)
         self.n_iter_ = int(algo.iteration)
         self.batch_size_ = int(stats.batch_size)
         self._count_samples(store)

@@ -31,6 +31,8 @@ class PicklingMixin:
             samples, ids = store.samples(), store.ids()
             order = np.argsort(ids, kind="stable")
             state["_pickled_samples"], state["_pickled_ids"] = samples[order], ids[order]
+            if store.weighted:
+                state["_pickled_weights"] = store.weights()[order]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -40,10 +42,11 @@ class PicklingMixin:
         """Rebuild the store and algorithm dropped by pickling (see ``__getstate__``)."""
         samples = self.__dict__.pop("_pickled_samples")
         ids = self.__dict__.pop("_pickled_ids", None)
+        weights = self.__dict__.pop("_pickled_weights", None)
         store_seed, algo_seed = spawn_seeds(np.random.SeedSequence(self._algo_seed), 2)
         # Unit rows under cosine come back as they were (unit_rows keeps a unit row).
         store = self._make_store(samples.shape[1], store_seed, len(samples))
-        store.append(samples, ids=ids)
+        store.append(samples, ids=ids, weights=weights)
         fitted = hasattr(self, "cluster_centers_")
         init = (
             self.cluster_centers_

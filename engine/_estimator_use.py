@@ -17,7 +17,9 @@ import numpy as np
 from sklearn.base import ClassNamePrefixFeaturesOutMixin
 from sklearn.utils.validation import check_is_fitted
 
+from nmbatch.engine._estimator_build import weighted_sum
 from nmbatch.engine._estimator_checks import check_X
+from nmbatch.engine._validation import as_sample_weight
 from nmbatch.engine.assign import nearest
 from nmbatch.engine.metric import dissimilarity, metric_rows
 from nmbatch.engine.threads import with_threads
@@ -66,9 +68,9 @@ class ModelUseMixin(ClassNamePrefixFeaturesOutMixin):
         labels, _ = nearest(self._rows(X), self.cluster_centers_)
         return labels
 
-    def fit_predict(self, X: object, y: object = None) -> np.ndarray:
-        """``fit(X)`` then return ``labels_`` (``(n,)`` int64)."""
-        return self.fit(X).labels_
+    def fit_predict(self, X: object, y: object = None, sample_weight: object = None) -> np.ndarray:
+        """``fit(X, sample_weight=sample_weight)`` then return ``labels_`` (``(n,)`` int64)."""
+        return self.fit(X, sample_weight=sample_weight).labels_
 
     @with_threads
     def transform(self, X: object) -> np.ndarray:
@@ -94,18 +96,24 @@ class ModelUseMixin(ClassNamePrefixFeaturesOutMixin):
                 np.sqrt(sq, out=out[start : start + rows])
         return out
 
-    def fit_transform(self, X: object, y: object = None) -> np.ndarray:
-        """``fit(X)`` then return ``transform(X)``: ``(n, k)`` float64."""
-        return self.fit(X).transform(X)
+    def fit_transform(
+        self, X: object, y: object = None, sample_weight: object = None
+    ) -> np.ndarray:
+        """``fit(X, sample_weight=sample_weight)`` then return ``transform(X)``: ``(n, k)``
+        float64."""
+        return self.fit(X, sample_weight=sample_weight).transform(X)
 
     @with_threads
-    def score(self, X: object, y: object = None) -> float:
+    def score(self, X: object, y: object = None, sample_weight: object = None) -> float:
         """Minus the inertia of ``X``: ``-sum(min_j ||x - c_j||^2)`` (higher is better);
         under ``metric="cosine"`` minus the sum of cosine dissimilarities,
-        ``-sum(min_j (1 - cos(x, c_j)))``."""
+        ``-sum(min_j (1 - cos(x, c_j)))``; each term times its ``sample_weight`` if given
+        (``(n,)``, each >= 0 and finite, as in ``fit``)."""
         self._check_fitted()
-        _, sqdist = nearest(self._rows(X), self.cluster_centers_)
-        return -float(np.sum(dissimilarity(sqdist, self.metric)))
+        rows = self._rows(X)
+        w = as_sample_weight(sample_weight, rows.shape[0])
+        _, sqdist = nearest(rows, self.cluster_centers_)
+        return -weighted_sum(dissimilarity(sqdist, self.metric), w)
 
     @property
     def _n_features_out(self) -> int:

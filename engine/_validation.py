@@ -5,7 +5,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["all_finite", "as_float32_matrix"]
+__all__ = ["all_finite", "as_float32_matrix", "as_sample_weight"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -58,3 +58,35 @@ def as_float32_matrix(
     if not all_finite(out):
         raise ValueError(f"{name} contains NaN or infinity (or values too large for float32)")
     return out
+
+
+def as_sample_weight(weight: object, n: int, *, name: str = "sample_weight") -> np.ndarray | None:
+    """Return the weights of ``n`` samples as a ``(n,)`` ``float64`` array, or None when
+    every weight is 1 (``weight`` None, or all ones): unweighted, which costs nothing.
+
+    A scalar gives every sample that weight. Raises ``ValueError`` for a wrong shape,
+    a non-numeric dtype, or a negative, NaN or infinite weight. A weight of 0 is
+    accepted: the sample is stored but counts nowhere (docs/design.md, "Sample weights").
+    """
+    if weight is None:
+        return None
+    try:
+        w = np.asarray(weight)
+    except Exception as exc:
+        raise ValueError(f"{name} is not a numeric array: {exc}") from None
+    if w.dtype == object or not (
+        np.issubdtype(w.dtype, np.number) or np.issubdtype(w.dtype, np.bool_)
+    ) or np.issubdtype(w.dtype, np.complexfloating):
+        raise ValueError(f"{name} must be real numbers, got dtype {w.dtype}")
+    if w.ndim == 0:
+        w = np.full(n, w, dtype=np.float64)
+    if w.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},) (one weight per sample), got {w.shape}")
+    w = np.ascontiguousarray(w, dtype=np.float64)
+    if not np.isfinite(w).all():
+        raise ValueError(f"{name} contains NaN or infinity")
+    if n and w.min() < 0:
+        raise ValueError(f"{name} must be >= 0, got {w.min()} (sample {int(w.argmin())})")
+    if (w == 1.0).all():
+        return None
+    return w

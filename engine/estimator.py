@@ -50,6 +50,7 @@ from nmbatch.engine._estimator_checks import (
 )
 from nmbatch.engine._estimator_pickle import PicklingMixin
 from nmbatch.engine._estimator_use import ModelUseMixin
+from nmbatch.engine._validation import as_sample_weight
 from nmbatch.engine.algorithms import IterationStats
 from nmbatch.engine.backend import RayBackend, ray_backend
 from nmbatch.engine.hosting import LocalEngine, iterate, offer
@@ -306,8 +307,16 @@ class NestedMiniBatchKMeans(
     # -- fitting ----------------------------------------------------------------------
     @_fit_context(prefer_skip_nested_validation=True)
     @with_kernel_threads
-    def fit(self, X: object, y: object = None) -> NestedMiniBatchKMeans:
+    def fit(
+        self, X: object, y: object = None, sample_weight: object = None
+    ) -> NestedMiniBatchKMeans:
         """Cluster ``X`` (shape ``(n, d)``, any real dtype); ``y`` is ignored.
+
+        ``sample_weight``: ``(n,)`` (or a scalar), each weight ``>= 0`` and finite, else
+        ``ValueError``; None: every weight 1. A sample of weight ``w`` votes ``w`` times
+        (``S(j) += w x``, ``v(j) += w``): the model of ``w`` copies of it (docs/design.md,
+        "Sample weights"); a weight of 0 keeps the sample out of every sum (all zero:
+        ``ValueError``).
 
         Runs iterations until the algorithm converges, ``max_iter`` is reached or
         ``callback`` returns ``True``. On a ``ValueError`` (bad parameter, bad ``X``,
@@ -320,12 +329,17 @@ class NestedMiniBatchKMeans(
         k = int(self.n_clusters)
         if n < k:
             raise ValueError(f"n_samples={n} should be >= n_clusters={k}.")
+        weights = as_sample_weight(sample_weight, n)
+        if weights is not None and not weights.any():
+            raise ValueError("sample_weight is zero for every sample: nothing to cluster")
         init = check_init(self.init, k, d)
         store_seed, algo_seed, policy_seed = spawn_seeds(seed_sequence(self.random_state), 3)
         policy = self._make_retention(policy_seed)
         admission = policy.admit(n)  # a capacity below n refuses the fit
         ray = ray_backend(self.backend)
         if ray is not None:  # nmbatch.engine.distributed, imported only here
+            if weights is not None:
+                raise NotImplementedError("sample_weight is not supported by the Ray backend yet")
             from nmbatch.engine.distributed.fit import fit_estimator
 
             return fit_estimator(self, X32, init, store_seed, algo_seed, policy, ray)
@@ -333,7 +347,7 @@ class NestedMiniBatchKMeans(
         # X32 in a uniformly random order; rows are copied as the batch reaches them, so
         # the first step runs after b_0 rows are copied, not n (NestedBatchStore.load).
         store = self._make_store(d, store_seed, n)
-        store.load(X32, checked=True)
+        store.load(X32, checked=True, weights=weights)
         algo = self._make_algorithm(store, init, algo_seed)
         callback = self.callback
         for _ in range(int(self.max_iter)):
@@ -349,7 +363,7 @@ class NestedMiniBatchKMeans(
         self.__dict__.pop("_pickled_samples", None)
         self.__dict__.pop("_pickled_ids", None)
         self.n_features_in_ = d
-        self._publish(algo, stats, store, X32)
+        self._publish(algo, stats, store, X32, weights)
         # The fitted model is of all rows; the policy keeps what it admits from now on.
         if admission.keep.shape[0] < n:
             algo.retire(ids=np.setdiff1d(np.arange(n), admission.ids))
@@ -359,7 +373,12 @@ class NestedMiniBatchKMeans(
     @_fit_context(prefer_skip_nested_validation=True)
     @with_kernel_threads
     def partial_fit(
-        self, X: object, y: object = None, *, now: float | None = None
+        self,
+        X: object,
+        y: object = None,
+        sample_weight: object = None,
+        *,
+        now: float | None = None,
     ) -> NestedMiniBatchKMeans:
         """Offer ``X`` (shape ``(m, d)``) to the retention policy, then run one iteration
         (and up to ``catch_up`` more while each reassigns over 1% of the batch or
@@ -370,13 +389,16 @@ class NestedMiniBatchKMeans(
         ``time.time()``). The first call (or the first after ``fit``'s model was
         unpickled) starts the model. While the store holds fewer than ``n_clusters``
         samples no iteration runs. ``labels_`` and ``inertia_`` then describe the chunk
-        ``X``; ``callback``, if set, is called after the iteration. On a ``ValueError``
-        nothing is stored and the estimator is unchanged.
+        ``X`` (``inertia_`` weighted); ``callback``, if set, is called after the iteration.
+        ``sample_weight``: as in :meth:`fit`; stored with the rows, so a retired sample
+        takes its weighted vote back. On a ``ValueError`` nothing is stored and the
+        estimator is unchanged.
         """
         started = "_store" in self.__dict__ or "_pickled_samples" in self.__dict__
         if not started:
             check_param_combinations(self.get_params())
             X32 = metric_rows(self._check_X(X, reset=True), self.metric)
+            weights = as_sample_weight(sample_weight, X32.shape[0])
             d = X32.shape[1]
             init = check_init(self.init, self.n_clusters, d)
             store_seed, algo_seed, policy_seed = spawn_seeds(seed_sequence(self.random_state), 3)
@@ -384,7 +406,7 @@ class NestedMiniBatchKMeans(
             store = self._make_store(d, store_seed, max(4096, len(X32)))
             algo = self._make_algorithm(store, init, algo_seed)
             host = LocalEngine.around(store, algo)
-            offer(policy, host, X32, now)  # a capacity below the chunk: unchanged
+            offer(policy, host, X32, now, weights)  # a capacity below the chunk: unchanged
             self._store, self._algorithm, self._algo_seed = store, algo, algo_seed
             self._retention = policy
             self._partial_fit_key = self._fit_key()
@@ -397,16 +419,17 @@ class NestedMiniBatchKMeans(
                 )
             check_callback(self.callback)
             X32 = metric_rows(self._check_X(X, reset=False), self.metric)
+            weights = as_sample_weight(sample_weight, X32.shape[0])
             if "_pickled_samples" in self.__dict__:
                 self._resume_after_unpickling()
             store, algo = self._store, self._algorithm
             host = LocalEngine.around(store, algo)
-            offer(self._retention, host, X32, now)
+            offer(self._retention, host, X32, now, weights)
         self._count_samples(store)
 
         def publish(state: ModelState) -> None:  # the fitted attributes, then the callback
             assert state.stats is not None
-            self._publish(algo, state.stats, store, X32)
+            self._publish(algo, state.stats, store, X32, weights)
             if self.callback is not None:
                 self.callback(state.stats, state)
 

@@ -74,6 +74,7 @@ def pooled_assign(
     lower_bounds: np.ndarray | None = None,
     upper_bounds: np.ndarray | None = None,
     group_of: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> int:
     """:func:`~nmbatch.engine.kernels.dense.assign_dense` (``group_of`` None) or
     :func:`~nmbatch.engine.kernels.grouped_dense.assign_dense_grouped` of ``rows``,
@@ -98,7 +99,7 @@ def pooled_assign(
         chunk_product(X, r, Ct, dots)
         head = (X, r, 0, hi - lo, xx[lo:hi], fill, dots, C, cc, g_gemm, g, remove, labels,
                 dist2, lower, upper)  # fmt: skip
-        tail = (_NO_S, _NO_V, EMPTY_F64, EMPTY_F64, prev[lo:hi], old_d2[lo:hi])
+        tail = (_NO_S, _NO_V, EMPTY_F64, EMPTY_F64, EMPTY_F64, prev[lo:hi], old_d2[lo:hi])
         if group_of is None:
             return int(_dense._dense_range(*head, *tail))
         return int(_grouped._dense_range(*head, group_of, *tail))
@@ -107,7 +108,7 @@ def pooled_assign(
     jobs = [pool(n_threads()).submit(chunk, lo, hi) for lo, hi in spans]
     n_changed = sum(job.result() for job in jobs)
     apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx, sse=sse,
-                old_dist2=old_d2, new_dist2=dist2[rows])  # fmt: skip
+                old_dist2=old_d2, new_dist2=dist2[rows], weights=weights)  # fmt: skip
     if fill and sqnorms is not None:
         sqnorms[rows] = xx
     return n_changed

@@ -39,6 +39,13 @@ Concurrency: ``b`` and ``N`` change under one lock; appends only ever write at p
 into a new buffer, so a reader holding the old array still sees a valid, unchanged prefix.
 ``retire`` (also under the lock) moves prefix rows: it runs between the algorithm's steps,
 which read their frozen prefix without the lock.
+
+Sample weights: each row may carry a weight ``w >= 0`` (``append``/``load`` with
+``weights=``), kept in one ``float64`` array beside the ids and moved with the rows.
+``float64`` because the votes it scales are summed in ``float64`` (``S``, ``v``, ``Q``):
+a ``float32`` copy would round a weight such as 0.1, and the model would no longer be the
+one of the weights given. Until a weight other than 1 is stored there is no array at
+all (``weights_buffer`` is empty): an unweighted store costs nothing more than before.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nmbatch.engine._validation import as_float32_matrix
+from nmbatch.engine._validation import as_float32_matrix, as_sample_weight
 from nmbatch.engine.kernels.retire import compact_rows, mark_ids
 from nmbatch.engine.kernels.shuffle import shuffle_insert, shuffle_order
 from nmbatch.engine.metric import check_metric, metric_rows
@@ -66,6 +73,9 @@ RESERVE_BYTES = 64 << 30
 """Address space reserved per store for in-place growth (64 GiB, of the 128 TiB a 64-bit
 process has; memory is committed only as rows are written)."""
 
+
+_NO_WEIGHTS = np.empty(0, dtype=np.float64)
+_NO_WEIGHTS.flags.writeable = False
 
 _NORESERVE_4000 = ("x86_64", "AMD64", "i686", "aarch64", "arm64", "armv7l")
 
@@ -164,6 +174,8 @@ class NestedBatchStore:
         self._source: np.ndarray | None = None
         self._order = np.empty(0, dtype=np.int64)
         self._loaded = 0
+        # Weight of each row, (capacity,) float64; None while every weight is 1.
+        self._w: np.ndarray | None = None
 
     # -- sizes ------------------------------------------------------------------------
     @property
@@ -192,9 +204,32 @@ class NestedBatchStore:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the rows and their ids may occupy: the current capacity, ``(d + 2) * 4``
-        per row (an upper bound on the memory committed, which grows with ``N``)."""
-        return int(self._data.nbytes + self._ids.nbytes)
+        """Bytes the rows, their ids and weights may occupy: the current capacity,
+        ``(d + 2) * 4`` per row, 8 more once weighted (an upper bound on the memory
+        committed, which grows with ``N``)."""
+        w = 0 if self._w is None else self._w.nbytes
+        return int(self._data.nbytes + self._ids.nbytes + w)
+
+    @property
+    def weighted(self) -> bool:
+        """True once a row with a weight other than 1 was stored."""
+        return self._w is not None
+
+    @property
+    def weights_buffer(self) -> np.ndarray:
+        """The weight of each row by position, ``(capacity,)`` float64, rows ``[0, N)``
+        valid; empty ``(0,)`` while unweighted (every weight 1), which is how the kernels
+        take it. Read without the lock (for ``retire``'s ``on_prefix``): like the rows,
+        a prefix weight never changes while the prefix holds it."""
+        w = self._w
+        return _NO_WEIGHTS if w is None else w
+
+    def weights(self) -> np.ndarray:
+        """Copy of the weight of each stored row, ``(N,)`` float64 (ones if unweighted)."""
+        with self.lock:
+            if self._w is None:
+                return np.ones(self._n, dtype=np.float64)
+            return self._w[: self._n].copy()
 
     # -- reading ----------------------------------------------------------------------
     @property
@@ -248,7 +283,12 @@ class NestedBatchStore:
 
     # -- writing ----------------------------------------------------------------------
     def append(
-        self, X: np.ndarray, ids: np.ndarray | None = None, *, any_order: bool = False
+        self,
+        X: np.ndarray,
+        ids: np.ndarray | None = None,
+        *,
+        any_order: bool = False,
+        weights: np.ndarray | None = None,
     ) -> int:
         """Append the rows of ``X`` (shape ``(m, d)``, any real dtype) to the shuffled tail.
 
@@ -257,11 +297,13 @@ class NestedBatchStore:
         next ``m`` ids. ``any_order``: ``ids`` are non-negative in any order and distinct
         from each other and from every stored id (the caller's guarantee: a retained set
         restored in its own order); ``n_ingested`` becomes at least ``max(ids) + 1``.
+        ``weights``: ``(m,)`` (or a scalar), each ``>= 0`` and finite; default 1.
         Raises ``ValueError`` (and stores nothing) for a wrong shape, non-finite values,
-        a zero row under ``metric="cosine"`` or bad ids. Returns the new ``N``.
+        a zero row under ``metric="cosine"``, bad ids or bad weights. Returns the new ``N``.
         """
         X = metric_rows(as_float32_matrix(X, dim=self.dim, allow_empty=True), self.metric)
         m = X.shape[0]
+        w = as_sample_weight(weights, m, name="weights")
         if ids is not None:
             ids = np.asarray(ids)
             if ids.shape != (m,) or (m and not np.issubdtype(ids.dtype, np.integer)):
@@ -285,6 +327,8 @@ class NestedBatchStore:
                 self._grow_capacity(n + m)
             # Swap partner of the t-th new row: uniform in [b, n + t].
             swap = self._rng.integers(b, n + np.arange(m, dtype=np.int64) + 1)
+            if w is not None or self._w is not None:
+                self._weigh(w, n, m, swap)
             shuffle_insert(X, swap, n, self._data, self._ids, ids)
             self._n = n + m
             self._next_id = max(self._next_id, int(ids.max()) + 1)
@@ -331,6 +375,10 @@ class NestedBatchStore:
             if on_prefix is not None and n_prefix:
                 on_prefix(self._data, prefix_rows)
             moves = compact_rows(self._data, self._ids, rows, b, n)
+            if self._w is not None:  # the weights move as the rows did
+                prefix_from, prefix_to, tail_from, tail_to = moves
+                self._w[prefix_to] = self._w[prefix_from]
+                self._w[tail_to] = self._w[tail_from]
             self._b = b - n_prefix
             self._n = n - rows.shape[0]
             self._n_retired += int(rows.shape[0])
@@ -363,7 +411,14 @@ class NestedBatchStore:
             self._fill(self._b)
             return self._data, self._b
 
-    def load(self, X: np.ndarray, *, first: int = 0, checked: bool = False) -> int:
+    def load(
+        self,
+        X: np.ndarray,
+        *,
+        first: int = 0,
+        checked: bool = False,
+        weights: np.ndarray | None = None,
+    ) -> int:
         """Fill the empty store with the rows of ``X`` (``(n, d)``) in a uniformly random
         order, copying only rows ``[0, first)`` now (the rest as the prefix reaches them).
 
@@ -375,7 +430,8 @@ class NestedBatchStore:
         ``float32`` array, of unit rows under ``metric="cosine"`` (``fit``'s validated
         input; not copied, read until the load is finished: do not modify it before
         :meth:`finish_loading`); otherwise it is validated and converted as by
-        ``append``. Raises ``ValueError`` if the store is not empty (or, unchecked, for a
+        ``append``. ``weights`` as by ``append`` (row ``r`` gets ``weights[order[r]]``).
+        Raises ``ValueError`` if the store is not empty (or, unchecked, for a
         bad ``X``). Returns the new ``N``.
         """
         if not checked:
@@ -383,6 +439,7 @@ class NestedBatchStore:
         elif X.dtype != np.float32 or X.ndim != 2 or X.shape[1] != self.dim:
             raise ValueError(f"X must be (n, {self.dim}) float32, got {X.dtype} {X.shape}")
         n = X.shape[0]
+        w = as_sample_weight(weights, n, name="weights")
         with self.lock:
             if self._n or self._source is not None:
                 raise ValueError(f"load needs an empty store; it holds {self._n} rows")
@@ -395,6 +452,9 @@ class NestedBatchStore:
             order = np.empty(n, dtype=np.int64)
             shuffle_order(swap, order)
             np.add(order, self._next_id, out=self._ids[:n])
+            if w is not None:
+                self._w = np.ones(self._data.shape[0], dtype=np.float64)
+                np.take(w, order, out=self._w[:n])
             self._source, self._order, self._loaded = np.ascontiguousarray(X), order, 0
             self._n = n
             self._next_id += n
@@ -422,6 +482,17 @@ class NestedBatchStore:
         if stop >= self._n:  # every row copied: let go of the caller's array
             self._source, self._order = None, np.empty(0, dtype=np.int64)
 
+    def _weigh(self, w: np.ndarray | None, n: int, m: int, swap: np.ndarray) -> None:
+        """Place the weights ``w`` (None: ones) of ``m`` rows appended after ``n`` as
+        :func:`shuffle_insert` places the rows (the same swaps; under the lock). The
+        first weight other than 1 makes the array, with weight 1 for the rows before."""
+        if self._w is None:
+            self._w = np.ones(self._data.shape[0], dtype=np.float64)
+        new = np.ones(m, dtype=np.float64) if w is None else w
+        scratch = np.empty(n + m, dtype=np.int64)  # the ids move in the rows' own call
+        shuffle_insert(new.reshape(m, 1), swap, n, self._w.reshape(-1, 1), scratch,
+                       np.zeros(m, dtype=np.int64))
+
     @property
     def grows_in_place(self) -> bool:
         """True while the rows live in the reserved range (growth copies nothing)."""
@@ -436,6 +507,7 @@ class NestedBatchStore:
                 ids = np.empty(capacity, dtype=np.int64)
                 ids[: self._n] = self._ids[: self._n]
                 self._ids = ids
+                self._grow_weights(capacity)
                 return
             self._region = None  # the range is full: from now on, double and copy
         data = np.empty((capacity, self.dim), dtype=np.float32)
@@ -444,3 +516,12 @@ class NestedBatchStore:
         ids[: self._n] = self._ids[: self._n]
         # Publish the new buffers only once they are complete.
         self._data, self._ids = data, ids
+        self._grow_weights(capacity)
+
+    def _grow_weights(self, capacity: int) -> None:
+        """A new weight array of ``capacity`` rows (if any), rows ``[0, N)`` copied."""
+        if self._w is None:
+            return
+        w = np.ones(capacity, dtype=np.float64)
+        w[: self._n] = self._w[: self._n]
+        self._w = w

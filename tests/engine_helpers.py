@@ -95,24 +95,47 @@ def filled_store(
 
 
 def assert_sums_are_means(
-    S: np.ndarray, v: np.ndarray, X: np.ndarray, labels: np.ndarray, *, rtol: float = 1e-9
+    S: np.ndarray,
+    v: np.ndarray,
+    X: np.ndarray,
+    labels: np.ndarray,
+    *,
+    rtol: float = 1e-9,
+    weights: np.ndarray | None = None,
 ) -> None:
     """``v(j)`` counts the rows labelled ``j`` and ``S(j)/v(j)`` is their mean.
 
     Rows with a negative label are ignored. ``X``: (n, d) float32, ``labels``: (n,).
+    ``weights`` (n,) float64 (the weighted twin): ``v(j)`` is the sum of the weights of
+    the rows labelled ``j`` (to ``rtol`` of the total weight: float sums in another
+    order) and ``S(j)/v(j)`` their weighted mean; weight-0 rows count nowhere.
     """
     k = v.shape[0]
     seen = labels >= 0
-    counts = np.bincount(labels[seen], minlength=k)
-    np.testing.assert_array_equal(v, counts)
     X64 = X.astype(np.float64)
     scale = max(float(np.abs(X64).max()) if X64.size else 0.0, 1e-300)
+    if weights is None:
+        counts = np.bincount(labels[seen], minlength=k)
+        np.testing.assert_array_equal(v, counts)
+        w = np.ones(labels.shape[0])
+    else:
+        w = weights
+        counts = np.bincount(labels[seen], weights=w[seen], minlength=k)
+        total = max(float(w[seen].sum()), 1.0)
+        np.testing.assert_allclose(v, counts, rtol=rtol, atol=rtol * total)
     for j in range(k):
         if counts[j] == 0:
-            np.testing.assert_allclose(S[j], 0.0, atol=rtol * scale * max(int(seen.sum()), 1))
+            atol = rtol * scale * max(float(w[seen].sum()), 1.0)
+            np.testing.assert_allclose(S[j], 0.0, atol=atol)
             continue
-        mean = X64[labels == j].mean(axis=0)
+        mine = labels == j
+        mean = (w[mine, None] * X64[mine]).sum(axis=0) / w[mine].sum()
         np.testing.assert_allclose(S[j] / v[j], mean, rtol=rtol, atol=rtol * scale)
+
+
+def prefix_weights(algo, b: int) -> np.ndarray | None:
+    """The weights of the prefix rows ``[0, b)`` of a weighted store, else None."""
+    return algo.store.weights()[:b] if algo.store.weighted else None
 
 
 @dataclass
@@ -177,8 +200,13 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
     seen = labels >= 0
     if all_revisited:
         assert seen.all(), f"{int((~seen).sum())} prefix rows have no label (-1)"
-    assert int(algo.v.sum()) == int(seen.sum())
-    assert_sums_are_means(algo.S, algo.v, X, labels)
+    w = prefix_weights(algo, b)
+    if w is None:
+        assert int(algo.v.sum()) == int(seen.sum())
+    else:  # the weighted twin: v sums to the weight of the voting rows
+        np.testing.assert_allclose(algo.v.sum(), w[seen].sum(), rtol=1e-9)
+    assert_sums_are_means(algo.S, algo.v, X, labels, weights=w)
+    wb = np.ones(b) if w is None else w
 
     metric = getattr(algo, "metric", "euclidean")
     if metric == "cosine":
@@ -198,7 +226,7 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
     relocated = getattr(algo, "n_relocated", 0)  # empty clusters given a sample by the step
     if relocated:
         own = centroids_ref(X.astype(np.float64), np.ones(b, dtype=np.int64), metric)[0]
-        alone = (algo.v[labels] == 1) & (algo.centroids[labels] == own).all(axis=1)
+        alone = (algo.v[labels] == wb) & (algo.centroids[labels] == own).all(axis=1)
         alone[moved_rows] = False  # a swap's one-row part is not a relocation
         ref, _ = brute_nearest(X, before.centroids)
         moved = alone & (labels != ref)
@@ -238,7 +266,7 @@ def check_step_invariants(algo, before: Snapshot, *, all_revisited: bool = True)
     if getattr(algo, "name", "").startswith(("nmbatch", "elkan")):
         # sse(j) = sum of ||x(i) - c(j)||^2 over the samples of j, centroids of the step.
         resid = ((X.astype(np.float64) - before.centroids[labels].astype(np.float64)) ** 2).sum(1)
-        sse = np.bincount(labels, weights=resid, minlength=algo.n_clusters)
+        sse = np.bincount(labels, weights=wb * resid, minlength=algo.n_clusters)
         scale = max(float(((X.astype(np.float64)) ** 2).sum()), 1.0)
         np.testing.assert_allclose(algo.sse, sse, rtol=1e-7, atol=1e-11 * scale)
 
@@ -282,8 +310,13 @@ def check_retire_invariants(algo, before: dict[int, tuple], retired: set[int]) -
         assert state == before[i], f"the state of id {i} changed"
     X = np.array(store.data[:b])
     labels = algo.labels()
-    assert int(algo.v.sum()) == int((labels >= 0).sum())
-    assert_sums_are_means(algo.S, algo.v, X, labels)
+    w = prefix_weights(algo, b)
+    if w is None:
+        assert int(algo.v.sum()) == int((labels >= 0).sum())
+    else:  # the weighted twin
+        np.testing.assert_allclose(algo.v.sum(), w[labels >= 0].sum(), rtol=1e-9, atol=1e-9)
+    assert_sums_are_means(algo.S, algo.v, X, labels, weights=w)
+    wb = np.ones(b) if w is None else w
     np.testing.assert_array_equal(algo.counts, algo.v)
     if not algo.initialized or b == 0:
         return
@@ -291,7 +324,7 @@ def check_retire_invariants(algo, before: dict[int, tuple], retired: set[int]) -
     X64 = X.astype(np.float64)
     if getattr(algo, "name", "").startswith(("nmbatch", "elkan")) and set(before) & retired:
         resid = ((X64 - C[labels]) ** 2).sum(1)
-        sse = np.bincount(labels, weights=resid, minlength=algo.n_clusters)
+        sse = np.bincount(labels, weights=wb * resid, minlength=algo.n_clusters)
         scale = max(float((X64**2).sum()), 1.0)
         np.testing.assert_allclose(algo.sse, sse, rtol=1e-7, atol=1e-11 * scale)
     lower_bounds = getattr(algo, "lower_bounds", None)

@@ -95,10 +95,22 @@ def assert_same_state(est: NestedMiniBatchKMeans, before: dict[str, object]) -> 
 def _expected_failures(estimator: NestedMiniBatchKMeans) -> dict[str, str]:
     """The checks an estimator fails by design: under cosine, the dtype check's integer
     copies of ``3 * uniform`` data hold all-zero rows, which have no direction and are
-    refused (``tests/test_cosine.py`` fits every one of its dtypes without them)."""
+    refused (``tests/test_cosine.py`` fits every one of its dtypes without them).
+
+    The sample-weight equivalence check fits integer weights and the repeated rows from
+    the same ``random_state``: the two stores hold different rows, so their shuffles and
+    seedings differ and so may the local optima (scikit-learn's own ``KMeans`` and
+    ``BisectingKMeans`` expect the same failure). ``tests/test_weights.py`` asserts the
+    equivalence with a fixed ``init`` and the full batch, where it holds exactly."""
+    out = {
+        "check_sample_weight_equivalence_on_dense_data": (
+            "random seeding and shuffle differ between weighted and repeated rows "
+            "(as KMeans); exact with a fixed init in tests/test_weights.py"
+        ),
+    }
     if estimator.metric == "cosine":
-        return {"check_estimators_dtypes": "integer data with a zero row: refused by cosine"}
-    return {}
+        out["check_estimators_dtypes"] = "integer data with a zero row: refused by cosine"
+    return out
 
 
 _sklearn_checks = parametrize_with_checks(CHECKED, expected_failed_checks=_expected_failures)

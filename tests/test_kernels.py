@@ -467,7 +467,7 @@ def test_remove_votes_leaves_the_sums_of_the_other_rows(seed, N, k, cached_norms
     rows = np.flatnonzero(rng.random(N - 1) < 0.5).astype(np.int64)  # the last row stays
     xx = sqnorms(X) if cached_norms else np.empty(0)
     n_votes = remove_votes(X, rows, state.labels, xx, state.dist2, state.S, state.v,
-                           state.Q, state.sse)
+                           state.Q, state.sse, np.empty(0))
     assert n_votes == int(keep[rows].sum())
     assert (state.labels[rows] == -1).all()
     kept = keep.copy()

@@ -137,9 +137,11 @@ class KMeansAlgorithm:
                 f"batch ({self.batch_size} rows): grow it only through step()"
             )
         labels, xx, dist2 = self._vote_arrays()
+        self._weigh_sums()  # v float64 before a weighted vote leaves it
 
         def take_back(data: np.ndarray, rows: np.ndarray) -> None:
-            remove_votes(data, rows, labels, xx, dist2, self.S, self.v, self.Q, self.sse)
+            remove_votes(data, rows, labels, xx, dist2, self.S, self.v, self.Q, self.sse,
+                         self.store.weights_buffer)
 
         out = self.store.retire(ids=ids, before=before, on_prefix=take_back)
         if out.n_prefix:
@@ -148,6 +150,7 @@ class KMeansAlgorithm:
                 rows[out.prefix_to] = rows[out.prefix_from]
             labels[out.batch_size : b_old] = -1  # vacated: these rows hold no vote
             self.batch_size = out.batch_size
+            self._clear_emptied()
             if self.initialized and self._sse_from_sums_on_update:
                 # sse of the retained rows under the current centroids (update discarded).
                 centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
@@ -166,8 +169,8 @@ class KMeansAlgorithm:
     def energy_estimate(self) -> float:
         """Mean ``d(i)^2`` over the samples the algorithm holds (``sse.sum() / b``); under
         ``metric="cosine"`` the mean cosine dissimilarity ``1 - cos = d(i)^2 / 2``."""
-        b = int(self.v.sum())
-        if not b:
+        b = self.v.sum()  # the weight of the samples held (their number, unweighted)
+        if not b > 0:
             return float("nan")
         return float(max(self.sse.sum(), 0.0) / b) / (2.0 if self._unit else 1.0)
 
@@ -208,9 +211,40 @@ class KMeansAlgorithm:
 
     # -- shared machinery -------------------------------------------------------------
     def _initialise(self, X: np.ndarray) -> None:
-        """Set the starting centroids from the first rows ``X`` of the store (not votes)."""
-        self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng)
+        """Set the starting centroids from the first rows ``X`` of the store (not votes),
+        drawn by their weights in a weighted store."""
+        w = self.store.weights_buffer
+        weights = w[: X.shape[0]].copy() if w.shape[0] else None
+        self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng, weights)
         self.initialized = True
+
+    def _clear_emptied(self) -> None:
+        """In a weighted store, zero the sums of every cluster left without a voting row
+        (label ``j``, weight > 0) in the prefix. Fractional weights added and taken back
+        need not cancel in float64 (``0.1 + 0.2 - 0.1 - 0.2 != 0``): the residue would
+        make ``S(j)/v(j)`` an arbitrary point instead of an empty cluster. One pass over
+        the prefix labels (numpy), only when weighted; unweighted sums cancel exactly."""
+        w = self.store.weights_buffer
+        if not w.shape[0]:
+            return
+        b = self.batch_size
+        labels = self._labels[:b]
+        voting = (labels >= 0) & (w[:b] > 0)
+        empty = np.bincount(labels[voting], minlength=self.n_clusters) == 0
+        self.S[empty] = 0.0
+        self.v[empty] = 0.0
+        self.Q[empty] = 0.0
+        self.sse[empty] = 0.0
+
+    def _weigh_sums(self) -> np.ndarray:
+        """The store's weights by row for the kernels (empty: unweighted). The first time
+        the store is weighted, ``v`` (and ``counts``) become float64 sums of weights: an
+        unweighted model keeps its int64 counts and its kernels' signatures."""
+        w = self.store.weights_buffer
+        if w.shape[0] and self.v.dtype != np.float64:
+            self.v = self.v.astype(np.float64)
+            self.counts = self.counts.astype(np.float64)
+        return w
 
     def _require_samples(self) -> None:
         if not self.ready():
@@ -249,10 +283,12 @@ class KMeansAlgorithm:
         C = self.centroids
         Ct = np.ascontiguousarray(C.T)
         cc = sqnorms(C)
+        w = self._weigh_sums()
         common = {
             "labels": labels, "dist2": dist2, "S": self.S, "v": self.v, "sse": self.sse,
             "Q": self.Q, "remove": remove, "sqnorms": norms, "sqnorms_known": not fresh,
             "lower_bounds": lower, "upper_bounds": upper,
+            "weights": w if w.shape[0] else None,
         }  # fmt: skip
         if use_pool(rows.shape[0], C.shape[0], C.shape[1]):
             return pooled_assign(data, rows, C, Ct, cc, group_of=groups, **common)
@@ -285,8 +321,11 @@ class KMeansAlgorithm:
     def _doubling_test(self, rho: float, allowed: int | None = None) -> bool:
         """``sigma_C(j) / p(j) > rho`` for every non-empty moved cluster but at most
         ``allowed`` of them (default :meth:`_doubling_allowance`), with the rules above: a
-        moved cluster with ``v(j) = 1`` fails. Under ``metric="cosine"``, ``sigma_C(j)``
-        is the standard error of the direction ``S(j)/||S(j)||``,
+        moved cluster with ``v(j) <= 1`` fails (``v(j) = 1`` unweighted; with sample
+        weights ``v(j)`` is the sum of its samples' weights, and the formulas below are
+        those of ``v(j)`` copies: docs/design.md, "Sample weights"). Under
+        ``metric="cosine"``, ``sigma_C(j)`` is the standard error of the direction
+        ``S(j)/||S(j)||``,
         ``sqrt(max(v(j) Q(j) - ||S(j)||^2, 0) / ((v(j) - 1) ||S(j)||^2))`` (infinite for
         ``S(j) = 0``; docs/design.md, "Spherical k-means")."""
         if allowed is None:
@@ -294,7 +333,7 @@ class KMeansAlgorithm:
         v = self.v.astype(np.float64)
         p = self.p
         testing = (v > 0) & (p > 0.0)
-        n_failed = int((testing & (v == 1)).sum())
+        n_failed = int((testing & (v <= 1)).sum())
         if n_failed > allowed:
             return False
         testing &= v > 1

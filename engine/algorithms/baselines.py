@@ -88,9 +88,11 @@ class Lloyd(_WithoutBounds):
         self._update_centroids()
         self.n_relocated = 0
         if self.relocate_empty:
+            w = self._weigh_sums()  # first: it may make v float64
             self.n_relocated = relocate_empty(
                 data, b, labels=self._labels, norms=None, S=self.S, v=self.v, Q=self.Q,
                 sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p, unit=self._unit,
+                weights=w,
             )  # fmt: skip
             self.counts = self.v.copy()
         self.iteration += 1

@@ -180,11 +180,12 @@ class FullBounds:
         """:func:`~nmbatch.engine.kernels.bounded.settle_assigned`."""
         return settle_assigned(X, rows, C, g, labels, upper, lower, s_assigned)
 
-    def reassign(self, X, rows, C, p, *, labels, upper, lower, S, v, Q, assigned_sqdist):
+    def reassign(self, X, rows, C, p, *, labels, upper, lower, S, v, Q, assigned_sqdist,
+                 weights=None):
         """:func:`~nmbatch.engine.kernels.bounded.reassign_rows`."""
         return reassign_rows(
             X, rows, C, labels=labels, upper_bounds=upper, lower_bounds=lower,
-            S=S, v=v, Q=Q, assigned_sqdist=assigned_sqdist,
+            S=S, v=v, Q=Q, assigned_sqdist=assigned_sqdist, weights=weights,
         )
 
     def expand(self, lower: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -233,12 +234,13 @@ class GroupBounds:
             X, rows, C, g, self.group_of, self.sizes, labels, upper, lower, s_assigned
         )
 
-    def reassign(self, X, rows, C, p, *, labels, upper, lower, S, v, Q, assigned_sqdist):
+    def reassign(self, X, rows, C, p, *, labels, upper, lower, S, v, Q, assigned_sqdist,
+                 weights=None):
         """:func:`~nmbatch.engine.kernels.grouped.reassign_grouped` (after :meth:`sweep`)."""
         return reassign_grouped_rows(
             X, rows, C, group_of=self.group_of, members=self.members, starts=self.starts,
             p=p, pmax=self._pmax, labels=labels, upper_bounds=upper, lower_bounds=lower,
-            S=S, v=v, Q=Q, assigned_sqdist=assigned_sqdist,
+            S=S, v=v, Q=Q, assigned_sqdist=assigned_sqdist, weights=weights,
         )
 
     def expand(self, lower: np.ndarray, labels: np.ndarray) -> np.ndarray:

@@ -194,12 +194,13 @@ class NestedMiniBatch(KMeansAlgorithm):
 
     def _relocate(self, data: np.ndarray, b: int, C_prev: np.ndarray) -> int:
         """Empty clusters take the batch's farthest samples (:mod:`.relocation`)."""
+        w = self._weigh_sums()  # first: it may make v float64
         return relocate_empty(
             data, b, labels=self._labels, norms=self._xx, S=self.S, v=self.v, Q=self.Q,
             sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p,
             upper=self._upper if self.bounds else None,
             group_lower=self._bk.relocation_bounds(self._lower) if self.bounds else None,
-            unit=self._unit,
+            unit=self._unit, weights=w,
         )  # fmt: skip
 
     def _swap(
@@ -270,9 +271,11 @@ class NestedMiniBatch(KMeansAlgorithm):
                 )
                 # Pairs computed (the distance to a(i), done again, is counted once).
                 return changed, n_dist + rows.shape[0] * (k - 1)
+        w = self._weigh_sums()
         changed, n_more = bk.reassign(
             X, rows, self.centroids, self.p, labels=labels, upper=upper, lower=lower,
             S=self.S, v=self.v, Q=self.Q, assigned_sqdist=known,
+            weights=w if w.shape[0] else None,
         )
         return changed, n_dist + n_more
 
@@ -301,6 +304,7 @@ class NestedMiniBatch(KMeansAlgorithm):
             self._assign_new(data, b_old, b)
             n_dist += (b - b_old) * k
         self.batch_size = b
+        self._clear_emptied()
         C_prev = self.centroids
         self._update_centroids()
         was_empty = self.v == 0
@@ -308,7 +312,9 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.n_relocated = n_relocated
         n_changed += n_relocated
         relocated = was_empty & (self.v > 0)
-        self.last_swaps = self._swap(data, b, C_prev, relocated) if self.swap else []
+        # The swaps' split heuristic counts samples, not weights: off in a weighted store.
+        swap = self.swap and not self.store.weighted
+        self.last_swaps = self._swap(data, b, C_prev, relocated) if swap else []
         n_changed += sum(int(s.rows.shape[0]) for s in self.last_swaps)
         if n_relocated or self.last_swaps:
             self.counts = self.v.copy()
@@ -354,7 +360,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         self.initialized = True
         k = self.n_clusters
         self.S = np.zeros((k, self.dim), dtype=np.float64)
-        self.v = np.zeros(k, dtype=np.int64)
+        self.v = np.zeros(k, dtype=np.float64 if self.store.weighted else np.int64)
         self.sse = np.zeros(k, dtype=np.float64)
         self.Q = np.zeros(k, dtype=np.float64)
         self.p = np.zeros(k, dtype=np.float64)

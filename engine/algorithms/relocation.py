@@ -45,14 +45,19 @@ _SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
 _LOWER_SAFETY = (1.0 - 1e-9) * (1.0 - 2.0**-22)
 
 
-def _next_row(dist2: np.ndarray, labels: np.ndarray, v: np.ndarray, order, maximin: bool) -> int:
-    """The next sample to move: the largest ``dist2`` (ties: lowest row) whose cluster
-    keeps another sample; -1 when none is off its centroid."""
+def _next_row(
+    dist2: np.ndarray, labels: np.ndarray, v: np.ndarray, order, maximin: bool,
+    weights: np.ndarray,
+) -> int:
+    """The next sample to move: the largest ``dist2`` (ties: lowest row) with a vote
+    (weight > 0) whose cluster keeps some (``v(a) - w > 0``; unweighted, ``v(a) >= 2``);
+    -1 when none is off its centroid."""
     while True:
         row = int(np.argmax(dist2)) if maximin else next(order, -1)
         if row < 0 or dist2[row] <= 0.0:
             return -1
-        if v[labels[row]] >= 2:
+        w = weights[row] if weights.shape[0] else 1
+        if w > 0 and v[labels[row]] - w > 0:
             return row
         if maximin:
             dist2[row] = -1.0  # its cluster cannot spare it, now or later in this call
@@ -85,6 +90,7 @@ def relocate_empty(
     upper: np.ndarray | None = None,
     group_lower: tuple[np.ndarray, np.ndarray] | None = None,
     unit: bool = False,
+    weights: np.ndarray | None = None,
 ) -> int:
     """Give each empty cluster the farthest sample of the batch ``[0, b)``; returns how
     many clusters got one (fewer than the empty ones when too few clusters can spare a
@@ -103,7 +109,11 @@ def relocate_empty(
     group_lower : ``(lower (>= b, G) float32 INOUT, group_of (k,) int32)`` or None: group
              bounds, which bound the distances to every centroid of a group but ``a(i)``
     unit   : bool   centroids ``S(j)/||S(j)||`` (``metric="cosine"``), else ``S(j)/v(j)``
+    weights: (>= b,) float64 or None   the rows' weights (None or empty: 1): a sample's
+             whole vote moves, ``w x``, ``w`` and ``w ||x||^2``; a weight-0 sample is
+             never taken (it would leave the cluster empty)
     """
+    weights = np.empty(0) if weights is None else weights
     empty = np.flatnonzero(v == 0)
     if not empty.shape[0] or b == 0:
         return 0
@@ -113,19 +123,28 @@ def relocate_empty(
     moved = 0
     changed: set[int] = set()
     while moved < empty.shape[0]:
-        row = _next_row(dist2, labels, v, order, maximin)
+        row = _next_row(dist2, labels, v, order, maximin, weights)
         if row < 0:
             break
         a = int(labels[row])
         j = int(empty[moved])
         x = data[row].astype(np.float64)
         xx = float(x @ x) if norms is None else norms[row]
-        S[a] -= x
-        v[a] -= 1
-        Q[a] -= xx
-        S[j] += x
-        v[j] += 1
-        Q[j] += xx
+        if weights.shape[0]:
+            w = float(weights[row])
+            S[a] -= w * x
+            v[a] -= w
+            Q[a] -= w * xx
+            S[j] += w * x
+            v[j] += w
+            Q[j] += w * xx
+        else:
+            S[a] -= x
+            v[a] -= 1
+            Q[a] -= xx
+            S[j] += x
+            v[j] += 1
+            Q[j] += xx
         labels[row] = j
         if upper is not None:  # as every u(i): a bound on the distance to C_prev(a(i))
             gap = x - C_prev[j].astype(np.float64)

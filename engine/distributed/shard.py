@@ -74,10 +74,13 @@ def votes(dS: np.ndarray, dv: np.ndarray, dQ: np.ndarray) -> Votes:
 
 class _RowsInPriorityOrder:
     """The store interface ``NestedMiniBatch`` reads (``dim``, ``n_samples``,
-    ``freeze``, ``batch_size``, ``nbytes``, ``metric``), over rows already in priority
-    order: the prefix ``[0, b)`` is what ``tau`` selects, and nothing is shuffled."""
+    ``freeze``, ``batch_size``, ``nbytes``, ``metric``, ``weighted``,
+    ``weights_buffer``), over rows already in priority order: the prefix ``[0, b)`` is
+    what ``tau`` selects, and nothing is shuffled."""
 
     metric = "euclidean"  # the Ray backend runs the Euclidean metric only
+    weighted = False  # the shards hold no sample weights yet: every vote counts 1
+    weights_buffer = np.empty(0, dtype=np.float64)
 
     def __init__(self, data: np.ndarray) -> None:
         self.data = data
@@ -286,7 +289,8 @@ class ShardState:
         voted = rows[rows < b]
         if voted.shape[0]:
             labels, xx, dist2 = algo._vote_arrays()
-            remove_votes(self.data, voted, labels, xx, dist2, dS, dv, dQ, np.zeros(k))
+            remove_votes(self.data, voted, labels, xx, dist2, dS, dv, dQ, np.zeros(k),
+                         _RowsInPriorityOrder.weights_buffer)
             self.S_s += dS
             self.v_s += dv
             self.Q_s += dQ

@@ -218,7 +218,10 @@ class EngineProcess:
         retire_ids: np.ndarray = NO_IDS,
         retire_before: int = 0,
         any_order: bool = False,
+        weights: np.ndarray | None = None,
     ) -> None:
+        if weights is not None:
+            raise NotImplementedError("sample weights are taken by the local host only, so far")
         X = np.ascontiguousarray(X, dtype=np.float32)
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         retire_ids = np.ascontiguousarray(retire_ids, dtype=np.int64)

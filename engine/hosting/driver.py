@@ -92,25 +92,37 @@ def carry_out(
     retire_before: int = 0,
     *,
     any_order: bool = False,
+    weights: np.ndarray | None = None,
 ) -> None:
     """:func:`retire_then_append` on ``algo`` (a ``KMeansAlgorithm``, whose ``retire``
     takes the votes back) and its store (``any_order``: ``ids`` not necessarily
-    increasing; a retained set restored in its own order)."""
+    increasing; a retained set restored in its own order; ``weights``: ``(m,)`` sample
+    weights of ``rows``, None: 1)."""
     retire_then_append(
         lambda these, before: algo.retire(ids=these, before=before),
-        lambda X, these: algo.store.append(X, ids=these, any_order=any_order),
+        lambda X, these: algo.store.append(X, ids=these, any_order=any_order,
+                                           weights=weights),
         rows, ids, retire_ids, retire_before,
     )  # fmt: skip
 
 
 def offer(
-    policy: RetentionPolicy, host: EngineHost, X: Rows, now: float | None = None
+    policy: RetentionPolicy,
+    host: EngineHost,
+    X: Rows,
+    now: float | None = None,
+    weights: np.ndarray | None = None,
 ) -> Admission:
     """Admit the rows of ``X`` (:func:`admit`) and feed the admission to ``host``
-    (``EngineHost.feed``, ``n_after`` the policy's count); returns the admission."""
+    (``EngineHost.feed``, ``n_after`` the policy's count); returns the admission.
+    ``weights`` ``(m,)`` float64 or None: the rows' sample weights (those of the admitted
+    rows go with them; the policy admits rows, whatever their weight)."""
     rows, adm = admit(policy, X, now)
+    kwargs = {}
+    if weights is not None:
+        kwargs["weights"] = weights if adm.keep.shape[0] == X.shape[0] else weights[adm.keep]
     host.feed(rows, adm.ids, n_after=policy.retained, retire_ids=adm.retire_ids,
-              retire_before=adm.retire_before)  # fmt: skip
+              retire_before=adm.retire_before, **kwargs)  # fmt: skip
     return adm
 
 

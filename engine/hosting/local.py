@@ -64,8 +64,10 @@ class LocalEngine:
         retire_ids: np.ndarray = NO_IDS,
         retire_before: int = 0,
         any_order: bool = False,
+        weights: np.ndarray | None = None,
     ) -> None:
-        carry_out(self._algo, X, ids, retire_ids, retire_before, any_order=any_order)
+        carry_out(self._algo, X, ids, retire_ids, retire_before, any_order=any_order,
+                  weights=weights)
         if self.store.n_samples != n_after:
             raise RuntimeError(f"the store holds {self.store.n_samples} rows, not {n_after}")
         self.state = dataclasses.replace(self.state, converged=False)

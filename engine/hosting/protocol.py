@@ -88,13 +88,16 @@ class EngineHost(Protocol):
         retire_ids: np.ndarray = NO_IDS,
         retire_before: int = 0,
         any_order: bool = False,
+        weights: np.ndarray | None = None,
     ) -> None:
         """Take out the stored samples with ids in ``retire_ids`` or below
         ``retire_before`` (their votes removed exactly), then append the rows of ``X``
         (``(m, d)`` float32; a host fed by reference also takes the
         :class:`~nmbatch.engine.rows.SourceRows` naming them) under the stream ids
         ``ids`` (``(m,)`` int64, increasing unless ``any_order``); ``n_after`` is ``N``
-        afterwards (the policy's count)."""
+        afterwards (the policy's count). ``weights``: ``(m,)`` float64 sample weights
+        of the rows (None: 1); only :class:`~.local.LocalEngine` takes them so far, the
+        other hosts raise ``NotImplementedError`` for weights that are not None."""
         ...
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:

@@ -112,12 +112,15 @@ class RayEngine:
         retire_ids: np.ndarray = NO_IDS,
         retire_before: int = 0,
         any_order: bool = False,
+        weights: np.ndarray | None = None,
     ) -> None:
         """Take out the stored rows with ids in ``retire_ids`` or below ``retire_before``
         (each shard takes back its own rows' votes, exactly), then append the rows of
         ``X`` ``(m, d)`` float32, or those it names (:class:`~nmbatch.engine.rows.SourceRows`, read
         by the shard), under stream ``ids`` ``(m,)`` int64 (any order) to the next
         shard."""
+        if weights is not None:
+            raise NotImplementedError("sample weights are taken by the local host only, so far")
         coordinator = self.coordinator
         retire_then_append(coordinator.retire, coordinator.append, X, ids,
                            np.asarray(retire_ids, np.int64), retire_before)  # fmt: skip

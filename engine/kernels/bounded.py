@@ -36,6 +36,7 @@ from nmbatch.engine.kernels.common import (
     sqdist32_error,
     sqdist_safe,
     sqnorm,
+    weight_of,
 )
 from nmbatch.engine.kernels.parallel import (
     MIN_SWEEP_ROWS,
@@ -234,14 +235,14 @@ def settle_assigned(
 
 @numba.njit(cache=True, nogil=True)
 def _reassign_range(
-    X, rows, lo, hi, C, g, labels, upper, lower, S, v, Q, s_assigned, known, prev, xx
+    X, rows, lo, hi, C, g, labels, upper, lower, S, v, Q, w, s_assigned, known, prev, xx
 ):
     """:func:`reassign_rows` over ``rows[lo:hi]``; returns ``(n_changed, n_distances)``.
 
     ``prev``, ``xx`` (m,) int32, (m,) float64, or empty: when given, a row's old label
     goes to ``prev[t]`` (and, if it changed, ``||x||^2`` to ``xx[t]``) and its vote is
     left to :func:`~nmbatch.engine.kernels.parallel.apply_moves`; otherwise the vote
-    moves here (``S``, ``v``, ``Q``).
+    moves here (``S``, ``v``, ``Q``; ``w`` (N,) float64 the rows' weights, or (0,): 1).
     """
     k = C.shape[0]
     g_lo, g_hi = bound_factors(g)
@@ -299,19 +300,19 @@ def _reassign_range(
             if defer:
                 xx[t] = sqnorm(x)
             else:
-                move_vote(x, sqnorm(x), a, best, S, v, Q)
+                move_vote(x, sqnorm(x), weight_of(w, i), a, best, S, v, Q)
     return n_changed, n_dist
 
 
 @numba.njit(cache=True, nogil=True)
-def _reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, s_assigned, known):
+def _reassign_rows(X, rows, C, g, labels, upper, lower, S, v, Q, w, s_assigned, known):
     """The kernel of :func:`reassign_rows` on one thread; ``known``: whether
     ``s_assigned`` is read."""
     no_prev = np.empty(0, dtype=np.int32)
     no_xx = np.empty(0, dtype=np.float64)
     return _reassign_range(
-        X, rows, 0, rows.shape[0], C, g, labels, upper, lower, S, v, Q, s_assigned, known,
-        no_prev, no_xx,
+        X, rows, 0, rows.shape[0], C, g, labels, upper, lower, S, v, Q, w, s_assigned,
+        known, no_prev, no_xx,
     )
 
 
@@ -335,8 +336,8 @@ def _reassign_blocks(X, rows, C, g, labels, upper, lower, s_assigned, known, blo
         lo = bi * block
         hi = min(m, lo + block)
         n_dist[bi] = _reassign_range(
-            X, rows, lo, hi, C, g, labels, upper, lower, no_S, no_v, no_Q, s_assigned,
-            known, prev, xx,
+            X, rows, lo, hi, C, g, labels, upper, lower, no_S, no_v, no_Q, no_Q,
+            s_assigned, known, prev, xx,
         )[1]
     return prev, xx, n_dist.sum()
 
@@ -353,6 +354,7 @@ def reassign_rows(
     v: np.ndarray,
     Q: np.ndarray,
     assigned_sqdist: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[int, int]:
     """Pass 2 of a bounded revisit (nmbatch lines 14-21) on the listed rows, row by row.
 
@@ -372,18 +374,22 @@ def reassign_rows(
     S, v, Q         : (k, d) float64, (k,) int64, (k,) float64   INOUT
     assigned_sqdist : (n,) float64 or None   IN   ``||x(i) - c(a(i))||^2`` of the listed
                       rows, as :func:`settle_assigned` leaves it
+    weights         : (n,) float64 or None   IN   a row's vote counts its weight (None
+                      or empty: 1)
 
     Returns ``(n_changed, n_distances)`` (distances computed here).
     """
     known = assigned_sqdist is not None
     s_a = assigned_sqdist if known else EMPTY_F64
     g = sqdist32_error(X.shape[1])
+    w = EMPTY_F64 if weights is None else weights
     if not parallel_rows(rows.shape[0]):
         return _reassign_rows(
-            X, rows, C, g, labels, upper_bounds, lower_bounds, S, v, Q, s_a, known
+            X, rows, C, g, labels, upper_bounds, lower_bounds, S, v, Q, w, s_a, known
         )
     prev, xx, n_dist = _reassign_blocks(
         X, rows, C, g, labels, upper_bounds, lower_bounds, s_a, known, block_rows(rows.shape[0])
     )
-    n_changed = apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx)
+    n_changed = apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx,
+                            weights=w)
     return n_changed, int(n_dist)

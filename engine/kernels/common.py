@@ -59,6 +59,7 @@ __all__ = [
     "sqdist_safe",
     "sqnorm",
     "sqnorms32",
+    "weight_of",
 ]
 
 UNIT_ROUNDOFF32 = 2.0**-24
@@ -330,26 +331,37 @@ def list_row(todo, n_todo, i, listed):
 
 # -- one sample, one vote -------------------------------------------------------------
 @numba.njit(inline="always")
-def add_vote(x, xx, b, S, v, Q):
-    """Cast the vote of sample ``x`` (``xx = ||x||^2``) for cluster ``b`` in ``S``, ``v``, ``Q``."""
-    v[b] += 1
-    Q[b] += xx
-    for t in range(x.shape[0]):
-        S[b, t] += np.float64(x[t])
+def weight_of(w, i):
+    """The weight of store row ``i``: ``w[i]``, or 1.0 when ``w`` is empty (unweighted).
+
+    w : (N,) float64 or (0,)   the store's ``weights_buffer``
+    """
+    return w[i] if w.shape[0] > 0 else 1.0
 
 
 @numba.njit(inline="always")
-def move_vote(x, xx, a, b, S, v, Q):
-    """Move the vote of sample ``x`` (``xx = ||x||^2``) from cluster ``a`` to ``b``.
-
-    S : (k, d) float64, v : (k,) int64, Q : (k,) float64   INOUT
-    """
-    v[a] -= 1
-    v[b] += 1
-    Q[a] -= xx
-    Q[b] += xx
+def add_vote(x, xx, wi, b, S, v, Q):
+    """Cast the vote of sample ``x`` (``xx = ||x||^2``, weight ``wi``) for cluster ``b``:
+    ``S(b) += wi x``, ``v(b) += wi``, ``Q(b) += wi xx``. With ``wi = 1`` (unweighted, ``v``
+    int64) every sum is what adding ``x``, 1 and ``xx`` gives, bit for bit."""
+    v[b] += wi
+    Q[b] += wi * xx
     for t in range(x.shape[0]):
-        xt = np.float64(x[t])
+        S[b, t] += wi * np.float64(x[t])
+
+
+@numba.njit(inline="always")
+def move_vote(x, xx, wi, a, b, S, v, Q):
+    """Move the vote of sample ``x`` (``xx = ||x||^2``, weight ``wi``) from cluster ``a`` to ``b``.
+
+    S : (k, d) float64, v : (k,) int64 (float64 when weighted), Q : (k,) float64   INOUT
+    """
+    v[a] -= wi
+    v[b] += wi
+    Q[a] -= wi * xx
+    Q[b] += wi * xx
+    for t in range(x.shape[0]):
+        xt = wi * np.float64(x[t])
         S[a, t] -= xt
         S[b, t] += xt
 

@@ -30,6 +30,7 @@ from nmbatch.engine.kernels.common import (
     sqdist32_error,
     sqdist_safe,
     sqnorm,
+    weight_of,
 )
 from nmbatch.engine.kernels.parallel import apply_moves, block_rows, parallel_rows
 
@@ -39,13 +40,14 @@ __all__ = ["assign_dense"]
 @numba.njit(cache=True, nogil=True)
 def _dense_range(
     X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower,
-    upper, S, v, sse, Q, prev, old_d2,
+    upper, S, v, sse, Q, w, prev, old_d2,
 ):
     """:func:`assign_dense` over ``rows[lo:hi]``; returns ``n_changed``.
 
     xx      : (m,) float64   ``||X[rows[q]]||^2``: IN, or OUT when ``fill_xx``
     lower   : (N, k) float32, or (0, k): no lower bounds
     upper   : (N,) float64, or (0,): no upper bounds
+    w       : (N,) float64, or (0,): unweighted   the weight of each row (its vote)
     prev, old_d2 : (m,) int32, (m,) float64, or empty. When given, the vote a row casts is
               left to :func:`~nmbatch.engine.kernels.parallel.apply_moves`: ``prev[q]``
               the cluster it leaves (``-1``: none, a first vote), ``old_d2[q]`` its old
@@ -93,13 +95,15 @@ def _dense_range(
             prev[q] = old if remove else -1
             old_d2[q] = dist2[i]
         elif remove and old >= 0:
-            sse[old] -= dist2[i]
-            sse[best] += s_new
+            wi = weight_of(w, i)
+            sse[old] -= wi * dist2[i]
+            sse[best] += wi * s_new
             if old != best:
-                move_vote(x, xx[q], old, best, S, v, Q)
+                move_vote(x, xx[q], wi, old, best, S, v, Q)
         else:
-            sse[best] += s_new
-            add_vote(x, xx[q], best, S, v, Q)
+            wi = weight_of(w, i)
+            sse[best] += wi * s_new
+            add_vote(x, xx[q], wi, best, S, v, Q)
         labels[i] = best
         dist2[i] = s_new
     return n_changed
@@ -108,14 +112,14 @@ def _dense_range(
 @numba.njit(cache=True, nogil=True)
 def _assign_dense(
     X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper, S, v,
-    sse, Q,
+    sse, Q, w,
 ):
     """The kernel of :func:`assign_dense` on one thread (arguments of :func:`_dense_range`)."""
     no_prev = np.empty(0, dtype=np.int32)
     no_d2 = np.empty(0, dtype=np.float64)
     return _dense_range(
         X, rows, 0, rows.shape[0], xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels,
-        dist2, lower, upper, S, v, sse, Q, no_prev, no_d2,
+        dist2, lower, upper, S, v, sse, Q, w, no_prev, no_d2,
     )
 
 
@@ -137,7 +141,7 @@ def _dense_blocks(
         hi = min(m, lo + block)
         changed[bi] = _dense_range(
             X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2,
-            lower, upper, no_S, no_v, no_f, no_f, prev, old_d2,
+            lower, upper, no_S, no_v, no_f, no_f, no_f, prev, old_d2,
         )
     return changed.sum()
 
@@ -160,6 +164,7 @@ def assign_dense(
     sqnorms_known: bool = False,
     lower_bounds: np.ndarray | None = None,
     upper_bounds: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> int:
     """Assign ``rows`` from a BLAS product of all their distances; update sums (and bounds).
 
@@ -181,10 +186,14 @@ def assign_dense(
                     not kept.
     lower_bounds  : (N, k) float32 or None  OUT  tight lower bounds of ``rows``
     upper_bounds  : (N,) float64 or None    OUT  ``u(i)`` of ``rows``
+    weights       : (N,) float64 or None    IN   the weight of each row (its vote counts
+                    ``w(i)`` times: ``S += w x``, ``v += w``, ``Q += w ||x||^2``, ``sse +=
+                    w d^2``); None or empty: every weight 1
 
     Returns ``n_changed``: rows that had a label and now have another.
     """
     d = X.shape[1]
+    w = EMPTY_F64 if weights is None else weights
     fill = sqnorms is None or not sqnorms_known
     xx = np.empty(rows.shape[0], dtype=np.float64) if fill else sqnorms[rows]
     if lower_bounds is None:
@@ -198,9 +207,9 @@ def assign_dense(
         old_d2 = np.empty(rows.shape[0], dtype=np.float64)
         n_changed = _dense_blocks(*args, prev, old_d2, block_rows(rows.shape[0]))
         apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx, sse=sse,
-                    old_dist2=old_d2, new_dist2=dist2[rows])
+                    old_dist2=old_d2, new_dist2=dist2[rows], weights=w)
     else:
-        n_changed = _assign_dense(*args, S, v, sse, Q)
+        n_changed = _assign_dense(*args, S, v, sse, Q, w)
     if fill and sqnorms is not None:
         sqnorms[rows] = xx
     return int(n_changed)

@@ -14,6 +14,7 @@ import numpy as np
 
 from nmbatch.engine.kernels.common import (
     DOWN,
+    EMPTY_F64,
     FLT_MAX,
     UP,
     add_vote,
@@ -27,6 +28,7 @@ from nmbatch.engine.kernels.common import (
     sqdist32_error,
     sqdist_safe,
     sqnorm,
+    weight_of,
 )
 from nmbatch.engine.kernels.parallel import (
     apply_moves,
@@ -40,7 +42,7 @@ __all__ = ["assign_dense_grouped", "dense_blocks"]
 @numba.njit(cache=True, nogil=True)
 def _dense_range(
     X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower,
-    upper, group_of, S, v, sse, Q, prev, old_d2,
+    upper, group_of, S, v, sse, Q, w, prev, old_d2,
 ):  # fmt: skip
     """:func:`assign_dense_grouped` over ``rows[lo:hi]``; returns ``n_changed``.
 
@@ -102,13 +104,15 @@ def _dense_range(
             prev[q] = old if remove else -1
             old_d2[q] = dist2[i]
         elif remove and old >= 0:
-            sse[old] -= dist2[i]
-            sse[best] += s_new
+            wi = weight_of(w, i)
+            sse[old] -= wi * dist2[i]
+            sse[best] += wi * s_new
             if old != best:
-                move_vote(x, xx[q], old, best, S, v, Q)
+                move_vote(x, xx[q], wi, old, best, S, v, Q)
         else:
-            sse[best] += s_new
-            add_vote(x, xx[q], best, S, v, Q)
+            wi = weight_of(w, i)
+            sse[best] += wi * s_new
+            add_vote(x, xx[q], wi, best, S, v, Q)
         labels[i] = best
         dist2[i] = s_new
     return n_changed
@@ -117,7 +121,7 @@ def _dense_range(
 @numba.njit(cache=True, nogil=True)
 def _assign_dense_grouped(
     X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper,
-    group_of, S, v, sse, Q,
+    group_of, S, v, sse, Q, w,
 ):  # fmt: skip
     """The kernel of :func:`assign_dense_grouped` on one thread (``xx``: IN, or OUT when
     ``fill_xx``)."""
@@ -125,7 +129,7 @@ def _assign_dense_grouped(
     no_d2 = np.empty(0, dtype=np.float64)
     return _dense_range(
         X, rows, 0, rows.shape[0], xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels,
-        dist2, lower, upper, group_of, S, v, sse, Q, no_prev, no_d2,
+        dist2, lower, upper, group_of, S, v, sse, Q, w, no_prev, no_d2,
     )  # fmt: skip
 
 
@@ -151,7 +155,7 @@ def dense_blocks(
         hi = min(m, lo + block)
         changed[bi] = _dense_range(
             X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2,
-            lower, upper, group_of, no_S, no_v, no_f, no_f, prev, old_d2,
+            lower, upper, group_of, no_S, no_v, no_f, no_f, no_f, prev, old_d2,
         )  # fmt: skip
     return changed.sum()
 
@@ -175,6 +179,7 @@ def assign_dense_grouped(
     remove: bool = False,
     sqnorms: np.ndarray | None = None,
     sqnorms_known: bool = False,
+    weights: np.ndarray | None = None,
 ) -> int:
     """:func:`.dense.assign_dense` that writes group bounds: for each row, ``lower[i, g]``
     is the smallest float32 lower bound (from the BLAS estimate, or from the direct
@@ -183,10 +188,12 @@ def assign_dense_grouped(
     lower_bounds : (N, G) float32   OUT
     upper_bounds : (N,) float64     OUT
     group_of     : (k,) int32       IN
-    The other arguments and the return value as :func:`.dense.assign_dense`.
+    The other arguments (``weights`` included) and the return value as
+    :func:`.dense.assign_dense`.
     """
     d = X.shape[1]
     m = rows.shape[0]
+    w = EMPTY_F64 if weights is None else weights
     fill = sqnorms is None or not sqnorms_known
     xx = np.empty(m, dtype=np.float64) if fill else sqnorms[rows]
     args = (X, rows, xx, fill, dots, C, cc, gemm_error(d), sqdist32_error(d), remove,
@@ -196,9 +203,9 @@ def assign_dense_grouped(
         old_d2 = np.empty(m, dtype=np.float64)
         n_changed = dense_blocks(*args, prev, old_d2, block_rows(m))
         apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx, sse=sse,
-                    old_dist2=old_d2, new_dist2=dist2[rows])  # fmt: skip
+                    old_dist2=old_d2, new_dist2=dist2[rows], weights=w)  # fmt: skip
     else:
-        n_changed = _assign_dense_grouped(*args, S, v, sse, Q)
+        n_changed = _assign_dense_grouped(*args, S, v, sse, Q, w)
     if fill and sqnorms is not None:
         sqnorms[rows] = xx
     return int(n_changed)

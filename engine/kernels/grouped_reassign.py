@@ -31,6 +31,7 @@ from nmbatch.engine.kernels.common import (
     sqdist32_error,
     sqdist_safe,
     sqnorm,
+    weight_of,
 )
 from nmbatch.engine.kernels.parallel import apply_moves, block_rows, parallel_rows
 
@@ -44,14 +45,14 @@ terms, below its exact value."""
 @numba.njit(cache=True, nogil=True)
 def _reassign_range(
     X, rows, lo, hi, C, g, group_of, members, starts, p, pmax, labels, upper, lower, S, v,
-    Q, s_assigned, known, prev, xx,
+    Q, w, s_assigned, known, prev, xx,
 ):  # fmt: skip
     """:func:`reassign_grouped` over ``rows[lo:hi]``; returns ``(n_changed, n_distances)``.
 
     ``prev``, ``xx`` (m,) int32, (m,) float64, or empty: when given, a row's old label
     goes to ``prev[t]`` (and, if it changed, ``||x||^2`` to ``xx[t]``) and its vote is
     left to :func:`~nmbatch.engine.kernels.parallel.apply_moves`; otherwise the vote
-    moves here (``S``, ``v``, ``Q``).
+    moves here (``S``, ``v``, ``Q``; ``w`` (N,) float64 the rows' weights, or (0,): 1).
     """
     k = C.shape[0]
     G = lower.shape[1]
@@ -141,13 +142,13 @@ def _reassign_range(
             if defer:
                 xx[t] = sqnorm(x)
             else:
-                move_vote(x, sqnorm(x), a, best, S, v, Q)
+                move_vote(x, sqnorm(x), weight_of(w, i), a, best, S, v, Q)
     return n_changed, n_dist
 
 
 @numba.njit(cache=True, nogil=True)
 def reassign_grouped(
-    X, rows, C, g, group_of, members, starts, p, pmax, labels, upper, lower, S, v, Q,
+    X, rows, C, g, group_of, members, starts, p, pmax, labels, upper, lower, S, v, Q, w,
     s_assigned, known,
 ):  # fmt: skip
     """Pass 2 of a grouped revisit on the listed rows (bounds already swept), one thread.
@@ -174,7 +175,7 @@ def reassign_grouped(
     no_xx = np.empty(0, dtype=np.float64)
     return _reassign_range(
         X, rows, 0, rows.shape[0], C, g, group_of, members, starts, p, pmax, labels, upper,
-        lower, S, v, Q, s_assigned, known, no_prev, no_xx,
+        lower, S, v, Q, w, s_assigned, known, no_prev, no_xx,
     )  # fmt: skip
 
 
@@ -203,7 +204,7 @@ def reassign_blocks(
         hi = min(m, lo + block)
         n_dist[bi] = _reassign_range(
             X, rows, lo, hi, C, g, group_of, members, starts, p, pmax, labels, upper, lower,
-            no_S, no_v, no_Q, s_assigned, known, prev, xx,
+            no_S, no_v, no_Q, no_Q, s_assigned, known, prev, xx,
         )[1]  # fmt: skip
     return prev, xx, n_dist.sum()
 
@@ -225,16 +226,20 @@ def reassign_grouped_rows(
     v: np.ndarray,
     Q: np.ndarray,
     assigned_sqdist: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[int, int]:
     """Keyword wrapper of :func:`reassign_grouped` (on one thread, or block by block with
-    the votes cast afterwards in row order); returns ``(n_changed, n_distances)``."""
+    the votes cast afterwards in row order); returns ``(n_changed, n_distances)``.
+    ``weights`` (n,) float64 or None: a row's vote counts its weight (None: 1)."""
+    w = EMPTY_F64 if weights is None else weights
     known = assigned_sqdist is not None
     s_a = assigned_sqdist if known else EMPTY_F64
     args = (X, rows, C, sqdist32_error(X.shape[1]), group_of, members, starts, p, pmax,
             labels, upper_bounds, lower_bounds)  # fmt: skip
     if not parallel_rows(rows.shape[0]):
-        n_changed, n_dist = reassign_grouped(*args, S, v, Q, s_a, known)
+        n_changed, n_dist = reassign_grouped(*args, S, v, Q, w, s_a, known)
         return int(n_changed), int(n_dist)
     prev, xx, n_dist = reassign_blocks(*args, s_a, known, block_rows(rows.shape[0]))
-    n_changed = apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx)
+    n_changed = apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx,
+                            weights=w)
     return n_changed, int(n_dist)

@@ -93,8 +93,9 @@ def block_rows(m: int, minimum: int = MIN_BLOCK_ROWS) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def _scalar_votes(X, rows, prev, new, xx, fill_xx, old_d2, new_d2, with_sse, sse, v, Q):
+def _scalar_votes(X, rows, prev, new, xx, fill_xx, old_d2, new_d2, with_sse, sse, v, Q, w):
     """The per-cluster scalars of :func:`apply_moves`, in row order; returns the moves.
+    ``w``: (N,) float64 weight by row, or (0,): every weight 1.
 
     Returns ``moved`` (n_moved,) int64: the positions ``t`` whose row casts a vote for
     another cluster than before (or a first vote, ``prev[t] < 0``).
@@ -105,26 +106,27 @@ def _scalar_votes(X, rows, prev, new, xx, fill_xx, old_d2, new_d2, with_sse, sse
     for t in range(m):
         a = prev[t]
         b = new[t]
+        wi = w[rows[t]] if w.shape[0] > 0 else 1.0
         if with_sse:
             if a >= 0:
-                sse[a] -= old_d2[t]
-            sse[b] += new_d2[t]
+                sse[a] -= wi * old_d2[t]
+            sse[b] += wi * new_d2[t]
         if a == b:
             continue
         if fill_xx:
             xx[t] = sqnorm(X[rows[t]])
         if a >= 0:
-            v[a] -= 1
-            Q[a] -= xx[t]
-        v[b] += 1
-        Q[b] += xx[t]
+            v[a] -= wi
+            Q[a] -= wi * xx[t]
+        v[b] += wi
+        Q[b] += wi * xx[t]
         moved[n_moved] = t
         n_moved += 1
     return moved[:n_moved]
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _sum_moves_by_columns(X, rows, prev, new, moved, S, span):
+def _sum_moves_by_columns(X, rows, prev, new, moved, S, span, w):
     """``S`` of :func:`apply_moves`: one task per ``span`` columns, rows in order (each
     task reads its part of every moved row, a contiguous run of ``span`` values)."""
     d = S.shape[1]
@@ -137,18 +139,19 @@ def _sum_moves_by_columns(X, rows, prev, new, moved, S, span):
             x = X[rows[t]]
             a = prev[t]
             b = new[t]
+            wi = w[rows[t]] if w.shape[0] > 0 else 1.0
             if a >= 0:
                 for c in range(lo, hi):
-                    xt = np.float64(x[c])
+                    xt = wi * np.float64(x[c])
                     S[a, c] -= xt
                     S[b, c] += xt
             else:
                 for c in range(lo, hi):
-                    S[b, c] += np.float64(x[c])
+                    S[b, c] += wi * np.float64(x[c])
 
 
 @numba.njit(cache=True, nogil=True)
-def _sum_moves_serial(X, rows, prev, new, moved, S):
+def _sum_moves_serial(X, rows, prev, new, moved, S, w):
     """``S`` of :func:`apply_moves` on one thread (rows in order)."""
     d = S.shape[1]
     for q in range(moved.shape[0]):
@@ -156,14 +159,15 @@ def _sum_moves_serial(X, rows, prev, new, moved, S):
         x = X[rows[t]]
         a = prev[t]
         b = new[t]
+        wi = w[rows[t]] if w.shape[0] > 0 else 1.0
         if a >= 0:
             for c in range(d):
-                xt = np.float64(x[c])
+                xt = wi * np.float64(x[c])
                 S[a, c] -= xt
                 S[b, c] += xt
         else:
             for c in range(d):
-                S[b, c] += np.float64(x[c])
+                S[b, c] += wi * np.float64(x[c])
 
 
 def apply_moves(
@@ -179,6 +183,7 @@ def apply_moves(
     sse: np.ndarray | None = None,
     old_dist2: np.ndarray | None = None,
     new_dist2: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> int:
     """Cast the votes a parallel kernel recorded, in row order (one sample, one vote).
 
@@ -197,6 +202,8 @@ def apply_moves(
     sqnorms  : (m,) float64 or None   ``||X[rows[t]]||^2`` (read where the label changed);
                None: computed for the moves
     sse, old_dist2, new_dist2 : (k,), (m,), (m,) float64 or None   INOUT, IN, IN
+    weights  : (N,) float64 or None   the weight of each row of ``X``: its vote, and its
+               ``d^2`` in ``sse``, count that many times (None or empty: weight 1)
 
     Returns the number of positions whose label changed from one cluster to another.
     """
@@ -204,9 +211,10 @@ def apply_moves(
     xx = np.empty(rows.shape[0], dtype=np.float64) if fill else sqnorms
     with_sse = sse is not None
     empty = np.empty(0, dtype=np.float64)
+    w = empty if weights is None else weights
     moved = _scalar_votes(
         X, rows, prev, new, xx, fill, old_dist2 if with_sse else empty,
-        new_dist2 if with_sse else empty, with_sse, sse if with_sse else empty, v, Q,
+        new_dist2 if with_sse else empty, with_sse, sse if with_sse else empty, v, Q, w,
     )  # fmt: skip
     d = S.shape[1]
     threads = n_threads()
@@ -214,7 +222,7 @@ def apply_moves(
     if parallel_rows(2) and (wide or _every_path):
         span = -(-d // threads)
         span = -(-span // COLUMN_ALIGN) * COLUMN_ALIGN
-        _sum_moves_by_columns(X, rows, prev, new, moved, S, span)
+        _sum_moves_by_columns(X, rows, prev, new, moved, S, span, w)
     else:
-        _sum_moves_serial(X, rows, prev, new, moved, S)
+        _sum_moves_serial(X, rows, prev, new, moved, S, w)
     return int(np.count_nonzero(prev[moved] >= 0))

@@ -3,8 +3,9 @@
 ``mark_ids`` finds the rows of a set of stream ids and ``compact_rows`` removes rows by
 moving whole rows into their slots (``NestedBatchStore.retire``). A retired sample of
 the prefix gives back exactly what it added when it was assigned (``remove_votes``):
-``x(i)`` leaves ``S(a(i))``, one leaves ``v(a(i))``, ``||x(i)||^2`` leaves ``Q(a(i))``,
-and (for the algorithms that accumulate it) ``d(i)^2`` leaves ``sse(a(i))``. Per-row
+``w(i) x(i)`` leaves ``S(a(i))``, ``w(i)`` leaves ``v(a(i))``, ``w(i) ||x(i)||^2`` leaves
+``Q(a(i))``, and (for the algorithms that accumulate it) ``w(i) d(i)^2`` leaves
+``sse(a(i))``, ``w(i)`` its weight (1 unweighted). Per-row
 state is then moved by the store's permutation in numpy (``KMeansAlgorithm.retire``).
 """
 
@@ -13,13 +14,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from nmbatch.engine.kernels.common import sqnorm
+from nmbatch.engine.kernels.common import sqnorm, weight_of
 
 __all__ = ["compact_rows", "mark_ids", "remove_votes"]
 
 
 @numba.njit(cache=True, nogil=True)
-def remove_votes(X, rows, labels, xx, dist2, S, v, Q, sse):
+def remove_votes(X, rows, labels, xx, dist2, S, v, Q, sse, w):
     """Take back the votes of ``rows`` (rows without a vote, ``labels < 0``, are skipped).
 
     X      : (N, d) float32   IN   sample buffer
@@ -30,6 +31,7 @@ def remove_votes(X, rows, labels, xx, dist2, S, v, Q, sse):
     dist2  : (N,) float64 or (0,)   IN   ``d(i)^2`` as added to ``sse``; empty: ``sse``
              is left to the caller (nmbatch computes it from the sums)
     S, v, Q, sse                    INOUT
+    w      : (N,) float64 or (0,)   IN   the weight of each row (empty: every weight 1)
 
     Returns the number of votes taken back.
     """
@@ -43,12 +45,13 @@ def remove_votes(X, rows, labels, xx, dist2, S, v, Q, sse):
         if a < 0:
             continue
         x = X[i]
-        v[a] -= 1
-        Q[a] -= xx[i] if has_xx else sqnorm(x)
+        wi = weight_of(w, i)
+        v[a] -= wi
+        Q[a] -= wi * (xx[i] if has_xx else sqnorm(x))
         for t in range(d):
-            S[a, t] -= np.float64(x[t])
+            S[a, t] -= wi * np.float64(x[t])
         if has_dist2:
-            sse[a] -= dist2[i]
+            sse[a] -= wi * dist2[i]
         labels[i] = -1
         n_votes += 1
     return n_votes

@@ -78,15 +78,31 @@ def auto_plan(n: int, k: int, d: int) -> tuple[int, int | None]:
     return min(n, AUTO_ROWS_PER_CLUSTER * k), 1
 
 
-def kmeans_plusplus_auto(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+def kmeans_plusplus_auto(
+    X: np.ndarray, k: int, rng: np.random.Generator, *, weights: np.ndarray | None = None
+) -> np.ndarray:
     """Indices ``(k,)`` int64 of the rows of ``X`` ``(n, d)`` float32 that ``"auto"``
-    picks (:func:`auto_plan`)."""
+    picks (:func:`auto_plan`); ``weights`` (n,) float64 or None, as k-means++ takes them."""
     n, d = X.shape
     m, trials = auto_plan(n, k, d)
     if m >= n:
-        return kmeans_plusplus(X, k, rng, trials=trials)
+        return kmeans_plusplus(X, k, rng, trials=trials, weights=weights)
     rows = np.sort(rng.choice(n, size=m, replace=False))
-    return rows[kmeans_plusplus(X[rows], k, rng, trials=trials)]
+    w = None if weights is None else weights[rows]
+    return rows[kmeans_plusplus(X[rows], k, rng, trials=trials, weights=w)]
+
+
+def _random_weighted(
+    X: np.ndarray, k: int, rng: np.random.Generator, *, weights: np.ndarray
+) -> np.ndarray:
+    """``k`` distinct rows drawn with probability proportional to their weight (uniform
+    rows when fewer than ``k`` weights are positive)."""
+    n = X.shape[0]
+    if np.count_nonzero(weights) < k:
+        return random_rows(X, k, rng)
+    return np.sort(rng.choice(n, size=k, replace=False, p=weights / weights.sum())).astype(
+        np.int64
+    )
 
 
 def _first(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -102,24 +118,44 @@ _METHODS: dict[str, Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
     "random": random_rows,
     "first": _first,
 }
+# With sample weights: the methods that draw rows by weight (a weight of w as w copies,
+# in distribution); the others ("first", "k-means||", "afk-mc2") ignore the weights.
+_WEIGHTED: dict[str, Callable[..., np.ndarray]] = {
+    "auto": kmeans_plusplus_auto,
+    "k-means++": kmeans_plusplus,
+    "k-means++.sub": kmeans_plusplus_subsample,
+    "random": _random_weighted,
+}
 SEEDINGS = tuple(_METHODS)
 DEFAULT_SEEDING = "auto"  # the estimator's default (docs/benchmarks/seeding.md)
 
-def seed_rows(init: str, X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Indices (k,) int64 of the rows of ``X`` (n, d) float32 that method ``init`` picks."""
+def seed_rows(
+    init: str, X: np.ndarray, k: int, rng: np.random.Generator,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """Indices (k,) int64 of the rows of ``X`` (n, d) float32 that method ``init`` picks.
+
+    ``weights`` (n,) float64 or None: the rows' sample weights; "auto", "k-means++",
+    "k-means++.sub" and "random" draw by them (a weight of w as w copies, in
+    distribution), the other methods ignore them. None: unweighted (the draws of before).
+    """
     if init not in _METHODS:
         raise ValueError(f"init must be one of {SEEDINGS} or an array, got {init!r}")
     if X.shape[0] < k:
         raise ValueError(f"{init} seeding needs at least k={k} samples, got {X.shape[0]}")
-    return _METHODS[init](np.ascontiguousarray(X, dtype=np.float32), k, rng)
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    if weights is not None and init in _WEIGHTED:
+        return _WEIGHTED[init](X, k, rng, weights=weights)
+    return _METHODS[init](X, k, rng)
 
 
 def initial_centroids(
-    init: str | np.ndarray, X: np.ndarray, k: int, rng: np.random.Generator
+    init: str | np.ndarray, X: np.ndarray, k: int, rng: np.random.Generator,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
     """The starting centroids ``(k, d)`` float32 (C-contiguous, a new array) from the
     first batch ``X`` ``(b, d)`` float32: ``init`` itself if an array, else the rows
-    :func:`seed_rows` picks with ``rng``."""
+    :func:`seed_rows` picks with ``rng`` (and ``weights``, (b,) float64 or None)."""
     if isinstance(init, np.ndarray):
         return np.array(init, dtype=np.float32, order="C")
-    return np.array(X[seed_rows(init, X, k, rng)], dtype=np.float32, order="C")
+    return np.array(X[seed_rows(init, X, k, rng, weights)], dtype=np.float32, order="C")

@@ -117,12 +117,15 @@ def kmeans_plusplus_subsample(
     per_cluster: int = SUBSAMPLE_PER_CLUSTER,
     *,
     trials: int | None = None,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
     """Indices of ``k`` rows of ``X`` (n, d) float32: k-means++ with ``trials`` per
     centroid (default greedy's :func:`n_trials`) on ``min(n, per_cluster k)`` rows drawn
     uniformly without replacement. Cost at most ``per_cluster k^2 t d``: independent of
-    ``n``. Returns (k,) int64."""
+    ``n``. ``weights`` (n,) float64 or None: the rows' weights, given to k-means++ for
+    the rows drawn. Returns (k,) int64."""
     n = X.shape[0]
     m = min(n, int(per_cluster) * int(k))
     rows = np.sort(rng.choice(n, size=m, replace=False)) if m < n else np.arange(n)
-    return rows[kmeans_plusplus(X[rows], k, rng, trials=trials)]
+    w = None if weights is None else weights[rows]
+    return rows[kmeans_plusplus(X[rows], k, rng, trials=trials, weights=w)]
