@@ -16,6 +16,7 @@ documents they were, byte for byte.
 from __future__ import annotations
 
 import math
+import tracemalloc
 from typing import Any, get_args
 
 import numpy as np
@@ -29,7 +30,9 @@ from nmbatch.engine.metric import METRICS, UNIT_TOLERANCE, unit_rows
 from nmbatch.service.config import Settings
 from nmbatch.service.main import StartupError, create_app
 from nmbatch.service.models import REGISTRY_KEY, ModelSpec
+from nmbatch.service.parsing import parse_vectors
 from nmbatch.service.storage import ModelConfigError, ModelKeys, ModelRepository
+from nmbatch.service.usecases.serving import metric_vectors
 from tests.testkit import (
     SettingsFactory,
     TestClient,
@@ -366,3 +369,22 @@ def test_a_cosine_model_on_the_ray_engine_is_refused_before_it_starts(
         assert_problem(client.get("/models/sph/centroids"), 422, "unsupported-metric")
         listed = {m["name"]: m for m in client.get("/models").json()["models"]}
         assert "Ray engine" in listed["sph"]["status"]["phase"]
+
+
+def test_normalising_costs_at_most_four_bytes_per_body_byte() -> None:
+    """The request-cost rule (docs/operations/limits.md): normalising a parsed body adds
+    one ``float32`` array, at most 4 bytes per body byte (an ``int8`` ``.npy``, whose
+    values take one byte each), measured with tracemalloc (numpy reports its buffers)."""
+    rng = np.random.default_rng(5)
+    body = npy_bytes(rng.integers(1, 100, size=(20_000, 64), dtype=np.int8))
+    X = parse_vectors(body, "application/x-npy", dim=None, max_vectors=100_000)
+    metric_vectors(X[:2], "cosine", "")  # the kernel loaded (its first call's allocations)
+    tracemalloc.start()
+    try:
+        U = metric_vectors(X, "cosine", "nothing stored")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert U.nbytes == 4 * X.size and peak <= 4 * len(body) + (64 << 10), (peak, len(body))
+    np.testing.assert_array_equal(U, unit_rows(X))
+    assert metric_vectors(X, "euclidean", "") is X  # nothing done, nothing allocated
