@@ -64,25 +64,26 @@ def assign_one_json(model: PublishedModel, X: np.ndarray, metric: str = "euclide
     :class:`~nmbatch.service.usecases.errors.ZeroVectorError`) and the document adds its
     ``similarity`` to the centroid, ``1 - distance^2 / 2``.
     """
-    if metric == "euclidean":
-        label, sqdist = nearest_one(X[0], model.state.centroids)
-        return to_json({"version": model.version, "cluster": label,
-                        "distance": math.sqrt(sqdist)})  # fmt: skip
-    X = metric_vectors(X, metric, _NOT_ASSIGNED)
+    cosine = metric != "euclidean"
+    if cosine:
+        X = metric_vectors(X, metric, _NOT_ASSIGNED)
     label, sqdist = nearest_one(X[0], model.state.centroids)
-    return to_json({"version": model.version, "cluster": label, "distance": math.sqrt(sqdist),
-                    "similarity": float(similarity(sqdist))})  # fmt: skip
+    document = {"version": model.version, "cluster": label, "distance": math.sqrt(sqdist)}
+    if cosine:
+        document["similarity"] = float(similarity(sqdist))
+    return to_json(document)
 
 
 def assign_json(model: PublishedModel, X: np.ndarray, metric: str = "euclidean") -> bytes:
     """The :class:`AssignMany` document of ``X`` (``(n, d)`` float32) under ``model``, a
     model of ``metric`` (under ``cosine`` the vectors normalised first and the
     ``similarities`` added, as :func:`assign_one_json`)."""
-    if metric != "euclidean":
+    cosine = metric != "euclidean"
+    if cosine:
         X = metric_vectors(X, metric, _NOT_ASSIGNED)
     labels, sqdist = assign(model, X)
     payload = {"version": model.version, "clusters": labels, "distances": np.sqrt(sqdist)}
-    if metric != "euclidean":
+    if cosine:
         payload["similarities"] = similarity(sqdist)
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
