@@ -22,6 +22,7 @@ import numpy as np
 __all__ = [
     "METRICS",
     "UNIT_TOLERANCE",
+    "ZeroRowError",
     "check_metric",
     "dissimilarity",
     "metric_rows",
@@ -37,6 +38,18 @@ is kept as it is. Rounding a normalised row to float32 moves each coordinate by 
 ``2^-24`` of itself, so its squared norm stays within ``2^-23 (1 + 2^-25)`` of 1 (plus the
 float64 sum's error, below ``1e-10`` up to ``d = 10^6``): normalising is idempotent, and
 rows that travel (a pickle, a snapshot, a second ingestion) come back bit for bit."""
+
+
+class ZeroRowError(ValueError):
+    """A zero row under ``metric="cosine"``: it has no direction. ``row`` is its index (the
+    first one) in the array given; the message names it too."""
+
+    def __init__(self, name: str, row: int) -> None:
+        super().__init__(
+            f"{name} row {row} is a zero vector: it has no direction, and metric='cosine' "
+            "clusters directions"
+        )
+        self.row = row
 
 
 def check_metric(metric: object) -> str:
@@ -78,8 +91,8 @@ def unit_rows(X: np.ndarray, *, name: str = "X") -> np.ndarray:
 
     Each row is divided by its norm (summed sequentially in float64; the quotient in
     float64, rounded to float32), except a row unit already (:data:`UNIT_TOLERANCE`),
-    which is copied. A zero row has no direction: ``ValueError`` naming its index (the
-    first one), and nothing is returned.
+    which is copied. A zero row has no direction: :class:`ZeroRowError` (a ``ValueError``)
+    naming its index (the first one), and nothing is returned.
 
     X : (n, d) float32, finite (``as_float32_matrix``'s output)   IN
     """
@@ -87,10 +100,7 @@ def unit_rows(X: np.ndarray, *, name: str = "X") -> np.ndarray:
     out = np.empty_like(X)
     zero = int(_unit_rows(X, out, UNIT_TOLERANCE))
     if zero >= 0:
-        raise ValueError(
-            f"{name} row {zero} is a zero vector: it has no direction, and metric='cosine' "
-            "clusters directions"
-        )
+        raise ZeroRowError(name, zero)
     return out
 
 

@@ -88,6 +88,13 @@ class Settings(BaseSettings):
     init: Literal["k-means++", "first"] = Field(
         "k-means++", description="Initialisation of the centroids on the first batch."
     )
+    metric: Literal["euclidean", "cosine"] = Field(
+        "euclidean",
+        description="euclidean: k-means; cosine: spherical k-means (every vector normalised "
+        "to unit length on ingestion and in /assign, a zero vector refused with 422; unit "
+        "centroids; /assign answers the similarity too). Fixed when the model is created. "
+        "Not with NMBATCH_RAY_ADDRESS.",
+    )
     retention: Literal["all", "window", "age", "reservoir"] = Field(
         "all",
         description="Which samples the model keeps: all (up to the capacity "

@@ -13,7 +13,8 @@ and passes every other request through untouched:
   as Starlette decodes it; ``?version=`` goes to the route), when reads need no API
   key, a model is served (the pinned version, if any, else the newest) and its ``k * d``
   is small enough to search on the event loop;
-- a vector that the answer refuses goes to FastAPI, whose route answers with the problem.
+- a vector that the answer refuses (a zero vector under ``metric=cosine`` too) goes to
+  FastAPI, whose route answers with the problem.
 
 It sits inside :class:`service.metrics.RequestTimingMiddleware`, so the request is
 timed and labelled ``/assign`` like the route's answers.
@@ -29,6 +30,7 @@ from nmbatch.service.config import Settings
 from nmbatch.service.metrics import RouteLabel
 from nmbatch.service.parsing import parse_query_vector
 from nmbatch.service.problems import ProblemError
+from nmbatch.service.usecases.errors import DomainError
 from nmbatch.service.usecases.reads import assign_one_json
 
 __all__ = ["AssignFastPath"]
@@ -79,6 +81,6 @@ class AssignFastPath:
             return None
         try:
             X = parse_query_vector(pairs[0][1], dim=model.state.dim)
-        except ProblemError:
+            return assign_one_json(model, X, running.handle.settings.metric)
+        except (ProblemError, DomainError):
             return None  # the route answers with the same problem
-        return assign_one_json(model, X)

@@ -32,7 +32,8 @@ VECTORS_REFUSED = (
     "first accepted batch fixes it for good), `dimension-too-large` (a first batch wider "
     "than NMBATCH_MAX_DIM), `non-finite` (NaN, infinity, or beyond float32), "
     "`non-numeric`, `not-a-matrix` (ragged or not 2-D), `empty`, `unknown-member`, "
-    "`invalid-request` (a header or parameter)."
+    "`invalid-request` (a header or parameter), and under `metric=cosine` `zero-vector` (a "
+    "vector of zeros has no direction; member `row`, the index of the first one)."
 )
 """Description of the ``422`` answer of the operations whose body is vectors."""
 

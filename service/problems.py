@@ -133,6 +133,7 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
     errors.WrongDimensionError: DomainProblem(
         422, "wrong-dimension", members=("expected_dim", "got_dim")
     ),
+    errors.ZeroVectorError: DomainProblem(422, "zero-vector", "Zero vector", ("row",)),
     errors.IdempotencyKeyReusedError: DomainProblem(
         409, "idempotency-key-reused", "Idempotency-Key reused"
     ),
@@ -160,6 +161,9 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
     ),
     errors.ModelCannotStartError: DomainProblem(
         409, "model-conflict", "Model conflict", ("model",)
+    ),
+    errors.UnsupportedMetricError: DomainProblem(
+        422, "unsupported-metric", "Unsupported metric", ("model", "metric", "setting")
     ),
     errors.TooManyModelsError: DomainProblem(
         409, "too-many-models", "Too many models", ("setting", "max_models")

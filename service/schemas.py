@@ -97,6 +97,10 @@ class Centroids(BaseModel):
         "the retention policy has let samples go)."
     )
     retention: str = Field(description="NMBATCH_RETENTION: all, window, age or reservoir.")
+    metric: str = Field(
+        description="NMBATCH_METRIC: euclidean (k-means) or cosine (spherical k-means: the "
+        "centroids are unit vectors, the directions of their clusters' sums)."
+    )
     batch_size: int = Field(description="b: nested batch (prefix) size.")
     iteration: int = Field(description="Iterations run so far.")
     converged: bool = Field(
@@ -110,7 +114,15 @@ class AssignOne(BaseModel):
 
     version: int = Field(description="Centroid version used.")
     cluster: int = Field(description="Index of the nearest centroid (ties: lowest).")
-    distance: float = Field(description="Euclidean distance to it.")
+    distance: float = Field(
+        description="Euclidean distance to it (under metric=cosine, of the vector "
+        "normalised to unit length)."
+    )
+    similarity: float | None = Field(
+        None,
+        description="Only under metric=cosine: the cosine similarity of the vector and the "
+        "centroid, 1 - distance^2 / 2 (the nearest centroid is the most similar one).",
+    )
 
 
 class AssignMany(BaseModel):
@@ -118,7 +130,15 @@ class AssignMany(BaseModel):
 
     version: int = Field(description="Centroid version used for every vector.")
     clusters: list[int] = Field(description="Index of the nearest centroid, per vector.")
-    distances: list[float] = Field(description="Euclidean distance to it, per vector.")
+    distances: list[float] = Field(
+        description="Euclidean distance to it, per vector (under metric=cosine, of the "
+        "vector normalised to unit length)."
+    )
+    similarities: list[float] | None = Field(
+        None,
+        description="Only under metric=cosine: the cosine similarity of each vector and "
+        "its centroid, 1 - distance^2 / 2.",
+    )
 
 
 class Health(BaseModel):
@@ -172,7 +192,8 @@ class Stats(BaseModel):
     iteration: int
     converged: bool
     energy: float | None = Field(
-        description="Mean squared distance of the prefix samples to their centroid."
+        description="Mean squared distance of the prefix samples to their centroid (under "
+        "metric=cosine the mean cosine dissimilarity 1 - cos, half of it)."
     )
     distances_computed: int
     distances_skipped: int
@@ -193,6 +214,7 @@ class Stats(BaseModel):
         description="How the capacity was reached (memory, bytes per vector), in words."
     )
     retention: str = Field(description="NMBATCH_RETENTION: all, window, age or reservoir.")
+    metric: str = Field(description="NMBATCH_METRIC: euclidean or cosine.")
     retained: int = Field(description="Samples the model keeps now (same as n_samples).")
     n_retired: int = Field(
         description="Samples the retention policy took out of this process's engine since "

@@ -86,6 +86,7 @@ while it iterates and publishes. An allowance, not a measurement."""
 _F = Settings.model_fields  # the same bounds and descriptions as the NMBATCH_* settings
 Init = _F["init"].annotation  # Literal["k-means++", "first"]
 Retention = _F["retention"].annotation  # Literal["all", "window", "age", "reservoir"]
+Metric = _F["metric"].annotation  # Literal["euclidean", "cosine"]
 
 
 class ModelSpec(BaseModel):
@@ -95,7 +96,8 @@ class ModelSpec(BaseModel):
     the same rules as :class:`~nmbatch.service.config.Settings` (a window or reservoir
     below ``k`` is refused, ``age`` needs ``max_age_seconds`` ...). Unlike the default
     model, ``dim`` is required (the memory a model may take is checked when it is
-    created), and ``seed`` is a non-negative integer below 2^63.
+    created), and ``seed`` is a non-negative integer below 2^63. An entry written before
+    ``metric`` existed has none: its model is Euclidean, as it was.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -111,6 +113,7 @@ class ModelSpec(BaseModel):
     retention: Retention = _F["retention"]  # type: ignore[valid-type]
     max_samples: int | None = _F["max_samples"]
     max_age_seconds: float | None = _F["max_age_seconds"]
+    metric: Metric = _F["metric"]  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _settings_rules(self) -> ModelSpec:

@@ -38,7 +38,8 @@ QUERY_VECTOR_REFUSED = (
     "The vector is refused. `type` names the fault: `urn:nmbatch:problem:wrong-dimension` "
     "when it has another number of coordinates than the model's centroids (members "
     "`expected_dim` and `got_dim`), `non-numeric`, `non-finite`, `not-a-matrix` (not "
-    "comma-separated numbers), `invalid-request` (no `vector` parameter)."
+    "comma-separated numbers), `invalid-request` (no `vector` parameter), and under "
+    "`metric=cosine` `zero-vector` (a zero vector has no direction; member `row`, 0)."
 )
 
 
@@ -65,7 +66,9 @@ async def get_assign(
 ) -> Response:
     model = await versions.read_model(handle, version)
     X = parse_query_vector(vector, dim=model.state.dim)  # one vector: on the loop
-    document = await off_loop(model.state.centroids.size, reads.assign_one_json, model, X)
+    document = await off_loop(
+        model.state.centroids.size, reads.assign_one_json, model, X, handle.settings.metric
+    )
     return Response(document, media_type="application/json")
 
 
@@ -101,7 +104,9 @@ async def post_assign(request: Request, handle: ModelDep, version: VersionQuery 
     )
     del body
     # Search and serialisation (100,000 labels and distances) both off the event loop.
-    document = await off_loop(X.size * model.state.k, reads.assign_json, model, X)
+    document = await off_loop(
+        X.size * model.state.k, reads.assign_json, model, X, settings.metric
+    )
     return Response(document, media_type="application/json")
 
 

@@ -45,5 +45,8 @@ async def get_centroids(
     if wants_npy(request.headers.get("accept")):
         body = await off_loop(size, serving.centroids_npy, model)
         return Response(body, media_type=NPY, headers=headers)
-    body = await off_loop(size, serving.centroids_json, model, handle.settings.retention)
+    settings = handle.settings
+    body = await off_loop(
+        size, serving.centroids_json, model, settings.retention, settings.metric
+    )
     return Response(body, media_type="application/json", headers=headers)

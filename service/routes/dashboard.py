@@ -269,7 +269,7 @@ async def _centroids(handle: ModelHandle, since: int | None) -> tuple[int, bytes
         return model.version, None
     size = model.state.centroids.size
     return model.version, await off_loop(
-        size, serving.centroids_json, model, handle.settings.retention
+        size, serving.centroids_json, model, handle.settings.retention, handle.settings.metric
     )
 
 

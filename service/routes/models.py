@@ -78,7 +78,7 @@ SPEC_BODY: dict[str, Any] = {
 
 PUT_REFUSED = (
     "`urn:nmbatch:problem:model-conflict`: the model exists with other settings (member "
-    "`current`), or Redis holds data under this name with another k or dimension; "
+    "`current`), or Redis holds data under this name with another k, metric or dimension; "
     "`too-many-models`: NMBATCH_MAX_MODELS named models exist."
 )
 NOT_OWNED = (
@@ -95,7 +95,10 @@ TOO_LARGE = (
     "Invalid settings, `dimension-too-large` (above NMBATCH_MAX_DIM), or "
     "`urn:nmbatch:problem:model-too-large`: its samples and centroids would not fit the "
     "memory one model may take (NMBATCH_MODEL_MAX_BYTES); members `setting`, "
-    "`required_bytes`, `limit_bytes`, `max_samples_fitting`."
+    "`required_bytes`, `limit_bytes`, `max_samples_fitting`; or "
+    "`urn:nmbatch:problem:unsupported-metric`: `metric` cosine on a service whose engine "
+    "is the Ray cluster (NMBATCH_RAY_ADDRESS), which runs euclidean only; members `model`, "
+    "`metric`, `setting`."
 )
 
 

@@ -34,23 +34,37 @@ class ModelRepository:
         self.keys = ModelKeys(model)
         self.local = local
 
-    def check_meta(self, k: int, dim: int | None) -> int | None:
-        """Record ``k`` (and ``dim`` when given) or check them against what Redis holds.
+    def check_meta(self, k: int, dim: int | None, metric: str = "euclidean") -> int | None:
+        """Record ``k`` and ``metric`` (and ``dim`` when given) or check them against what
+        Redis holds.
 
-        Returns the model's dimension if known (from the setting or Redis), else None.
-        Raises :class:`ModelConfigError` naming the conflict when a setting differs.
+        A new model's ``k``, ``metric`` and creation time are written in one transaction,
+        so whoever sees its ``k`` sees its metric; a model recorded before the metric
+        existed has none and is Euclidean (its log holds the rows as they came). Returns the
+        model's dimension if known (from the setting or Redis), else None. Raises
+        :class:`ModelConfigError` naming the conflict when a setting differs.
         """
         key = self.keys.meta
-        self.client.hsetnx(key, "k", k)
-        self.client.hsetnx(key, "created_at", repr(time.time()))
+        if not self.client.hexists(key, "k"):
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hsetnx(key, "k", k)
+                pipe.hsetnx(key, "metric", metric)
+                pipe.hsetnx(key, "created_at", repr(time.time()))
+                pipe.execute()
         if dim is not None:
             self.client.hsetnx(key, "dim", dim)
-        stored_k, stored_dim = self.client.hmget(key, ["k", "dim"])
+        stored_k, stored_dim, stored_metric = self.client.hmget(key, ["k", "dim", "metric"])
+        stored_metric = as_str(stored_metric) if stored_metric is not None else "euclidean"
         where = f"Redis model '{self.keys.model}' (key {key})"
         if int(stored_k) != k:
             raise ModelConfigError(
                 f"NMBATCH_K={k} but {where} was created with k={int(stored_k)}: use "
                 f"NMBATCH_K={int(stored_k)}, or another NMBATCH_MODEL for a new model"
+            )
+        if stored_metric != metric:
+            raise ModelConfigError(
+                f"NMBATCH_METRIC={metric} but {where} was created with metric={stored_metric}: "
+                f"use NMBATCH_METRIC={stored_metric}, or another NMBATCH_MODEL for a new model"
             )
         if dim is not None and int(stored_dim) != dim:
             raise ModelConfigError(

@@ -114,7 +114,8 @@ async def create_model(
     spec), :class:`ModelNotOwnedError` (another service's default model or model, or
     Redis holds data under the name that no registered model owns),
     :class:`ModelCannotStartError` (it cannot start here), :class:`TooManyModelsError`,
-    :class:`ModelTooLargeError`, :class:`DimensionTooLargeError`.
+    :class:`ModelTooLargeError`, :class:`DimensionTooLargeError`,
+    :class:`UnsupportedMetricError` (a cosine model on the Ray engine).
     """
     settings = models.settings
     if name == models.default_name:
@@ -124,6 +125,7 @@ async def create_model(
         return False, await describe_model(models, name)
     if spec.dim > settings.max_dim:
         raise DimensionTooLargeError(spec.dim, settings.max_dim)
+    models.check_engine(name, spec)  # UnsupportedMetricError before anything is written
     models.capacity(name, spec)  # ModelTooLargeError before anything is written
     async with models.lock:
         status, value = await models.registry.create(name, spec, settings.max_models)

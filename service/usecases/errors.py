@@ -35,8 +35,10 @@ __all__ = [
     "StoreFullError",
     "TooManyModelsError",
     "UnknownModelError",
+    "UnsupportedMetricError",
     "VersionNotKeptError",
     "WrongDimensionError",
+    "ZeroVectorError",
 ]
 
 
@@ -57,6 +59,19 @@ class WrongDimensionError(DomainError):
         super().__init__(detail)
         self.expected_dim = expected_dim
         self.got_dim = got_dim
+
+
+class ZeroVectorError(DomainError):
+    """Under ``metric="cosine"`` vector ``row`` (its index in the request, the first such
+    one) is zero: it has no direction. ``outcome`` says what became of the request
+    (nothing of it is stored, or assigned)."""
+
+    def __init__(self, row: int, outcome: str) -> None:
+        super().__init__(
+            f"vector {row} is a zero vector: it has no direction, and this model "
+            f"(metric=cosine) clusters directions; {outcome}"
+        )
+        self.row = row
 
 
 class IdempotencyKeyReusedError(DomainError):
@@ -190,6 +205,18 @@ class ModelCannotStartError(DomainError):
     def __init__(self, model: str, detail: str) -> None:
         super().__init__(detail)
         self.model = model
+
+
+class UnsupportedMetricError(DomainError):
+    """Model ``model``'s ``metric`` cannot run on this service's engine (the Ray engine
+    runs ``euclidean`` only); ``detail`` says why. Nothing is created."""
+
+    setting = "NMBATCH_RAY_ADDRESS"
+
+    def __init__(self, model: str, metric: str, detail: str) -> None:
+        super().__init__(detail)
+        self.model = model
+        self.metric = metric
 
 
 class TooManyModelsError(DomainError):

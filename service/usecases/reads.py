@@ -20,9 +20,10 @@ from pydantic_core import to_json
 
 from nmbatch.engine import nearest
 from nmbatch.engine.assign import nearest_one
+from nmbatch.engine.metric import similarity
 from nmbatch.service.schemas import DoublingOut, Readiness, Stats
 from nmbatch.service.state import PublishedModel
-from nmbatch.service.usecases.serving import ModelHandle, iso_time
+from nmbatch.service.usecases.serving import ModelHandle, iso_time, metric_vectors
 
 log = logging.getLogger("service")
 
@@ -40,32 +41,50 @@ _PING_TIMEOUT = 2.0
 def assign(model: PublishedModel, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Nearest centroid of each row of ``X`` (``(n, d)`` float32) under ``model``.
 
-    Returns labels ``(n,)`` int64 and Euclidean distances ``(n,)`` float64. One thread
-    per request: the HTTP side answers many at once from its thread pool, and leaves the
-    other cores to the engine.
+    Returns labels ``(n,)`` int64 and squared Euclidean distances ``(n,)`` float64. One
+    thread per request: the HTTP side answers many at once from its thread pool, and
+    leaves the other cores to the engine.
     """
-    labels, sqdist = nearest(X, model.state.centroids, n_threads=1)
-    return labels, np.sqrt(sqdist)
+    return nearest(X, model.state.centroids, n_threads=1)
 
 
-def assign_one_json(model: PublishedModel, X: np.ndarray) -> bytes:
+_NOT_ASSIGNED = "no vector of this request was assigned"
+
+
+def assign_one_json(model: PublishedModel, X: np.ndarray, metric: str = "euclidean") -> bytes:
     """The :class:`AssignOne` document of the vector ``X`` (``(1, d)`` float32) under
-    ``model``.
+    ``model``, a model of ``metric``.
 
     ``X`` is validated by the caller (the query's text parsed by
     :func:`service.parsing.parse_query_vector` at the edge); the nearest centroid is
     :func:`engine.assign.nearest_one` over the published (immutable) centroids, exact like
     ``engine.nearest``; the body is serialised by pydantic's JSON serialiser, as FastAPI
-    serialises a response model.
+    serialises a response model. Under ``cosine`` the vector is normalised first
+    (:func:`~nmbatch.service.usecases.serving.metric_vectors`: a zero vector raises
+    :class:`~nmbatch.service.usecases.errors.ZeroVectorError`) and the document adds its
+    ``similarity`` to the centroid, ``1 - distance^2 / 2``.
     """
+    cosine = metric != "euclidean"
+    if cosine:
+        X = metric_vectors(X, metric, _NOT_ASSIGNED)
     label, sqdist = nearest_one(X[0], model.state.centroids)
-    return to_json({"version": model.version, "cluster": label, "distance": math.sqrt(sqdist)})
+    document = {"version": model.version, "cluster": label, "distance": math.sqrt(sqdist)}
+    if cosine:
+        document["similarity"] = float(similarity(sqdist))
+    return to_json(document)
 
 
-def assign_json(model: PublishedModel, X: np.ndarray) -> bytes:
-    """The :class:`AssignMany` document of ``X`` (``(n, d)`` float32) under ``model``."""
-    labels, distances = assign(model, X)
-    payload = {"version": model.version, "clusters": labels, "distances": distances}
+def assign_json(model: PublishedModel, X: np.ndarray, metric: str = "euclidean") -> bytes:
+    """The :class:`AssignMany` document of ``X`` (``(n, d)`` float32) under ``model``, a
+    model of ``metric`` (under ``cosine`` the vectors normalised first and the
+    ``similarities`` added, as :func:`assign_one_json`)."""
+    cosine = metric != "euclidean"
+    if cosine:
+        X = metric_vectors(X, metric, _NOT_ASSIGNED)
+    labels, sqdist = assign(model, X)
+    payload = {"version": model.version, "clusters": labels, "distances": np.sqrt(sqdist)}
+    if cosine:
+        payload["similarities"] = similarity(sqdist)
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -113,6 +132,7 @@ async def stats(handle: ModelHandle) -> Stats:
         max_samples_source=capacity.source if capacity is not None else None,
         max_samples_detail=capacity.detail if capacity is not None else None,
         retention=handle.settings.retention,
+        metric=handle.settings.metric,
         retained=course.n_samples,
         n_retired=course.n_retired,
         n_ingested=max(course.n_ingested, n_logged),

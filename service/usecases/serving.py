@@ -27,6 +27,7 @@ import numpy as np
 import orjson
 from anyio.to_thread import run_sync
 
+from nmbatch.engine.metric import ZeroRowError, metric_rows
 from nmbatch.service import storage
 from nmbatch.service.config import Settings
 from nmbatch.service.metrics import ServiceMetrics
@@ -43,6 +44,7 @@ from nmbatch.service.usecases.errors import (
     NotEnoughSamplesError,
     StoreFullError,
     WrongDimensionError,
+    ZeroVectorError,
 )
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "centroids_npy",
     "ingest",
     "iso_time",
+    "metric_vectors",
     "off_loop",
     "require_model",
 ]
@@ -186,6 +189,18 @@ class ModelHandle:
 
 
 # -- samples in ----------------------------------------------------------------------
+def metric_vectors(X: np.ndarray, metric: str, outcome: str) -> np.ndarray:
+    """``X`` (``(n, d)`` float32, validated) as a model of ``metric`` takes it: itself
+    (``euclidean``), or a new ``(n, d)`` float32 array of its rows as unit vectors
+    (``cosine``: the engine's :func:`~nmbatch.engine.metric.unit_rows`, 4 bytes per
+    value). A zero row under ``cosine`` raises :class:`ZeroVectorError` naming its index;
+    ``outcome`` says what became of the request (nothing stored, nothing assigned)."""
+    try:
+        return metric_rows(X, metric, name="vectors")
+    except ZeroRowError as exc:
+        raise ZeroVectorError(exc.row, outcome) from None
+
+
 async def ingest(
     handle: ModelHandle, X: np.ndarray, idempotency_key: str | None = None
 ) -> AppendOutcome:
@@ -201,8 +216,15 @@ async def ingest(
     backlog, not a full store; a model deleted since the request picked it
     :class:`ModelDeletedError` (checked in the script that appends). Stored samples are
     counted and the worker notified.
+
+    Under ``metric="cosine"`` the rows are normalised first (:func:`metric_vectors`), so
+    the log and every replay of it hold unit rows; a zero row raises
+    :class:`ZeroVectorError` before anything is written (the dimension neither).
     """
     settings = handle.settings
+    if settings.metric != "euclidean":
+        X = await off_loop(X.size, metric_vectors, X, settings.metric,
+                           "nothing of this request was stored")  # fmt: skip
     try:
         if handle.dim is None:
             await handle.sample_log.fix_dim(int(X.shape[1]))
@@ -292,8 +314,11 @@ async def require_model(handle: ModelHandle) -> PublishedModel:
     raise CentroidsPendingError(n, k)
 
 
-def centroids_json(model: PublishedModel, retention: str = "all") -> bytes:
-    """The :class:`Centroids` document of ``model`` (kept under ``retention``), serialised."""
+def centroids_json(
+    model: PublishedModel, retention: str = "all", metric: str = "euclidean"
+) -> bytes:
+    """The :class:`Centroids` document of ``model`` (kept under ``retention``, of
+    ``metric``), serialised."""
     state = model.state
     return orjson.dumps(
         {
@@ -305,6 +330,7 @@ def centroids_json(model: PublishedModel, retention: str = "all") -> bytes:
             "n_samples": state.n_samples,
             "n_ingested": max(state.n_ingested, state.n_samples),
             "retention": retention,
+            "metric": metric,
             "batch_size": state.batch_size,
             "iteration": state.iteration,
             "converged": state.converged,

@@ -30,7 +30,7 @@ def test_converged_centroids_are_the_cluster_means(client: TestClient) -> None:
     doc = wait_converged(client, len(POINTS))
     assert set(doc) == {
         "version", "k", "dim", "centroids", "counts", "n_samples", "n_ingested", "retention",
-        "batch_size", "iteration", "converged", "updated_at",
+        "metric", "batch_size", "iteration", "converged", "updated_at",
     }  # fmt: skip
     assert (doc["k"], doc["dim"], doc["batch_size"]) == (3, 2, len(POINTS))
     assert doc["n_ingested"] == doc["n_samples"] and doc["retention"] == "all"
