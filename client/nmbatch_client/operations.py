@@ -289,7 +289,14 @@ def assign_operation(
     labels = np.concatenate([np.asarray(d["clusters"], dtype=np.int64) for d in documents])
     distances = np.concatenate([np.asarray(d["distances"], dtype=np.float64) for d in documents])
     versions = [int(d["version"]) for d in documents]
-    return Assignment(labels, distances, versions[-1], tuple(sorted(set(versions))))
+    similarities = None
+    if documents and all("similarities" in d for d in documents):  # a cosine model
+        similarities = np.concatenate(
+            [np.asarray(d["similarities"], dtype=np.float64) for d in documents]
+        )
+    return Assignment(
+        labels, distances, versions[-1], tuple(sorted(set(versions))), similarities
+    )
 
 
 def centroids_operation(

@@ -110,12 +110,16 @@ class Assignment:
     versions : tuple of int
         The distinct versions used, ascending: more than one when the batch took several
         requests and the centroids changed in between.
+    similarities : ndarray of shape (n,), float64, or None
+        Under a cosine model (``metric="cosine"``), the cosine similarity of each vector
+        to its centroid (``1 - d^2 / 2`` of the unit vectors); None under Euclidean.
     """
 
     labels: np.ndarray
     distances: np.ndarray
     version: int
     versions: tuple[int, ...]
+    similarities: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,7 @@ def test_push_learns_the_row_limit_stores_every_row_once_and_assign_is_exact(
         labels, distances = nearest(X, model_now.centroids)
         np.testing.assert_array_equal(assigned.labels, labels)
         np.testing.assert_allclose(assigned.distances, distances, rtol=1e-5, atol=1e-5)
+        assert assigned.similarities is None  # a Euclidean model
         # Chunked like a push: the service's 250 rows per request.
         assign_calls = [s for _, path, s in statuses.seen if path == "/assign"]
         assert assign_calls == [200] * 4
@@ -453,3 +454,21 @@ def test_retry_after_is_honoured_and_the_deadline_bounds_the_retries() -> None:
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
     assert retry_after_seconds("soon") is None
     assert RetryPolicy.never().attempts == 1
+
+
+def test_assign_of_a_cosine_model_returns_the_similarities(
+    serve: Callable[..., Served],
+) -> None:
+    proc, _ = serve(metric="cosine")
+    directions = blobs(600, 5, 3, seed=4, separation=20.0) + np.float32(30.0)
+    with Client(proc.base) as client:
+        client.push(directions)
+        model_now = client.wait_for(converged=True, min_samples=600, timeout=60)
+        assigned = client.assign(directions[:50])
+        unit = directions[:50] / np.linalg.norm(directions[:50], axis=1, keepdims=True)
+        labels, distances = nearest(unit, model_now.centroids)
+        np.testing.assert_array_equal(assigned.labels, labels)
+        np.testing.assert_allclose(assigned.distances, distances, rtol=1e-5, atol=1e-5)
+        assert assigned.similarities is not None
+        cos = np.einsum("ij,ij->i", unit, model_now.centroids[labels].astype(np.float64))
+        np.testing.assert_allclose(assigned.similarities, cos, rtol=1e-5, atol=1e-5)
