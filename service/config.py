@@ -283,7 +283,7 @@ class Settings(BaseSettings):
         64 << 20,
         ge=0,
         description="Most bytes of Redis a model's kept versions take (each at most 1.25 "
-        "(4 k d + 8 k) + 1152 bytes); the count kept is the lower of NMBATCH_KEEP_VERSIONS "
+        "(4 k d + 8 k) + 1536 bytes); the count kept is the lower of NMBATCH_KEEP_VERSIONS "
         "and what fits in these bytes.",
     )
     worker_lock_seconds: float = Field(
