@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{medians[v][0] / medians['euclidean'][0]:.2f}")
     if args.out is not None:
         given = sys.argv[1:] if argv is None else argv
-        command = "python -m benchmarks.metric_cost " + " ".join(  # no machine's paths
+        command = "python -m benchmarks.metric_cost " + shlex.join(  # no machine's paths
             os.path.basename(a) if os.path.isabs(a) else a for a in given)
         meta = {"data": name, "k": args.k, "seeds": args.seeds, "repeats": args.repeats,
                 "train_shape": list(train.shape), "test_shape": list(test.shape),
