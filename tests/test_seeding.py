@@ -255,7 +255,7 @@ def test_unknown_method_is_refused():
 
 
 def test_auto_is_greedy_while_cheap_then_one_trial_on_4k_rows():
-    from nmbatch.engine.seeding import auto_plan
+    from nmbatch.engine.seeding import auto_plan, kmeans_plusplus_rejection
 
     assert auto_plan(5000, 50, 784) == (5000, None)  # MNIST k = 50: the whole first batch
     assert auto_plan(5120, 256, 108) == (5000, None)  # patches k = 256
@@ -266,10 +266,10 @@ def test_auto_is_greedy_while_cheap_then_one_trial_on_4k_rows():
     np.testing.assert_array_equal(seed_rows("auto", X, 6, np.random.default_rng(2)),
                                   kmeans_plusplus(X, 6, np.random.default_rng(2)))
     X = blobs(6000, 784, 30, seed=1)  # greedy's work too large: 4 k rows, one trial
-    k = 300
+    k = 300  # (by rejection: tests/test_seeding_rejection.py)
     rng = np.random.default_rng(3)
     rows = np.sort(rng.choice(6000, size=1200, replace=False))
-    want = rows[kmeans_plusplus(X[rows], k, rng, trials=1)]
+    want = rows[kmeans_plusplus_rejection(X[rows], k, rng)]
     np.testing.assert_array_equal(seed_rows("auto", X, k, np.random.default_rng(3)), want)
 
 

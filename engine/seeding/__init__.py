@@ -30,6 +30,7 @@ from nmbatch.engine.seeding.greedy import (
     kmeans_plusplus_subsample,
     n_trials,
 )
+from nmbatch.engine.seeding.rejection import kmeans_plusplus_rejection
 from nmbatch.engine.seeding.scalable import afkmc2, kmeans_parallel, random_rows
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "kmeans_parallel",
     "kmeans_plusplus",
     "kmeans_plusplus_auto",
+    "kmeans_plusplus_rejection",
     "kmeans_plusplus_subsample",
     "n_trials",
     "random_rows",
@@ -85,11 +87,12 @@ def kmeans_plusplus_auto(
     picks (:func:`auto_plan`); ``weights`` (n,) float64 or None, as k-means++ takes them."""
     n, d = X.shape
     m, trials = auto_plan(n, k, d)
-    if m >= n:
-        return kmeans_plusplus(X, k, rng, trials=trials, weights=weights)
-    rows = np.sort(rng.choice(n, size=m, replace=False))
-    w = None if weights is None else weights[rows]
-    return rows[kmeans_plusplus(X[rows], k, rng, trials=trials, weights=w)]
+    rows = np.arange(n) if m >= n else np.sort(rng.choice(n, size=m, replace=False))
+    Xm = X if m >= n else X[rows]
+    w = weights if weights is None or m >= n else weights[rows]
+    if trials == 1:  # one trial: the same law by rejection, a BLAS product per batch
+        return rows[kmeans_plusplus_rejection(Xm, k, rng, weights=w)]
+    return rows[kmeans_plusplus(Xm, k, rng, trials=trials, weights=w)]
 
 
 def _random_weighted(
