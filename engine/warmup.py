@@ -24,6 +24,7 @@ from nmbatch.engine.kernels.exact import closer_to, own_sqdist
 from nmbatch.engine.kernels.parallel import every_parallel_path
 from nmbatch.engine.kernels.update import centroid_of
 from nmbatch.engine.metric import unit_rows
+from nmbatch.engine.seeding import kmeans_plusplus_rejection
 from nmbatch.engine.store import NestedBatchStore
 from nmbatch.engine.threads import thread_limits
 
@@ -77,6 +78,8 @@ def _run(*, k: int, dim: int, n: int, seed: int) -> None:
     # (metric="cosine": the same kernels after ingestion).
     centroid_of(algo.S, algo.v, 0, False, C[0].copy())
     unit_rows(X[:4])
+    # "auto"'s seeding at large k (one trial, by rejection): its two kernels.
+    kmeans_plusplus_rejection(X[: 8 * k], 2 * k, rng)
     nearest(X, C)
     nearest_one(X[0], C)
     energy(X, C)
