@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["IterationStats", "ModelState"]
+__all__ = ["IterationStats", "ModelState", "SampleLookup"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,23 @@ class IterationStats:
     n_skipped: int
     seconds: float
     n_relocated: int = 0
+
+
+@dataclass(frozen=True)
+class SampleLookup:
+    """Where stored samples stand, by stream id (``KMeansAlgorithm.lookup``).
+
+    present : (m,) bool     the id's sample is stored (retained, not deleted)
+    labels  : (m,) int64    its nearest centroid now, exactly (-1 where not present)
+    sqdist  : (m,) float64  its squared distance to that centroid, as
+              :func:`~nmbatch.engine.assign.nearest` gives it (NaN where not present;
+              under ``metric="cosine"``, of the unit row: ``similarity`` and
+              ``dissimilarity`` of :mod:`nmbatch.engine.metric` read it)
+    """
+
+    present: np.ndarray
+    labels: np.ndarray
+    sqdist: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
-from nmbatch.engine.assign import sqnorms
+from nmbatch.engine.assign import nearest, sqnorms
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
@@ -32,7 +32,7 @@ from nmbatch.engine.metric import check_metric, metric_rows
 from nmbatch.engine.pooled import pooled_assign, use_pool
 from nmbatch.engine.products import PRODUCT_ROWS, SPAN_PRODUCT_RATIO, chunks_at_once, products
 from nmbatch.engine.seeding import SEEDINGS, initial_centroids
-from nmbatch.engine.state import IterationStats, ModelState
+from nmbatch.engine.state import IterationStats, ModelState, SampleLookup
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
 __all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm"]
@@ -157,6 +157,49 @@ class KMeansAlgorithm:
             self.counts = self.v.copy()
             self.converged = False
         return out
+
+    def forget(self, ids: np.ndarray) -> np.ndarray:
+        """Delete the stored samples with stream ids ``ids`` (``(m,)`` int, any order),
+        exactly; ids not stored (never stored, retired or deleted before) are skipped.
+
+        One mechanism with retention: :meth:`retire` takes each deleted prefix row's vote
+        (``w x`` from ``S``, ``w`` from ``v``, ``w ||x||^2`` from ``Q``) out and removes
+        the rows from the store. Then every cluster whose sums changed gets its centroid
+        from them at once (:func:`~nmbatch.engine.kernels.update.centroid_update`:
+        ``S(j)/v(j)``, ``S(j)/||S(j)||`` under cosine; a cluster left empty keeps its
+        centroid), and the distance it moved is added to ``p(j)``: the next step's bound
+        sweep loosens the bounds by the whole move since they were last valid (triangle
+        inequality), so they stay sound. Call it between steps. Returns ``(m,)`` bool:
+        which of ``ids`` were stored and are deleted now.
+        """
+        query = np.asarray(ids, dtype=np.int64).ravel()
+        found = self.store.locate(query) >= 0
+        if not found.any():
+            return found
+        S, v = self.S.copy(), self.v.copy()
+        self.retire(ids=query[found])
+        touched = (self.v != v) | (self.S != S).any(axis=1)
+        if self.initialized and touched.any():
+            C, moved = centroid_update(self.S, self.v, self.Q, self.centroids, unit=self._unit)
+            C[~touched] = self.centroids[~touched]
+            self.centroids = C
+            self.p = self.p + np.where(touched, moved, 0.0)
+            if self._sse_from_sums_on_update:  # sse under the centroids now in force
+                centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
+        return found
+
+    def lookup(self, ids: np.ndarray) -> SampleLookup:
+        """Which of the stream ids ``ids`` (``(m,)`` int) are stored, and for those their
+        nearest centroid now and its squared distance, computed exactly against the
+        current centroids (:func:`~nmbatch.engine.assign.nearest`), whatever label the
+        sample holds in the batch."""
+        found, rows = self.store.find(ids)
+        m = found.shape[0]
+        labels = np.full(m, -1, dtype=np.int64)
+        sqdist = np.full(m, np.nan, dtype=np.float64)
+        if rows.shape[0] and self.initialized:
+            labels[found], sqdist[found] = nearest(rows, self.centroids)
+        return SampleLookup(found, labels, sqdist)
 
     def _vote_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(labels, xx, dist2)`` by store row for ``remove_votes`` (empty: not kept)."""

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nmbatch.engine.rows import RowSource, SourceRows
-from nmbatch.engine.state import ModelState
+from nmbatch.engine.state import ModelState, SampleLookup
 
 from .driver import retire_then_append
 from .protocol import NO_IDS, EngineConfig
@@ -136,6 +136,22 @@ class RayEngine:
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The stored rows with stream ids ``ids`` ``(m,)`` int64, ``(m, d)`` float32."""
         return self.coordinator.rows_of(ids)
+
+    def forget(self, ids: np.ndarray) -> np.ndarray:
+        """Not yet: the shards can retire by id exactly (``StreamCoordinator.retire``),
+        but the coordinator would also have to move the changed centroids at once and
+        widen the shards' bounds by the move, which it does only inside a round."""
+        raise NotImplementedError(
+            "exact deletion (forget) is not implemented on the Ray backend yet; "
+            "use the local or the process host"
+        )
+
+    def lookup(self, ids: np.ndarray) -> SampleLookup:
+        """Not yet (see :meth:`forget`)."""
+        raise NotImplementedError(
+            "lookup by sample id is not implemented on the Ray backend yet; "
+            "use the local or the process host"
+        )
 
     def step(self) -> ModelState:
         """One distributed round; the new state, with its ``stats``."""
