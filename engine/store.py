@@ -331,7 +331,8 @@ class NestedBatchStore:
         retired prefix rows (sorted ``int64``) before any row moves: an algorithm takes
         their votes back there. Retired prefix slots are filled by the last prefix rows
         (``b`` shrinks by their number), tail slots by the last tail rows
-        (:func:`compact_rows`). Returns the :class:`Retirement` (every move).
+        (:func:`compact_rows`), and the ``m`` slots freed past the new ``N`` are zeroed:
+        no retired row stays in the buffer. Returns the :class:`Retirement` (every move).
         """
         query = None
         if ids is not None:
@@ -361,6 +362,9 @@ class NestedBatchStore:
                 prefix_from, prefix_to, tail_from, tail_to = moves
                 self._mem.w[prefix_to] = self._mem.w[prefix_from]
                 self._mem.w[tail_to] = self._mem.w[tail_from]
+            # The slots past the new N held retired rows or rows moved down: zeroed, so
+            # no retired sample stays in the buffer (O(m d)).
+            self._mem.data[n - rows.shape[0] : n] = 0.0
             self._b = b - n_prefix
             self._n = n - rows.shape[0]
             self._n_retired += int(rows.shape[0])

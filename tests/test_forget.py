@@ -80,6 +80,20 @@ def test_store_locates_prefix_tail_retired_and_unknown_ids():
     np.testing.assert_array_equal(store.rows_of([99, 3]), X[[99, 3]])
 
 
+def test_a_deleted_row_stays_nowhere_in_the_buffer():
+    """Compaction overwrites a deleted row's slot or, past the new ``N``, zeroes it."""
+    X = np.random.default_rng(0).uniform(1.0, 2.0, size=(300, 4)).astype(np.float32)
+    store = NestedBatchStore(4, seed=0)
+    store.append(X)
+    store.grow_batch(120)
+    gone = np.array([0, 5, 150, 299, 298, 100])  # prefix and tail rows, the last ones too
+    store.retire_ids(gone)
+    held = store._mem.data[:300]
+    for row in X[gone]:
+        assert not (held == row).all(axis=1).any()
+    assert (held[store.n_samples :] == 0).all()
+
+
 # -- the algorithms -------------------------------------------------------------------------
 def _weights(rng: np.random.Generator, n: int) -> np.ndarray:
     """Sample weights with zeros, fractions and large values: ``(n,)`` float64."""
