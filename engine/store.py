@@ -12,7 +12,7 @@ its index, and nothing is stored). This is the engine's one place of ingestion: 
 and the estimator append through it.
 
 Each row carries its id, the sample's position in the stream. ``retire`` removes rows by
-id in one vectorised call (the kernels ``mark_ids`` and ``compact_rows``): a retired
+id in one vectorised call (the kernels ``locate_ids`` and ``compact_rows``): a retired
 prefix row's slot is filled by one of the last prefix rows (``b`` shrinks by the number
 of prefix rows retired), then the tail is compacted by moving its last rows into the
 free slots. Rows move whole, and which rows leave depends only on their ids, so the
@@ -49,12 +49,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix, as_sample_weight
-from nmbatch.engine.kernels.retire import compact_rows, locate_ids, mark_ids
+from nmbatch.engine.kernels.retire import compact_rows, locate_ids
 from nmbatch.engine.kernels.shuffle import shuffle_insert, shuffle_order
 from nmbatch.engine.metric import check_metric, metric_rows
 from nmbatch.engine.store_memory import RESERVE_BYTES, RowMemory
@@ -66,6 +66,8 @@ OnPrefix = Callable[[np.ndarray, np.ndarray], None]
 
 _NO_WEIGHTS = np.empty(0, dtype=np.float64)
 _NO_WEIGHTS.flags.writeable = False
+_NO_IDS = np.empty(0, dtype=np.int64)
+_NO_IDS.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ class Retirement:
     old prefix, ``prefix_to < batch_size``), tail rows from ``tail_from[t]`` to
     ``tail_to[t]``; ``prefix_rows``: the retired prefix rows (sorted, old positions);
     ``n_prefix``/``n_tail``: rows retired from each part; ``batch_size``/``n_samples``:
-    the new ``b`` and ``N``.
+    the new ``b`` and ``N``; ``missing``: the ids asked for that were not stored
+    (sorted, distinct; empty unless ``skip_missing``).
     """
 
     n_prefix: int
@@ -88,6 +91,7 @@ class Retirement:
     prefix_to: np.ndarray
     tail_from: np.ndarray
     tail_to: np.ndarray
+    missing: np.ndarray = field(default_factory=lambda: _NO_IDS)
 
     @property
     def n_retired(self) -> int:
@@ -322,12 +326,15 @@ class NestedBatchStore:
         ids: np.ndarray | None = None,
         before: int | None = None,
         on_prefix: OnPrefix | None = None,
+        skip_missing: bool = False,
     ) -> Retirement:
         """Remove the rows whose id is in ``ids`` or below ``before``, in one call.
 
-        ``ids``: stream ids (any order, repeats allowed), each stored, else ``ValueError``
-        and nothing changes. ``before``: every row with ``id < before`` (none stored is
-        fine). ``on_prefix(data, rows)`` is called under the lock with the buffer and the
+        ``ids``: stream ids (any order, repeats allowed, each >= 0), each stored, else
+        ``ValueError`` and nothing changes; with ``skip_missing`` the ids not stored are
+        passed over (and reported: ``Retirement.missing``). ``before``: every row with
+        ``id < before`` (none stored is fine). ``on_prefix(data, rows)`` is called under
+        the lock with the buffer and the
         retired prefix rows (sorted ``int64``) before any row moves: an algorithm takes
         their votes back there. Retired prefix slots are filled by the last prefix rows
         (``b`` shrinks by their number), tail slots by the last tail rows
@@ -343,16 +350,20 @@ class NestedBatchStore:
             self._fill(self._n)
             n, b = self._n, self._b
             stored = self._mem.ids[:n]
-            gone = np.zeros(n, dtype=bool)
-            if before is not None:
-                np.less(stored, int(before), out=gone)
+            rows, missing = np.empty(0, dtype=np.int64), _NO_IDS
             if query is not None and query.shape[0]:
-                hit = np.zeros(n, dtype=bool)
-                missing = query.shape[0] - mark_ids(stored, query, hit)
-                if missing:
-                    raise ValueError(f"{missing} of the {query.shape[0]} ids are not stored")
-                gone |= hit
-            rows = np.flatnonzero(gone).astype(np.int64)
+                rows = np.empty(query.shape[0], dtype=np.int64)
+                if locate_ids(stored, query, rows) < query.shape[0]:
+                    lost = rows < 0
+                    if not skip_missing:
+                        raise ValueError(f"{int(lost.sum())} of the {query.shape[0]} ids "
+                                         "are not stored")  # fmt: skip
+                    missing, rows = query[lost], rows[~lost]
+                rows.sort()
+            if before is not None:
+                gone = np.less(stored, int(before))
+                gone[rows] = True
+                rows = np.flatnonzero(gone).astype(np.int64)
             n_prefix = int(np.searchsorted(rows, b))
             prefix_rows = rows[:n_prefix]
             if on_prefix is not None and n_prefix:
@@ -368,9 +379,8 @@ class NestedBatchStore:
             self._b = b - n_prefix
             self._n = n - rows.shape[0]
             self._n_retired += int(rows.shape[0])
-            return Retirement(
-                n_prefix, int(rows.shape[0]) - n_prefix, self._b, self._n, prefix_rows, *moves
-            )
+            return Retirement(n_prefix, int(rows.shape[0]) - n_prefix, self._b, self._n,
+                              prefix_rows, *moves, missing=missing)  # fmt: skip
 
     def retire_before(self, threshold: int, *, on_prefix: OnPrefix | None = None) -> Retirement:
         """Remove every row whose id is below ``threshold`` (a window or an age limit)."""

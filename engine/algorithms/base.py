@@ -118,7 +118,10 @@ class KMeansAlgorithm:
         """Run one iteration; returns what it did."""
         raise NotImplementedError
 
-    def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
+    def retire(
+        self, *, ids: np.ndarray | None = None, before: int | None = None,
+        skip_missing: bool = False,
+    ) -> Retirement:
         """Forget the stored samples with these stream ``ids`` or with ``id < before``.
 
         Exact: before a retired prefix row leaves the store, its vote leaves ``S``, ``v``,
@@ -129,7 +132,9 @@ class KMeansAlgorithm:
         rows that stay stay valid, and ``p`` is kept: the next step's bound sweep still
         needs it. The centroids are left as they are: the next ``step()`` moves them to
         the means of the retained rows. Call it between steps (from the thread that runs
-        ``step()``); appends may run concurrently. Returns the store's ``Retirement``.
+        ``step()``); appends may run concurrently. ``skip_missing``: ids not stored are
+        passed over (``Retirement.missing``) instead of refused. Returns the store's
+        ``Retirement``.
         """
         if self.store.batch_size != self.batch_size:
             raise RuntimeError(
@@ -143,7 +148,8 @@ class KMeansAlgorithm:
             remove_votes(data, rows, labels, xx, dist2, self.S, self.v, self.Q, self.sse,
                          self.store.weights_buffer)
 
-        out = self.store.retire(ids=ids, before=before, on_prefix=take_back)
+        out = self.store.retire(ids=ids, before=before, on_prefix=take_back,
+                               skip_missing=skip_missing)
         if out.n_prefix:
             b_old = self.batch_size
             for rows in self._row_arrays():
@@ -173,11 +179,10 @@ class KMeansAlgorithm:
         which of ``ids`` were stored and are deleted now.
         """
         query = np.asarray(ids, dtype=np.int64).ravel()
-        found = self.store.locate(query) >= 0
-        if not found.any():
-            return found
+        valid = query >= 0  # a negative id is never stored
         S, v = self.S.copy(), self.v.copy()
-        self.retire(ids=query[found])
+        out = self.retire(ids=query[valid], skip_missing=True)
+        found = valid & ~np.isin(query, out.missing)
         touched = (self.v != v) | (self.S != S).any(axis=1)
         if self.initialized and touched.any():
             C, moved = centroid_update(self.S, self.v, self.Q, self.centroids, unit=self._unit)
