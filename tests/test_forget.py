@@ -26,7 +26,6 @@ from sklearn.exceptions import NotFittedError
 import nmbatch.engine.store_memory as memory
 from nmbatch.engine import NestedBatchStore, NestedMiniBatchKMeans, make_algorithm
 from nmbatch.engine.hosting import EngineConfig, EngineProcess, LocalEngine
-from nmbatch.engine.hosting.ray import RayEngine
 from nmbatch.engine.kernels.retire import locate_ids
 from nmbatch.engine.retention import make_retention
 from tests.engine_helpers import (
@@ -240,16 +239,23 @@ def test_after_deletions_the_fixed_point_is_lloyds_on_the_remaining_samples(metr
 
 
 # -- the estimator --------------------------------------------------------------------------
-def test_forget_then_fixed_point_matches_a_fit_without_the_deleted_rows():
-    """Tolerance: 1e-4 relative on the energy of the remaining samples. On well separated
-    blobs both runs stop at the same partition (the global optimum), so the centroids
-    are the same means up to float32 rounding and summation order; 1e-4 leaves room for
-    that and nothing else (a different partition differs by percents here)."""
-    X = blobs(20_000, 16, 12, seed=7, spread=1.0, separation=8.0)
+@pytest.mark.parametrize("seed", [0, 7])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_forget_then_fixed_point_matches_a_fit_without_the_deleted_rows(metric, seed):
+    """Tolerance: 1e-6 relative on the energy of the remaining samples. On well separated
+    blobs (here 12 in d = 16, centres 8 sd apart) both runs stop at the same partition,
+    so the centroids are the same means up to float32 rounding and summation order (the
+    energies measured equal to the last digit); 1e-6 leaves room for that and nothing
+    else. On overlapping blobs the two runs start from different seedings (the data
+    differ) and stop at different local optima of the same data, 0-14% apart either way
+    in our runs (docs/design.md, "Exact deletion"): there the fixed-point test above is
+    the one that says the deletion is exact."""
+    X = blobs(20_000, 16, 12, seed=seed, spread=1.0, separation=8.0)
     keep = np.ones(X.shape[0], dtype=bool)
-    gone = np.random.default_rng(7).choice(X.shape[0], size=5_000, replace=False)
+    gone = np.random.default_rng(seed).choice(X.shape[0], size=5_000, replace=False)
     keep[gone] = False
-    params = {"n_clusters": 12, "batch_size": 2000, "random_state": 3, "max_iter": 500}
+    params = {"n_clusters": 12, "batch_size": 2000, "random_state": 3, "max_iter": 500,
+              "metric": metric}  # fmt: skip
     km = NestedMiniBatchKMeans(**params).fit(X)
     assert km.forget(gone) == 5_000
     algo = km._algorithm
@@ -261,7 +267,7 @@ def test_forget_then_fixed_point_matches_a_fit_without_the_deleted_rows():
     fresh = NestedMiniBatchKMeans(**params).fit(rest)
     e_forgot = -km.score(rest)
     e_fresh = -fresh.score(rest)
-    assert abs(e_forgot - e_fresh) <= 1e-4 * e_fresh, (e_forgot, e_fresh)
+    assert abs(e_forgot - e_fresh) <= 1e-6 * e_fresh, (e_forgot, e_fresh)
 
 
 @pytest.mark.parametrize("metric", ["euclidean", "cosine"])
@@ -398,11 +404,3 @@ def test_the_process_host_forgets_and_looks_up_as_the_thread_does(metric):
         assert remote.step().centroids.tobytes() == local.step().centroids.tobytes()
     finally:
         remote.close()
-
-
-def test_the_ray_host_says_it_cannot_forget_yet():
-    engine = RayEngine.__new__(RayEngine)  # no cluster needed to refuse
-    with pytest.raises(NotImplementedError, match="Ray backend"):
-        engine.forget(np.array([1]))
-    with pytest.raises(NotImplementedError, match="Ray backend"):
-        engine.lookup(np.array([1]))

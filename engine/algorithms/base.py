@@ -21,10 +21,12 @@ error of the centroid's direction (docs/design.md, "Spherical k-means").
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
-from nmbatch.engine.assign import nearest, sqnorms
+from nmbatch.engine.assign import sample_lookup, sqnorms
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
@@ -35,7 +37,7 @@ from nmbatch.engine.seeding import SEEDINGS, initial_centroids
 from nmbatch.engine.state import IterationStats, ModelState, SampleLookup
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
-__all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm"]
+__all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm", "move_changed_centroids"]
 
 
 class KMeansAlgorithm:
@@ -182,16 +184,8 @@ class KMeansAlgorithm:
         valid = query >= 0  # a negative id is never stored
         S, v = self.S.copy(), self.v.copy()
         out = self.retire(ids=query[valid], skip_missing=True)
-        found = valid & ~np.isin(query, out.missing)
-        touched = (self.v != v) | (self.S != S).any(axis=1)
-        if self.initialized and touched.any():
-            C, moved = centroid_update(self.S, self.v, self.Q, self.centroids, unit=self._unit)
-            C[~touched] = self.centroids[~touched]
-            self.centroids = C
-            self.p = self.p + np.where(touched, moved, 0.0)
-            if self._sse_from_sums_on_update:  # sse under the centroids now in force
-                centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
-        return found
+        move_changed_centroids(self, S, v, sse_from_sums=self._sse_from_sums_on_update)
+        return valid & ~np.isin(query, out.missing)
 
     def lookup(self, ids: np.ndarray) -> SampleLookup:
         """Which of the stream ids ``ids`` (``(m,)`` int) are stored, and for those their
@@ -199,12 +193,7 @@ class KMeansAlgorithm:
         current centroids (:func:`~nmbatch.engine.assign.nearest`), whatever label the
         sample holds in the batch."""
         found, rows = self.store.find(ids)
-        m = found.shape[0]
-        labels = np.full(m, -1, dtype=np.int64)
-        sqdist = np.full(m, np.nan, dtype=np.float64)
-        if rows.shape[0] and self.initialized:
-            labels[found], sqdist[found] = nearest(rows, self.centroids)
-        return SampleLookup(found, labels, sqdist)
+        return sample_lookup(found, rows, self.centroids if self.initialized else None)
 
     def _vote_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(labels, xx, dist2)`` by store row for ``remove_votes`` (empty: not kept)."""
@@ -396,3 +385,26 @@ class KMeansAlgorithm:
             sigma = np.sqrt(np.maximum(self.sse[testing], 0.0) / (vt * (vt - 1.0)))
         n_failed += int((~(sigma / p[testing] > rho)).sum())
         return n_failed <= allowed
+
+
+def move_changed_centroids(
+    model: Any, S: np.ndarray, v: np.ndarray, *, sse_from_sums: bool
+) -> None:
+    """After votes left ``model``'s sums (a deletion), the clusters whose sums differ from
+    ``S`` ``(k, d)`` float64 and ``v`` ``(k,)`` (the sums before) get their centroid from
+    them at once (:func:`~nmbatch.engine.kernels.update.centroid_update`; a cluster left
+    empty keeps its own), and the distance each moved is added to ``p(j)``, so the bounds
+    the next sweep loosens by ``p`` stay sound (docs/design.md, "Exact deletion");
+    ``sse_from_sums``: ``sse`` recomputed under the new centroids. ``model``: a
+    ``KMeansAlgorithm`` or the Ray coordinator (``S``, ``v``, ``Q``, ``centroids``,
+    ``p``, ``sse``, ``initialized``; ``_unit`` for unit centroids)."""
+    touched = (model.v != v) | (model.S != S).any(axis=1)
+    if not (model.initialized and touched.any()):
+        return
+    unit = bool(getattr(model, "_unit", False))
+    C, moved = centroid_update(model.S, model.v, model.Q, model.centroids, unit=unit)
+    C[~touched] = model.centroids[~touched]
+    model.centroids = C
+    model.p = model.p + np.where(touched, moved, 0.0)
+    if sse_from_sums:  # sse under the centroids now in force
+        centroid_update(model.S, model.v, model.Q, model.centroids, sse_out=model.sse)
