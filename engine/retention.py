@@ -139,9 +139,9 @@ class _RangeRetention(RetentionPolicy):
     """A policy that retains a range of stream ids (``window``, ``age``): it remembers
     the deleted ids inside the range, to count them out of ``retained``."""
 
-    def __init__(self, max_samples: int | None = None) -> None:
-        super().__init__(max_samples)
-        self._deleted = _EMPTY_IDS  # sorted, distinct; each >= threshold after admit
+    # The deleted ids of the range: sorted, distinct, each >= threshold after admit (a
+    # class default: a policy pickled before deletion existed has none).
+    _deleted: np.ndarray = _EMPTY_IDS
 
     def forget(self, ids: np.ndarray) -> None:
         super().forget(ids)
