@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,9 @@ def report(run: dict[str, Any]) -> str:
             )
     steps = ", ".join(f"{s:.2f}" for s in run["step_seconds_after"])
     lines += ["", f"Iterations after the deletions (model of {run['n_after']:,}): {steps} s."]
+    if "load_average" in run:
+        load = ", ".join(f"{x:.1f}" for x in run["load_average"])
+        lines += ["", f"Load average at the end of the run (1, 5, 15 min): {load}."]
     return "\n".join(lines) + "\n"
 
 
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         repeat_large=args.repeat_large, max_iter=args.max_iter, sizes=sizes,
     )  # fmt: skip
     run["machine"] = machine_info()
+    run["load_average"] = os.getloadavg()  # 1, 5, 15 minutes: the machine may be shared
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "forget.json").write_text(json.dumps(run, indent=1) + "\n")
     (args.out / "forget.md").write_text(report(run))
