@@ -38,18 +38,13 @@ into a new buffer, so a reader holding the old array still sees a valid, unchang
 which read their frozen prefix without the lock.
 
 Sample weights: each row may carry a weight ``w >= 0`` (``append``/``load`` with
-``weights=``), kept in one ``float64`` array beside the ids and moved with the rows.
-``float64`` because the votes it scales are summed in ``float64`` (``S``, ``v``, ``Q``):
-a ``float32`` copy would round a weight such as 0.1, and the model would no longer be the
-one of the weights given. Until a weight other than 1 is stored there is no array at
-all (``weights_buffer`` is empty): an unweighted store costs nothing more than before.
+``weights=``), moved with the rows (how it is kept: :mod:`~nmbatch.engine.store_memory`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -57,6 +52,7 @@ from nmbatch.engine._validation import as_float32_matrix, as_sample_weight
 from nmbatch.engine.kernels.retire import compact_rows, locate_ids
 from nmbatch.engine.kernels.shuffle import shuffle_insert, shuffle_order
 from nmbatch.engine.metric import check_metric, metric_rows
+from nmbatch.engine.state import Retirement
 from nmbatch.engine.store_memory import RESERVE_BYTES, RowMemory
 
 __all__ = ["RESERVE_BYTES", "NestedBatchStore", "OnPrefix", "Retirement"]
@@ -69,34 +65,6 @@ _NO_WEIGHTS.flags.writeable = False
 _NO_IDS = np.empty(0, dtype=np.int64)
 _NO_IDS.flags.writeable = False
 
-
-@dataclass(frozen=True)
-class Retirement:
-    """What one ``retire`` call did.
-
-    Prefix rows moved from ``prefix_from[t]`` to ``prefix_to[t]`` (``int64``, both in the
-    old prefix, ``prefix_to < batch_size``), tail rows from ``tail_from[t]`` to
-    ``tail_to[t]``; ``prefix_rows``: the retired prefix rows (sorted, old positions);
-    ``n_prefix``/``n_tail``: rows retired from each part; ``batch_size``/``n_samples``:
-    the new ``b`` and ``N``; ``missing``: the ids asked for that were not stored
-    (sorted, distinct; empty unless ``skip_missing``).
-    """
-
-    n_prefix: int
-    n_tail: int
-    batch_size: int
-    n_samples: int
-    prefix_rows: np.ndarray
-    prefix_from: np.ndarray
-    prefix_to: np.ndarray
-    tail_from: np.ndarray
-    tail_to: np.ndarray
-    missing: np.ndarray = field(default_factory=lambda: _NO_IDS)
-
-    @property
-    def n_retired(self) -> int:
-        """Rows retired by the call."""
-        return self.n_prefix + self.n_tail
 
 
 class NestedBatchStore:
@@ -249,16 +217,11 @@ class NestedBatchStore:
             found = at >= 0
             return found, self._mem.data[at[found]]
 
-    def locate(self, ids: np.ndarray) -> np.ndarray:
-        """The row now holding each of the stream ids ``ids`` (``(m,)`` int, any order,
-        repeats allowed): ``(m,)`` int64, -1 where the id is not stored. A row moves at
-        the next ``append`` (the tail) or ``retire``. One hashed pass over the stored
-        ids (:func:`~nmbatch.engine.kernels.retire.locate_ids`), O(N + m)."""
-        with self.lock:
-            return self._locate(ids)
-
     def _locate(self, ids: np.ndarray) -> np.ndarray:
-        """:meth:`locate` under the lock."""
+        """The row now holding each of the stream ids ``ids`` (``(m,)`` int, any order,
+        repeats allowed): ``(m,)`` int64, -1 where not stored (under the lock; a row moves
+        at the next ``append`` or ``retire``). One hashed pass over the stored ids
+        (:func:`~nmbatch.engine.kernels.retire.locate_ids`), O(N + m)."""
         query = np.asarray(ids, dtype=np.int64).ravel()
         distinct, where = np.unique(query, return_inverse=True)
         rows = np.full(distinct.shape[0], -1, dtype=np.int64)
@@ -314,7 +277,7 @@ class NestedBatchStore:
             # Swap partner of the t-th new row: uniform in [b, n + t].
             swap = self._rng.integers(b, n + np.arange(m, dtype=np.int64) + 1)
             if w is not None or self._mem.w is not None:
-                self._weigh(w, n, m, swap)
+                self._mem.place_weights(w, n, m, swap)
             shuffle_insert(X, swap, n, self._mem.data, self._mem.ids, ids)
             self._n = n + m
             self._next_id = max(self._next_id, int(ids.max()) + 1)
@@ -476,16 +439,6 @@ class NestedBatchStore:
         self._loaded = stop
         if stop >= self._n:  # every row copied: let go of the caller's array
             self._source, self._order = None, np.empty(0, dtype=np.int64)
-
-    def _weigh(self, w: np.ndarray | None, n: int, m: int, swap: np.ndarray) -> None:
-        """Place the weights ``w`` (None: ones) of ``m`` rows appended after ``n`` as
-        :func:`shuffle_insert` places the rows (the same swaps; under the lock). The
-        first weight other than 1 makes the array, with weight 1 for the rows before."""
-        w_all = self._mem.weigh()
-        new = np.ones(m, dtype=np.float64) if w is None else w
-        scratch = np.empty(n + m, dtype=np.int64)  # the ids move in the rows' own call
-        shuffle_insert(new.reshape(m, 1), swap, n, w_all.reshape(-1, 1), scratch,
-                       np.zeros(m, dtype=np.int64))
 
     @property
     def grows_in_place(self) -> bool:

@@ -7,6 +7,12 @@ grows in place: no copy of the rows, no old buffer to free, each page touched on
 such a mapping is refused (strict overcommit, 32-bit), or when the range is full, it falls
 back to doubling: a new buffer and one copy.
 
+Sample weights: a weight per row, in one ``float64`` array beside the ids, placed and
+moved as the rows are. ``float64`` because the votes it scales are summed in ``float64``
+(``S``, ``v``, ``Q``): a ``float32`` copy would round a weight such as 0.1, and the model
+would no longer be the one of the weights given. Until a weight other than 1 is stored
+there is no array at all (``w`` is None): an unweighted store costs nothing more.
+
 A reader holding an old ``data`` array still sees a valid, unchanged copy of the rows it
 had: growth either extends the view over the same memory or copies into a new buffer,
 published only once complete. Every method is called under the store's lock.
@@ -19,6 +25,8 @@ import platform
 import sys
 
 import numpy as np
+
+from nmbatch.engine.kernels.shuffle import shuffle_insert
 
 __all__ = ["RESERVE_BYTES", "RowMemory"]
 
@@ -85,6 +93,16 @@ class RowMemory:
         if self.w is None:
             self.w = np.ones(self.capacity, dtype=np.float64)
         return self.w
+
+    def place_weights(self, w: np.ndarray | None, n: int, m: int, swap: np.ndarray) -> None:
+        """Place the weights ``w`` (``(m,)`` float64; None: ones) of ``m`` rows appended
+        after ``n`` as :func:`shuffle_insert` places the rows (the same ``swap``). The
+        first weight other than 1 makes the array, with weight 1 for the rows before."""
+        w_all = self.weigh()
+        new = np.ones(m, dtype=np.float64) if w is None else w
+        scratch = np.empty(n + m, dtype=np.int64)  # the ids move in the rows' own call
+        shuffle_insert(new.reshape(m, 1), swap, n, w_all.reshape(-1, 1), scratch,
+                       np.zeros(m, dtype=np.int64))  # fmt: skip
 
     def grow(self, needed: int, n: int) -> None:
         """Room for ``needed`` rows at least (doubling the capacity), rows ``[0, n)`` kept."""
