@@ -12,8 +12,9 @@ from nmbatch.engine.kernels import (
     sqdist32_error,
     sqnorms32,
 )
+from nmbatch.engine.state import SampleLookup
 
-__all__ = ["CHUNK_ROWS", "energy", "nearest", "nearest_one", "sqnorms"]
+__all__ = ["CHUNK_ROWS", "energy", "nearest", "nearest_one", "sample_lookup", "sqnorms"]
 
 CHUNK_ROWS = 4096
 
@@ -105,3 +106,18 @@ def nearest_one(x: np.ndarray, centroids: np.ndarray) -> tuple[int, float]:
         raise ValueError(f"shape mismatch: x {x.shape}, centroids {C.shape}")
     label, sqdist = nearest_direct(x, C, sqdist32_error(C.shape[1]))
     return int(label), float(sqdist)
+
+
+def sample_lookup(
+    found: np.ndarray, rows: np.ndarray, centroids: np.ndarray | None
+) -> SampleLookup:
+    """The :class:`~nmbatch.engine.state.SampleLookup` of stored samples: ``found`` ``(m,)``
+    bool (which ids are stored), ``rows`` ``(found.sum(), d)`` float32 (theirs, in that
+    order), ``centroids`` ``(k, d)`` float32 (None: the model has none yet). Labels and
+    squared distances by :func:`nearest`, exactly; -1 and NaN where not found."""
+    m = found.shape[0]
+    labels = np.full(m, -1, dtype=np.int64)
+    sqdist = np.full(m, np.nan, dtype=np.float64)
+    if rows.shape[0] and centroids is not None:
+        labels[found], sqdist[found] = nearest(rows, centroids)
+    return SampleLookup(found, labels, sqdist)

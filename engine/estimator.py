@@ -16,7 +16,9 @@ the objective is the sum of cosine dissimilarities (``nmbatch.engine.metric``).
 
 The samples live in a ``NestedBatchStore`` (``float32``); ``partial_fit`` appends to it and
 runs one iteration, so the model can follow a stream; ``retention`` bounds what the
-stream leaves in the store (a sample that leaves takes its vote back exactly).
+stream leaves in the store (a sample that leaves takes its vote back exactly), and
+``forget(ids)`` deletes samples by their arrival index, exactly, by the same mechanism
+(``lookup(ids)`` tells where a sample stands).
 ``algorithm`` selects one of the engine's algorithms: the paper's baselines run behind
 the same interface.
 
@@ -48,6 +50,7 @@ from nmbatch.engine._estimator_checks import (
     seed_sequence,
     spawn_seeds,
 )
+from nmbatch.engine._estimator_forget import ModelForgetMixin
 from nmbatch.engine._estimator_pickle import PicklingMixin
 from nmbatch.engine._estimator_use import ModelUseMixin
 from nmbatch.engine._validation import as_sample_weight
@@ -66,7 +69,13 @@ Callback = Callable[[IterationStats, ModelState], bool | None]
 
 
 class NestedMiniBatchKMeans(
-    ModelUseMixin, ModelBuildMixin, PicklingMixin, ClusterMixin, TransformerMixin, BaseEstimator
+    ModelUseMixin,
+    ModelBuildMixin,
+    ModelForgetMixin,
+    PicklingMixin,
+    ClusterMixin,
+    TransformerMixin,
+    BaseEstimator,
 ):
     """K-means clustering by Nested Mini-Batch K-Means (``nmbatch``).
 

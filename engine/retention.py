@@ -18,6 +18,12 @@ append, so the store never holds more than the policy allows.
   (Vitter's algorithm R, vectorised per batch, seeded).
 
 Stream ids count every sample offered to the policy, admitted or not, from 0.
+
+A sample deleted by its id (exact deletion: ``KMeansAlgorithm.forget``) is told to the
+policy (:meth:`RetentionPolicy.forget`), so that its count of retained samples stays the
+store's and it never retires the sample a second time: ``window`` and ``age`` keep the
+deleted ids inside their range until it passes them, the reservoir empties the slot
+(the next sample drawing it fills it and retires nothing), ``all`` frees the capacity.
 """
 
 from __future__ import annotations
@@ -104,6 +110,11 @@ class RetentionPolicy:
         """The admission of ``m`` new samples (``m = 0``: only what time retires)."""
         raise NotImplementedError
 
+    def forget(self, ids: np.ndarray) -> None:
+        """Count out the retained samples with stream ids ``ids`` (``(r,)`` int64,
+        distinct, each retained: just deleted from the store)."""
+        self.retained -= int(np.asarray(ids).shape[0])
+
     def _all(self, m: int, *, retire_before: int = 0) -> Admission:
         first = self.n_offered
         self.n_offered += m
@@ -124,7 +135,26 @@ class AllRetention(RetentionPolicy):
         return self._all(m)
 
 
-class WindowRetention(RetentionPolicy):
+class _RangeRetention(RetentionPolicy):
+    """A policy that retains a range of stream ids (``window``, ``age``): it remembers
+    the deleted ids inside the range, to count them out of ``retained``."""
+
+    # The deleted ids of the range: sorted, distinct, each >= threshold after admit (a
+    # class default: a policy pickled before deletion existed has none).
+    _deleted: np.ndarray = _EMPTY_IDS
+
+    def forget(self, ids: np.ndarray) -> None:
+        super().forget(ids)
+        self._deleted = np.union1d(self._deleted, np.asarray(ids, dtype=np.int64))
+
+    def _deleted_inside(self, threshold: int) -> int:
+        """The deleted ids at or above ``threshold``, the rest dropped: the list never
+        holds more ids than the range."""
+        self._deleted = self._deleted[self._deleted >= threshold]
+        return int(self._deleted.shape[0])
+
+
+class WindowRetention(_RangeRetention):
     """Keep the last ``max_samples`` samples of the stream."""
 
     name = "window"
@@ -135,13 +165,13 @@ class WindowRetention(RetentionPolicy):
         threshold = max(first + m - W, 0)
         skip = min(max(threshold - first, 0), m)  # rows of the batch already outside
         self.n_offered += m
-        self.retained = min(self.n_offered, W)
         self.threshold = max(self.threshold, threshold)
+        self.retained = min(self.n_offered, W) - self._deleted_inside(threshold)
         keep = np.arange(skip, m, dtype=np.int64)
         return Admission(keep, first + keep, threshold)
 
 
-class AgeRetention(RetentionPolicy):
+class AgeRetention(_RangeRetention):
     """Keep the samples accepted less than ``max_age_seconds`` ago (and at most
     ``max_samples``, if given). ``clock`` gives ``now`` when a call does not; a time
     earlier than the last one counts as the last one (a clock stepping back neither
@@ -174,8 +204,8 @@ class AgeRetention(RetentionPolicy):
             threshold = max(threshold, first + m - self.max_samples)
         skip = min(max(threshold - first, 0), m)
         self.n_offered += m
-        self.retained = self.n_offered - max(threshold, 0)
         self.threshold = max(self.threshold, threshold)
+        self.retained = self.n_offered - max(threshold, 0) - self._deleted_inside(threshold)
         keep = np.arange(skip, m, dtype=np.int64)
         return Admission(keep, first + keep, max(threshold, 0))
 
@@ -210,10 +240,17 @@ class ReservoirRetention(RetentionPolicy):
         taken, last = np.unique(slot[hit][::-1], return_index=True)
         keep = np.sort(hit[hit.shape[0] - 1 - last])
         old = self.slots[taken]
+        old = old[old >= 0]  # an empty slot (never filled, or its sample deleted)
         self.slots[slot[keep]] = t[keep]
         self.n_offered += m
-        self.retained = min(self.n_offered, M)
-        return Admission(keep, t[keep], 0, old[old >= 0])
+        self.retained += keep.shape[0] - old.shape[0]
+        return Admission(keep, t[keep], 0, old)
+
+    def forget(self, ids: np.ndarray) -> None:
+        """Empty the slots of the deleted samples: the next sample that draws one fills
+        it and retires nothing."""
+        super().forget(ids)
+        self.slots[np.isin(self.slots, ids)] = -1
 
     def state_dict(self) -> dict[str, Any]:
         """What, with :attr:`slots`, continues the reservoir exactly (JSON-able): the
@@ -231,7 +268,7 @@ class ReservoirRetention(RetentionPolicy):
         self.slots[:] = -1
         self.slots[:filled] = slots
         self.n_offered = n
-        self.retained = filled
+        self.retained = int((slots >= 0).sum())  # a deleted sample's slot is empty
         self._rng.bit_generator.state = state["rng"]
 
 

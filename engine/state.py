@@ -1,4 +1,5 @@
-"""The model's state as the engine reports it after a step or a restore.
+"""The model's state as the engine reports it after a step or a restore, and the records
+of what a retirement did and where stored samples stand.
 
 One record for every consumer: the engine child process sends it to the server as it is,
 the service publishes it (with a version) and persists it (with the log position).
@@ -6,11 +7,11 @@ the service publishes it (with a version) and persists it (with the log position
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["IterationStats", "ModelState"]
+__all__ = ["IterationStats", "ModelState", "Retirement", "SampleLookup"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,52 @@ class IterationStats:
     n_skipped: int
     seconds: float
     n_relocated: int = 0
+
+
+@dataclass(frozen=True)
+class Retirement:
+    """What one ``NestedBatchStore.retire`` call did.
+
+    Prefix rows moved from ``prefix_from[t]`` to ``prefix_to[t]`` (``int64``, both in the
+    old prefix, ``prefix_to < batch_size``), tail rows from ``tail_from[t]`` to
+    ``tail_to[t]``; ``prefix_rows``: the retired prefix rows (sorted, old positions);
+    ``n_prefix``/``n_tail``: rows retired from each part; ``batch_size``/``n_samples``:
+    the new ``b`` and ``N``; ``missing``: the ids asked for that were not stored
+    (sorted, distinct; empty unless ``skip_missing``).
+    """
+
+    n_prefix: int
+    n_tail: int
+    batch_size: int
+    n_samples: int
+    prefix_rows: np.ndarray
+    prefix_from: np.ndarray
+    prefix_to: np.ndarray
+    tail_from: np.ndarray
+    tail_to: np.ndarray
+    missing: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+    @property
+    def n_retired(self) -> int:
+        """Rows retired by the call."""
+        return self.n_prefix + self.n_tail
+
+
+@dataclass(frozen=True)
+class SampleLookup:
+    """Where stored samples stand, by stream id (``KMeansAlgorithm.lookup``).
+
+    present : (m,) bool     the id's sample is stored (retained, not deleted)
+    labels  : (m,) int64    its nearest centroid now, exactly (-1 where not present)
+    sqdist  : (m,) float64  its squared distance to that centroid, as
+              :func:`~nmbatch.engine.assign.nearest` gives it (NaN where not present;
+              under ``metric="cosine"``, of the unit row: ``similarity`` and
+              ``dissimilarity`` of :mod:`nmbatch.engine.metric` read it)
+    """
+
+    present: np.ndarray
+    labels: np.ndarray
+    sqdist: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ its index, and nothing is stored). This is the engine's one place of ingestion: 
 and the estimator append through it.
 
 Each row carries its id, the sample's position in the stream. ``retire`` removes rows by
-id in one vectorised call (the kernels ``mark_ids`` and ``compact_rows``): a retired
+id in one vectorised call (the kernels ``locate_ids`` and ``compact_rows``): a retired
 prefix row's slot is filled by one of the last prefix rows (``b`` shrinks by the number
 of prefix rows retired), then the tail is compacted by moving its last rows into the
 free slots. Rows move whole, and which rows leave depends only on their ids, so the
@@ -20,11 +20,8 @@ prefix stays a uniformly random subset and the tail a uniformly random order of 
 retained (``docs/internals/retention.md``). ``retire`` reports every move, so an
 algorithm can move its per-row state the same way.
 
-Memory: the rows live in one reserved range of address space (``RESERVE_BYTES``, an
-anonymous ``MAP_NORESERVE`` mapping: no memory is committed until a row is written), so
-the store grows in place: no copy of the rows, no old buffer to free, each page touched
-once. Where such a mapping is refused (strict overcommit, 32-bit), or when the range is
-full, it falls back to doubling: a new buffer and one copy.
+Memory: the rows, ids and weights live in a :class:`~nmbatch.engine.store_memory.RowMemory`
+(a reserved mapping that grows in place, or doubling where none is given).
 
 Loading (``load``, what ``fit`` does): an empty store takes a whole array at once in a
 uniformly random order, the one appending it would give (the same draws), but
@@ -41,84 +38,33 @@ into a new buffer, so a reader holding the old array still sees a valid, unchang
 which read their frozen prefix without the lock.
 
 Sample weights: each row may carry a weight ``w >= 0`` (``append``/``load`` with
-``weights=``), kept in one ``float64`` array beside the ids and moved with the rows.
-``float64`` because the votes it scales are summed in ``float64`` (``S``, ``v``, ``Q``):
-a ``float32`` copy would round a weight such as 0.1, and the model would no longer be the
-one of the weights given. Until a weight other than 1 is stored there is no array at
-all (``weights_buffer`` is empty): an unweighted store costs nothing more than before.
+``weights=``), moved with the rows (how it is kept: :mod:`~nmbatch.engine.store_memory`).
 """
 
 from __future__ import annotations
 
-import mmap
-import platform
-import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix, as_sample_weight
-from nmbatch.engine.kernels.retire import compact_rows, mark_ids
+from nmbatch.engine.kernels.retire import compact_rows, locate_ids
 from nmbatch.engine.kernels.shuffle import shuffle_insert, shuffle_order
 from nmbatch.engine.metric import check_metric, metric_rows
+from nmbatch.engine.state import Retirement
+from nmbatch.engine.store_memory import RESERVE_BYTES, RowMemory
 
 __all__ = ["RESERVE_BYTES", "NestedBatchStore", "OnPrefix", "Retirement"]
 
 #: ``on_prefix(data, rows)``: sees the retired prefix rows before they move.
 OnPrefix = Callable[[np.ndarray, np.ndarray], None]
 
-RESERVE_BYTES = 64 << 30
-"""Address space reserved per store for in-place growth (64 GiB, of the 128 TiB a 64-bit
-process has; memory is committed only as rows are written)."""
-
-
 _NO_WEIGHTS = np.empty(0, dtype=np.float64)
 _NO_WEIGHTS.flags.writeable = False
+_NO_IDS = np.empty(0, dtype=np.int64)
+_NO_IDS.flags.writeable = False
 
-_NORESERVE_4000 = ("x86_64", "AMD64", "i686", "aarch64", "arm64", "armv7l")
-
-
-def _reserve(nbytes: int) -> mmap.mmap | None:
-    """An anonymous private mapping of ``nbytes`` that commits memory only when written."""
-    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    # Python < 3.13 lacks the name; 0x4000 is its value on Linux for x86 and ARM.
-    linux = sys.platform.startswith("linux") and platform.machine() in _NORESERVE_4000
-    noreserve = getattr(mmap, "MAP_NORESERVE", 0x4000 if linux else None)
-    if noreserve is None or not flags:
-        return None
-    try:
-        return mmap.mmap(-1, nbytes, flags=flags | noreserve)
-    except (OSError, OverflowError, ValueError):
-        return None
-
-
-@dataclass(frozen=True)
-class Retirement:
-    """What one ``retire`` call did.
-
-    Prefix rows moved from ``prefix_from[t]`` to ``prefix_to[t]`` (``int64``, both in the
-    old prefix, ``prefix_to < batch_size``), tail rows from ``tail_from[t]`` to
-    ``tail_to[t]``; ``prefix_rows``: the retired prefix rows (sorted, old positions);
-    ``n_prefix``/``n_tail``: rows retired from each part; ``batch_size``/``n_samples``:
-    the new ``b`` and ``N``.
-    """
-
-    n_prefix: int
-    n_tail: int
-    batch_size: int
-    n_samples: int
-    prefix_rows: np.ndarray
-    prefix_from: np.ndarray
-    prefix_to: np.ndarray
-    tail_from: np.ndarray
-    tail_to: np.ndarray
-
-    @property
-    def n_retired(self) -> int:
-        """Rows retired by the call."""
-        return self.n_prefix + self.n_tail
 
 
 class NestedBatchStore:
@@ -155,16 +101,7 @@ class NestedBatchStore:
         self.metric = check_metric(metric)
         self.lock = threading.Lock()
         self._rng = np.random.default_rng(seed)
-        capacity = max(int(capacity), 1)
-        row_bytes = 4 * self.dim
-        self._region = _reserve(max(RESERVE_BYTES // row_bytes, capacity) * row_bytes)
-        if self._region is not None:
-            rows = len(self._region) // row_bytes
-            self._rows = np.frombuffer(self._region, dtype=np.float32).reshape(rows, self.dim)
-            self._data = self._rows[:capacity]
-        else:
-            self._data = np.empty((capacity, self.dim), dtype=np.float32)
-        self._ids = np.empty(self._data.shape[0], dtype=np.int64)
+        self._mem = RowMemory(self.dim, capacity)
         self._n = 0
         self._b = 0
         self._next_id = 0  # stream id of the next appended row (one more than the largest)
@@ -174,8 +111,6 @@ class NestedBatchStore:
         self._source: np.ndarray | None = None
         self._order = np.empty(0, dtype=np.int64)
         self._loaded = 0
-        # Weight of each row, (capacity,) float64; None while every weight is 1.
-        self._w: np.ndarray | None = None
 
     # -- sizes ------------------------------------------------------------------------
     @property
@@ -207,13 +142,12 @@ class NestedBatchStore:
         """Bytes the rows, their ids and weights may occupy: the current capacity,
         ``(d + 2) * 4`` per row, 8 more once weighted (an upper bound on the memory
         committed, which grows with ``N``)."""
-        w = 0 if self._w is None else self._w.nbytes
-        return int(self._data.nbytes + self._ids.nbytes + w)
+        return self._mem.nbytes
 
     @property
     def weighted(self) -> bool:
         """True once a row with a weight other than 1 was stored."""
-        return self._w is not None
+        return self._mem.w is not None
 
     @property
     def weights_buffer(self) -> np.ndarray:
@@ -221,15 +155,15 @@ class NestedBatchStore:
         valid; empty ``(0,)`` while unweighted (every weight 1), which is how the kernels
         take it. Read without the lock (for ``retire``'s ``on_prefix``): like the rows,
         a prefix weight never changes while the prefix holds it."""
-        w = self._w
+        w = self._mem.w
         return _NO_WEIGHTS if w is None else w
 
     def weights(self) -> np.ndarray:
         """Copy of the weight of each stored row, ``(N,)`` float64 (ones if unweighted)."""
         with self.lock:
-            if self._w is None:
+            if self._mem.w is None:
                 return np.ones(self._n, dtype=np.float64)
-            return self._w[: self._n].copy()
+            return self._mem.w[: self._n].copy()
 
     # -- reading ----------------------------------------------------------------------
     @property
@@ -237,7 +171,7 @@ class NestedBatchStore:
         """The current buffer, shape ``(capacity, d)``, ``float32``; rows ``[0, N)`` valid
         (a load under way is finished first)."""
         self.finish_loading()
-        return self._data
+        return self._mem.data
 
     def prefix(self, b: int | None = None) -> np.ndarray:
         """Read-only view of rows ``[0, b)`` (default: the current prefix), ``(b, d)`` float32."""
@@ -245,7 +179,7 @@ class NestedBatchStore:
             b = self._b if b is None else int(b)
             if b > self._b:
                 raise ValueError(f"rows [0, {b}) are not all in the prefix (b = {self._b})")
-            view = self._data[:b]
+            view = self._mem.data[:b]
         view = view.view()
         view.flags.writeable = False
         return view
@@ -254,7 +188,7 @@ class NestedBatchStore:
         """Copy of all stored rows ``[0, N)``, shape ``(N, d)``, float32."""
         with self.lock:
             self._fill(self._n)
-            return self._data[: self._n].copy()
+            return self._mem.data[: self._n].copy()
 
     def ids(self) -> np.ndarray:
         """Copy of the insertion index of each stored row, shape ``(N,)``, int64.
@@ -263,23 +197,38 @@ class NestedBatchStore:
         unless ``append`` was given other ids) of the sample now stored at row ``r``.
         """
         with self.lock:
-            return self._ids[: self._n].copy()
+            return self._mem.ids[: self._n].copy()
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
-        """Copies of the stored rows with stream ids ``ids`` (``(m,)`` int, distinct), in
-        that order: shape ``(m, d)``, float32. Raises ``ValueError`` if one is not stored."""
-        query = np.asarray(ids, dtype=np.int64).ravel()
+        """Copies of the stored rows with stream ids ``ids`` (``(m,)`` int), in that order:
+        shape ``(m, d)``, float32. Raises ``ValueError`` if one is not stored."""
+        found, rows = self.find(ids)
+        if not found.all():
+            raise ValueError("some of the ids are not stored")
+        return rows
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which of the stream ids ``ids`` (``(m,)`` int, any order, repeats allowed) are
+        stored, and copies of their rows, read under one lock: ``(found (m,) bool,
+        rows (found.sum(), d) float32)``, the rows in the order of the found ids."""
         with self.lock:
             self._fill(self._n)
-            if not query.shape[0]:
-                return np.empty((0, self.dim), dtype=np.float32)
-            stored = self._ids[: self._n]
-            order = np.argsort(stored)
-            at = np.searchsorted(stored, query, sorter=order)
-            rows = order[np.minimum(at, self._n - 1)] if self._n else at
-            if not self._n or not (stored[rows] == query).all():
-                raise ValueError("some of the ids are not stored")
-            return self._data[rows].copy()
+            at = self._locate(ids)
+            found = at >= 0
+            return found, self._mem.data[at[found]]
+
+    def _locate(self, ids: np.ndarray) -> np.ndarray:
+        """The row now holding each of the stream ids ``ids`` (``(m,)`` int, any order,
+        repeats allowed): ``(m,)`` int64, -1 where not stored (under the lock; a row moves
+        at the next ``append`` or ``retire``). One hashed pass over the stored ids
+        (:func:`~nmbatch.engine.kernels.retire.locate_ids`), O(N + m)."""
+        query = np.asarray(ids, dtype=np.int64).ravel()
+        distinct, where = np.unique(query, return_inverse=True)
+        rows = np.full(distinct.shape[0], -1, dtype=np.int64)
+        first = int(np.searchsorted(distinct, 0))  # ids < 0 are never stored
+        if self._n and first < distinct.shape[0]:
+            locate_ids(self._mem.ids[: self._n], distinct[first:], rows[first:])
+        return rows[where.ravel()]
 
     # -- writing ----------------------------------------------------------------------
     def append(
@@ -323,13 +272,13 @@ class NestedBatchStore:
                 ids = np.arange(self._next_id, self._next_id + m, dtype=np.int64)
             elif not any_order and ids[0] < self._next_id:
                 raise ValueError(f"ids must be >= {self._next_id} (the next id), got {ids[0]}")
-            if n + m > self._data.shape[0]:
-                self._grow_capacity(n + m)
+            if n + m > self._mem.data.shape[0]:
+                self._mem.grow(n + m, n)
             # Swap partner of the t-th new row: uniform in [b, n + t].
             swap = self._rng.integers(b, n + np.arange(m, dtype=np.int64) + 1)
-            if w is not None or self._w is not None:
-                self._weigh(w, n, m, swap)
-            shuffle_insert(X, swap, n, self._data, self._ids, ids)
+            if w is not None or self._mem.w is not None:
+                self._mem.place_weights(w, n, m, swap)
+            shuffle_insert(X, swap, n, self._mem.data, self._mem.ids, ids)
             self._n = n + m
             self._next_id = max(self._next_id, int(ids.max()) + 1)
             return self._n
@@ -340,16 +289,20 @@ class NestedBatchStore:
         ids: np.ndarray | None = None,
         before: int | None = None,
         on_prefix: OnPrefix | None = None,
+        skip_missing: bool = False,
     ) -> Retirement:
         """Remove the rows whose id is in ``ids`` or below ``before``, in one call.
 
-        ``ids``: stream ids (any order, repeats allowed), each stored, else ``ValueError``
-        and nothing changes. ``before``: every row with ``id < before`` (none stored is
-        fine). ``on_prefix(data, rows)`` is called under the lock with the buffer and the
+        ``ids``: stream ids (any order, repeats allowed, each >= 0), each stored, else
+        ``ValueError`` and nothing changes; with ``skip_missing`` the ids not stored are
+        passed over (and reported: ``Retirement.missing``). ``before``: every row with
+        ``id < before`` (none stored is fine). ``on_prefix(data, rows)`` is called under
+        the lock with the buffer and the
         retired prefix rows (sorted ``int64``) before any row moves: an algorithm takes
         their votes back there. Retired prefix slots are filled by the last prefix rows
         (``b`` shrinks by their number), tail slots by the last tail rows
-        (:func:`compact_rows`). Returns the :class:`Retirement` (every move).
+        (:func:`compact_rows`), and the ``m`` slots freed past the new ``N`` are zeroed:
+        no retired row stays in the buffer. Returns the :class:`Retirement` (every move).
         """
         query = None
         if ids is not None:
@@ -359,32 +312,38 @@ class NestedBatchStore:
         with self.lock:
             self._fill(self._n)
             n, b = self._n, self._b
-            stored = self._ids[:n]
-            gone = np.zeros(n, dtype=bool)
-            if before is not None:
-                np.less(stored, int(before), out=gone)
+            stored = self._mem.ids[:n]
+            rows, missing = np.empty(0, dtype=np.int64), _NO_IDS
             if query is not None and query.shape[0]:
-                hit = np.zeros(n, dtype=bool)
-                missing = query.shape[0] - mark_ids(stored, query, hit)
-                if missing:
-                    raise ValueError(f"{missing} of the {query.shape[0]} ids are not stored")
-                gone |= hit
-            rows = np.flatnonzero(gone).astype(np.int64)
+                rows = np.empty(query.shape[0], dtype=np.int64)
+                if locate_ids(stored, query, rows) < query.shape[0]:
+                    lost = rows < 0
+                    if not skip_missing:
+                        raise ValueError(f"{int(lost.sum())} of the {query.shape[0]} ids "
+                                         "are not stored")  # fmt: skip
+                    missing, rows = query[lost], rows[~lost]
+                rows.sort()
+            if before is not None:
+                gone = np.less(stored, int(before))
+                gone[rows] = True
+                rows = np.flatnonzero(gone).astype(np.int64)
             n_prefix = int(np.searchsorted(rows, b))
             prefix_rows = rows[:n_prefix]
             if on_prefix is not None and n_prefix:
-                on_prefix(self._data, prefix_rows)
-            moves = compact_rows(self._data, self._ids, rows, b, n)
-            if self._w is not None:  # the weights move as the rows did
+                on_prefix(self._mem.data, prefix_rows)
+            moves = compact_rows(self._mem.data, self._mem.ids, rows, b, n)
+            if self._mem.w is not None:  # the weights move as the rows did
                 prefix_from, prefix_to, tail_from, tail_to = moves
-                self._w[prefix_to] = self._w[prefix_from]
-                self._w[tail_to] = self._w[tail_from]
+                self._mem.w[prefix_to] = self._mem.w[prefix_from]
+                self._mem.w[tail_to] = self._mem.w[tail_from]
+            # The slots past the new N held retired rows or rows moved down: zeroed, so
+            # no retired sample stays in the buffer (O(m d)).
+            self._mem.data[n - rows.shape[0] : n] = 0.0
             self._b = b - n_prefix
             self._n = n - rows.shape[0]
             self._n_retired += int(rows.shape[0])
-            return Retirement(
-                n_prefix, int(rows.shape[0]) - n_prefix, self._b, self._n, prefix_rows, *moves
-            )
+            return Retirement(n_prefix, int(rows.shape[0]) - n_prefix, self._b, self._n,
+                              prefix_rows, *moves, missing=missing)  # fmt: skip
 
     def retire_before(self, threshold: int, *, on_prefix: OnPrefix | None = None) -> Retirement:
         """Remove every row whose id is below ``threshold`` (a window or an age limit)."""
@@ -409,7 +368,7 @@ class NestedBatchStore:
         with self.lock:
             self._b = max(self._b, min(int(b), self._n))
             self._fill(self._b)
-            return self._data, self._b
+            return self._mem.data, self._b
 
     def load(
         self,
@@ -445,16 +404,15 @@ class NestedBatchStore:
                 raise ValueError(f"load needs an empty store; it holds {self._n} rows")
             if n == 0:
                 return 0
-            if n > self._data.shape[0]:
-                self._grow_capacity(n)
+            if n > self._mem.data.shape[0]:
+                self._mem.grow(n, self._n)
             # The draws and the order of append(X) on an empty store, without the rows.
             swap = self._rng.integers(0, np.arange(n, dtype=np.int64) + 1)
             order = np.empty(n, dtype=np.int64)
             shuffle_order(swap, order)
-            np.add(order, self._next_id, out=self._ids[:n])
+            np.add(order, self._next_id, out=self._mem.ids[:n])
             if w is not None:
-                self._w = np.ones(self._data.shape[0], dtype=np.float64)
-                np.take(w, order, out=self._w[:n])
+                np.take(w, order, out=self._mem.weigh()[:n])
             self._source, self._order, self._loaded = np.ascontiguousarray(X), order, 0
             self._n = n
             self._next_id += n
@@ -476,52 +434,13 @@ class NestedBatchStore:
         if self._source is None or stop <= self._loaded:
             return
         start = self._loaded
-        np.take(self._source, self._order[start:stop], axis=0, out=self._data[start:stop],
+        np.take(self._source, self._order[start:stop], axis=0, out=self._mem.data[start:stop],
                 mode="clip")  # the indices are valid; "raise" would buffer the copy
         self._loaded = stop
         if stop >= self._n:  # every row copied: let go of the caller's array
             self._source, self._order = None, np.empty(0, dtype=np.int64)
 
-    def _weigh(self, w: np.ndarray | None, n: int, m: int, swap: np.ndarray) -> None:
-        """Place the weights ``w`` (None: ones) of ``m`` rows appended after ``n`` as
-        :func:`shuffle_insert` places the rows (the same swaps; under the lock). The
-        first weight other than 1 makes the array, with weight 1 for the rows before."""
-        if self._w is None:
-            self._w = np.ones(self._data.shape[0], dtype=np.float64)
-        new = np.ones(m, dtype=np.float64) if w is None else w
-        scratch = np.empty(n + m, dtype=np.int64)  # the ids move in the rows' own call
-        shuffle_insert(new.reshape(m, 1), swap, n, self._w.reshape(-1, 1), scratch,
-                       np.zeros(m, dtype=np.int64))
-
     @property
     def grows_in_place(self) -> bool:
         """True while the rows live in the reserved range (growth copies nothing)."""
-        return self._region is not None
-
-    def _grow_capacity(self, needed: int) -> None:
-        capacity = max(needed, 2 * self._data.shape[0])
-        if self._region is not None:
-            if needed <= self._rows.shape[0]:
-                # The same memory, a longer view: rows [0, N) stay where they are.
-                self._data = self._rows[: min(capacity, self._rows.shape[0])]
-                ids = np.empty(capacity, dtype=np.int64)
-                ids[: self._n] = self._ids[: self._n]
-                self._ids = ids
-                self._grow_weights(capacity)
-                return
-            self._region = None  # the range is full: from now on, double and copy
-        data = np.empty((capacity, self.dim), dtype=np.float32)
-        data[: self._n] = self._data[: self._n]
-        ids = np.empty(capacity, dtype=np.int64)
-        ids[: self._n] = self._ids[: self._n]
-        # Publish the new buffers only once they are complete.
-        self._data, self._ids = data, ids
-        self._grow_weights(capacity)
-
-    def _grow_weights(self, capacity: int) -> None:
-        """A new weight array of ``capacity`` rows (if any), rows ``[0, N)`` copied."""
-        if self._w is None:
-            return
-        w = np.ones(capacity, dtype=np.float64)
-        w[: self._n] = self._w[: self._n]
-        self._w = w
+        return self._mem.grows_in_place

@@ -208,7 +208,7 @@ def test_without_or_beyond_the_reserved_range_the_store_doubles_and_copies(
     monkeypatch: pytest.MonkeyPatch, reserve: str
 ) -> None:
     """Same rows, order and ids as a store that grows in place (the shuffle is the same)."""
-    import nmbatch.engine.store as store_module
+    import nmbatch.engine.store_memory as store_module
 
     chunks = [stream(37, d=5, start=37 * i) for i in range(40)]
     grows = NestedBatchStore(5, seed=4, capacity=3)

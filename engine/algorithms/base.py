@@ -21,10 +21,12 @@ error of the centroid's direction (docs/design.md, "Spherical k-means").
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
-from nmbatch.engine.assign import sqnorms
+from nmbatch.engine.assign import sample_lookup, sqnorms
 from nmbatch.engine.kernels import assign_dense, centroid_update, remove_votes, sqdist32_error
 from nmbatch.engine.kernels.common import EMPTY_F64
 from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
@@ -32,10 +34,10 @@ from nmbatch.engine.metric import check_metric, metric_rows
 from nmbatch.engine.pooled import pooled_assign, use_pool
 from nmbatch.engine.products import PRODUCT_ROWS, SPAN_PRODUCT_RATIO, chunks_at_once, products
 from nmbatch.engine.seeding import SEEDINGS, initial_centroids
-from nmbatch.engine.state import IterationStats, ModelState
+from nmbatch.engine.state import IterationStats, ModelState, SampleLookup
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
-__all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm"]
+__all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm", "move_changed_centroids"]
 
 
 class KMeansAlgorithm:
@@ -118,7 +120,10 @@ class KMeansAlgorithm:
         """Run one iteration; returns what it did."""
         raise NotImplementedError
 
-    def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
+    def retire(
+        self, *, ids: np.ndarray | None = None, before: int | None = None,
+        skip_missing: bool = False,
+    ) -> Retirement:
         """Forget the stored samples with these stream ``ids`` or with ``id < before``.
 
         Exact: before a retired prefix row leaves the store, its vote leaves ``S``, ``v``,
@@ -129,7 +134,9 @@ class KMeansAlgorithm:
         rows that stay stay valid, and ``p`` is kept: the next step's bound sweep still
         needs it. The centroids are left as they are: the next ``step()`` moves them to
         the means of the retained rows. Call it between steps (from the thread that runs
-        ``step()``); appends may run concurrently. Returns the store's ``Retirement``.
+        ``step()``); appends may run concurrently. ``skip_missing``: ids not stored are
+        passed over (``Retirement.missing``) instead of refused. Returns the store's
+        ``Retirement``.
         """
         if self.store.batch_size != self.batch_size:
             raise RuntimeError(
@@ -143,7 +150,8 @@ class KMeansAlgorithm:
             remove_votes(data, rows, labels, xx, dist2, self.S, self.v, self.Q, self.sse,
                          self.store.weights_buffer)
 
-        out = self.store.retire(ids=ids, before=before, on_prefix=take_back)
+        out = self.store.retire(ids=ids, before=before, on_prefix=take_back,
+                               skip_missing=skip_missing)
         if out.n_prefix:
             b_old = self.batch_size
             for rows in self._row_arrays():
@@ -157,6 +165,35 @@ class KMeansAlgorithm:
             self.counts = self.v.copy()
             self.converged = False
         return out
+
+    def forget(self, ids: np.ndarray) -> np.ndarray:
+        """Delete the stored samples with stream ids ``ids`` (``(m,)`` int, any order),
+        exactly; ids not stored (never stored, retired or deleted before) are skipped.
+
+        One mechanism with retention: :meth:`retire` takes each deleted prefix row's vote
+        (``w x`` from ``S``, ``w`` from ``v``, ``w ||x||^2`` from ``Q``) out and removes
+        the rows from the store. Then every cluster whose sums changed gets its centroid
+        from them at once (:func:`~nmbatch.engine.kernels.update.centroid_update`:
+        ``S(j)/v(j)``, ``S(j)/||S(j)||`` under cosine; a cluster left empty keeps its
+        centroid), and the distance it moved is added to ``p(j)``: the next step's bound
+        sweep loosens the bounds by the whole move since they were last valid (triangle
+        inequality), so they stay sound. Call it between steps. Returns ``(m,)`` bool:
+        which of ``ids`` were stored and are deleted now.
+        """
+        query = np.asarray(ids, dtype=np.int64).ravel()
+        valid = query >= 0  # a negative id is never stored
+        S, v = self.S.copy(), self.v.copy()
+        out = self.retire(ids=query[valid], skip_missing=True)
+        move_changed_centroids(self, S, v, sse_from_sums=self._sse_from_sums_on_update)
+        return valid & ~np.isin(query, out.missing)
+
+    def lookup(self, ids: np.ndarray) -> SampleLookup:
+        """Which of the stream ids ``ids`` (``(m,)`` int) are stored, and for those their
+        nearest centroid now and its squared distance, computed exactly against the
+        current centroids (:func:`~nmbatch.engine.assign.nearest`), whatever label the
+        sample holds in the batch."""
+        found, rows = self.store.find(ids)
+        return sample_lookup(found, rows, self.centroids if self.initialized else None)
 
     def _vote_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(labels, xx, dist2)`` by store row for ``remove_votes`` (empty: not kept)."""
@@ -348,3 +385,26 @@ class KMeansAlgorithm:
             sigma = np.sqrt(np.maximum(self.sse[testing], 0.0) / (vt * (vt - 1.0)))
         n_failed += int((~(sigma / p[testing] > rho)).sum())
         return n_failed <= allowed
+
+
+def move_changed_centroids(
+    model: Any, S: np.ndarray, v: np.ndarray, *, sse_from_sums: bool
+) -> None:
+    """After votes left ``model``'s sums (a deletion), the clusters whose sums differ from
+    ``S`` ``(k, d)`` float64 and ``v`` ``(k,)`` (the sums before) get their centroid from
+    them at once (:func:`~nmbatch.engine.kernels.update.centroid_update`; a cluster left
+    empty keeps its own), and the distance each moved is added to ``p(j)``, so the bounds
+    the next sweep loosens by ``p`` stay sound (docs/design.md, "Exact deletion");
+    ``sse_from_sums``: ``sse`` recomputed under the new centroids. ``model``: a
+    ``KMeansAlgorithm`` or the Ray coordinator (``S``, ``v``, ``Q``, ``centroids``,
+    ``p``, ``sse``, ``initialized``; ``_unit`` for unit centroids)."""
+    touched = (model.v != v) | (model.S != S).any(axis=1)
+    if not (model.initialized and touched.any()):
+        return
+    unit = bool(getattr(model, "_unit", False))
+    C, moved = centroid_update(model.S, model.v, model.Q, model.centroids, unit=unit)
+    C[~touched] = model.centroids[~touched]
+    model.centroids = C
+    model.p = model.p + np.where(touched, moved, 0.0)
+    if sse_from_sums:  # sse under the centroids now in force
+        centroid_update(model.S, model.v, model.Q, model.centroids, sse_out=model.sse)

@@ -125,7 +125,10 @@ class MiniBatch(_WithoutBounds):
     def _initial_rows(self, n: int) -> int:
         return max(min(self.initial_batch_size, n), self.n_clusters)
 
-    def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
+    def retire(
+        self, *, ids: np.ndarray | None = None, before: int | None = None,
+        skip_missing: bool = False,
+    ) -> Retirement:
         """Forget samples exactly (``mbatch.remove``: each drawn sample holds one vote).
 
         ``mbatch`` keeps running averages of every assignment ever made: a sample drawn
@@ -137,7 +140,7 @@ class MiniBatch(_WithoutBounds):
                 "mbatch keeps running averages of every assignment ever made and cannot "
                 "forget a sample exactly; use mbatch.remove, nmbatch, elkan or lloyd"
             )
-        return super().retire(ids=ids, before=before)
+        return super().retire(ids=ids, before=before, skip_missing=skip_missing)
 
     def step(self) -> IterationStats:
         t0, n_now, data, n = self._begin_step()

@@ -217,9 +217,12 @@ class NestedMiniBatch(KMeansAlgorithm):
             frozen=relocated, unit=self._unit,
         )  # fmt: skip
 
-    def retire(self, *, ids: np.ndarray | None = None, before: int | None = None) -> Retirement:
+    def retire(
+        self, *, ids: np.ndarray | None = None, before: int | None = None,
+        skip_missing: bool = False,
+    ) -> Retirement:
         b_old = self.batch_size
-        out = super().retire(ids=ids, before=before)
+        out = super().retire(ids=ids, before=before, skip_missing=skip_missing)
         self._regrow_to = max(self._regrow_to, b_old)
         return out
 

@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from nmbatch.engine.algorithms.base import move_changed_centroids
 from nmbatch.engine.kernels import centroid_update
 from nmbatch.engine.rows import SourceRows
 from nmbatch.engine.state import IterationStats
@@ -266,18 +267,43 @@ class StreamCoordinator(Coordinator):
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The stored rows with stream ids ``ids`` ``(m,)`` int64, in that order, ``(m, d)``
         float32 (KeyError if one is not stored)."""
-        ids = np.asarray(ids, np.int64)
+        found, rows = self.find(ids)
+        if not found.all():
+            raise KeyError("some ids are not stored")
+        return rows
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which of the stream ids ``ids`` ``(m,)`` int64 are stored, and their rows as the
+        shards hold them: ``(found (m,) bool, rows (found.sum(), d) float32)``."""
+        ids = np.asarray(ids, np.int64).ravel()
         while True:
             parts = self.call_all("rows_of", ids)
             if all(part is not None for part in parts):
                 break
-        found = np.concatenate([p[0] for p in parts])
+        held = np.concatenate([p[0] for p in parts])
         rows = np.concatenate([p[1] for p in parts]).reshape(-1, self.dim)
-        order = np.argsort(found, kind="stable")
-        at = np.searchsorted(found[order], ids)
-        if ids.shape[0] and (np.any(at >= found.shape[0]) or np.any(found[order][at] != ids)):
-            raise KeyError("some ids are not stored")
-        return rows[order][at]
+        order = np.argsort(held, kind="stable")
+        at = np.minimum(np.searchsorted(held[order], ids), max(held.shape[0] - 1, 0))
+        found = held[order][at] == ids if held.shape[0] else np.zeros(ids.shape[0], bool)
+        return found, rows[order][at[found]]
+
+    def forget(self, ids: np.ndarray) -> np.ndarray:
+        """Delete the stored rows with stream ids ``ids`` ``(m,)`` int64 exactly, as one
+        machine does (``KMeansAlgorithm.forget``): :meth:`retire` (each shard takes back
+        its rows' votes; the records remember them, so a replacement shard never sees
+        them), then the clusters whose sums changed get their centroids from them at
+        once, the move added to ``p``, which goes to every shard with the centroids at
+        the next round (:func:`~nmbatch.engine.algorithms.base.move_changed_centroids`).
+        Ids not stored are skipped. Returns ``(m,)`` bool: which were deleted."""
+        query = np.asarray(ids, np.int64).ravel()
+        held = [c[1][a] for chunks, alive in zip(self.chunks, self.alive, strict=True)
+                for c, a in zip(chunks, alive, strict=True)]  # fmt: skip
+        found = np.isin(query, np.concatenate(held) if held else _NONE)
+        if found.any():
+            S, v = self.S.copy(), self.v.copy()
+            self.retire(np.unique(query[found]), 0)
+            move_changed_centroids(self, S, v, sse_from_sums=True)
+        return found
 
     # -- rounds -------------------------------------------------------------------------
     def step(self) -> IterationStats:

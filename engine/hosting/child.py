@@ -3,8 +3,9 @@
 The child is a fresh interpreter (``spawn``): nothing of the parent is copied into it.
 It builds the model as :class:`~.local.LocalEngine` does and answers the
 :class:`~.protocol.EngineHost` calls: rows go to it as raw ``float32`` bytes, without
-waiting (the pipe keeps them in order); ``step()``, ``restore()`` and ``rows_of()`` wait
-for its reply, the :class:`ModelState` record as the algorithm made it (pickled).
+waiting (the pipe keeps them in order); ``step()``, ``restore()``, ``rows_of()``,
+``forget()`` and ``lookup()`` wait for its reply, the :class:`ModelState` record as the
+algorithm made it (pickled).
 
 Why a process (the service's default, ``NMBATCH_WORKER_PROCESS``): the server's event
 loop then shares its GIL only with threads that mostly wait (the worker thread waits on
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from nmbatch.engine.state import ModelState
+from nmbatch.engine.state import ModelState, SampleLookup
 
 from .driver import carry_out
 from .heap import HeapTrimmer
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 # would be another type signature for numba: a compilation in the child).
 _APPEND, _STEP, _RESTORE, _STOP = b"APPEND\0\0", b"STEP\0\0\0\0", b"RESTORE\0", b"STOP\0\0\0\0"
 _FEED, _ROWS = b"FEED\0\0\0\0", b"ROWS\0\0\0\0"
+_FORGET, _LOOKUP = b"FORGET\0\0", b"LOOKUP\0\0"  # then the ids, int64
 _OP = 8
 _RESTORE_HEADER = struct.Struct("<qqq")  # rows of centroids, batch size, iteration
 # FEED: rows appended, ids retired, retire_before, flags (1: ids in any order); then the
@@ -137,6 +139,11 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
                     continue  # nor are feeds
                 if op == _ROWS:
                     conn.send(store.rows_of(np.frombuffer(payload, dtype=np.int64)))
+                elif op == _FORGET:  # (found, state): the state after the deletion
+                    found = algo.forget(np.frombuffer(payload, dtype=np.int64))
+                    conn.send((found, algo.state()))
+                elif op == _LOOKUP:
+                    conn.send(algo.lookup(np.frombuffer(payload, dtype=np.int64)))
                 elif op == _STEP:
                     conn.send(algo.state(algo.step()))
                     trimmer.maybe()
@@ -155,6 +162,14 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
 
 
 # -- the parent's side --------------------------------------------------------------------
+def _stream_ids(ids: np.ndarray) -> np.ndarray:
+    """``ids`` as ``(m,)`` int64 stream ids, each >= 0, else ``ValueError``."""
+    query = np.ascontiguousarray(np.asarray(ids).ravel(), dtype=np.int64)
+    if query.shape[0] and query.min() < 0:
+        raise ValueError(f"stream ids are >= 0, got {query.min()}")
+    return query
+
+
 class _RemoteStore:
     def __init__(self, owner: EngineProcess, dim: int) -> None:
         self._owner = owner
@@ -237,6 +252,17 @@ class EngineProcess:
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         return self._call(_ROWS, np.ascontiguousarray(ids, dtype=np.int64).tobytes(), np.ndarray)
+
+    def forget(self, ids: np.ndarray) -> np.ndarray:
+        """Delete by stream id in the child (``EngineHost.forget``); ``ValueError`` for an
+        id below 0 (checked here: the child ends at any error)."""
+        query = _stream_ids(ids)
+        found, self.state = self._call(_FORGET, query.tobytes(), tuple)
+        self.store._n -= int(np.count_nonzero(found))
+        return found
+
+    def lookup(self, ids: np.ndarray) -> SampleLookup:
+        return self._call(_LOOKUP, _stream_ids(ids).tobytes(), SampleLookup)
 
     def step(self) -> ModelState:
         self.state = self._call(_STEP, b"")

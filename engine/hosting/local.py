@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 
 from nmbatch.engine.algorithms import KMeansAlgorithm, make_algorithm
-from nmbatch.engine.state import ModelState
+from nmbatch.engine.state import ModelState, SampleLookup
 from nmbatch.engine.store import NestedBatchStore
 
 from .driver import carry_out
@@ -74,6 +74,15 @@ class LocalEngine:
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         return self.store.rows_of(ids)
+
+    def forget(self, ids: np.ndarray) -> np.ndarray:
+        found = self._algo.forget(ids)
+        if found.any():
+            self.state = self._algo.state()
+        return found
+
+    def lookup(self, ids: np.ndarray) -> SampleLookup:
+        return self._algo.lookup(ids)
 
     def step(self) -> ModelState:
         self.state = self._algo.state(self._algo.step())

@@ -8,8 +8,8 @@ A *host* holds a store and an algorithm on it, somewhere: in the calling thread
 :class:`EngineHost`: ``store`` (``dim``, ``n_samples``, ``append``), ``state`` (the
 model after the last ``step()`` or ``restore()``, a :class:`~nmbatch.engine.state.
 ModelState`), ``ready()``, ``feed()`` (a retention policy's admission carried out:
-retirements, then appends under stream ids), ``rows_of()``, ``step()``, ``restore()``
-and ``close()``.
+retirements, then appends under stream ids), ``rows_of()``, ``forget()`` (exact
+deletion by stream id), ``lookup()``, ``step()``, ``restore()`` and ``close()``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from nmbatch.engine.rows import SourceRows
-from nmbatch.engine.state import ModelState
+from nmbatch.engine.state import ModelState, SampleLookup
 
 __all__ = ["NO_IDS", "EngineConfig", "EngineHost", "StoreView"]
 
@@ -102,6 +102,21 @@ class EngineHost(Protocol):
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The stored rows with stream ids ``ids``, in that order, ``(m, d)`` float32."""
+        ...
+
+    def forget(self, ids: np.ndarray) -> np.ndarray:
+        """Delete the stored samples with stream ids ``ids`` (``(m,)`` int64, each >= 0)
+        exactly (``KMeansAlgorithm.forget``: their votes out of ``S`` and ``v``, the rows
+        out of the store, the changed clusters' centroids recomputed at once); ids not
+        stored are skipped. ``state`` becomes the model after the deletion (``stats``
+        None) and ``store.n_samples`` drops by the number deleted; the caller tells its
+        retention policy (``RetentionPolicy.forget``). Returns ``(m,)`` bool: which ids
+        were deleted."""
+        ...
+
+    def lookup(self, ids: np.ndarray) -> SampleLookup:
+        """Which of the stream ids ``ids`` (``(m,)`` int64) are stored, their nearest
+        centroid now and its squared distance (``KMeansAlgorithm.lookup``)."""
         ...
 
     def step(self) -> ModelState:

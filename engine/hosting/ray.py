@@ -1,8 +1,8 @@
 """The model hosted on a Ray cluster: an ``EngineHost`` over a streaming coordinator.
 
 :class:`RayEngine` gives its driver (the service's worker) the interface every host
-gives (``store``, ``state``, ``ready``, ``feed``, ``rows_of``, ``step``, ``restore``,
-``close``; :class:`~.protocol.EngineHost`), over a
+gives (``store``, ``state``, ``ready``, ``feed``, ``rows_of``, ``forget``, ``lookup``,
+``step``, ``restore``, ``close``; :class:`~.protocol.EngineHost`), over a
 :class:`~nmbatch.engine.distributed.stream.StreamCoordinator`:
 
 - the calling thread is the Ray *driver*: it holds the coordinator (``C``, ``S``, ``v``,
@@ -33,8 +33,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nmbatch.engine.assign import sample_lookup
 from nmbatch.engine.rows import RowSource, SourceRows
-from nmbatch.engine.state import ModelState
+from nmbatch.engine.state import ModelState, SampleLookup
 
 from .driver import retire_then_append
 from .protocol import NO_IDS, EngineConfig
@@ -136,6 +137,26 @@ class RayEngine:
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The stored rows with stream ids ``ids`` ``(m,)`` int64, ``(m, d)`` float32."""
         return self.coordinator.rows_of(ids)
+
+    def forget(self, ids: np.ndarray) -> np.ndarray:
+        """Delete by stream id on the cluster (``EngineHost.forget``): each shard takes back
+        its rows' votes, the chunk records remember them (a replacement shard never
+        sees them), the changed centroids move at once
+        (:meth:`~nmbatch.engine.distributed.stream.StreamCoordinator.forget`)."""
+        query = np.asarray(ids, dtype=np.int64).ravel()
+        if query.shape[0] and query.min() < 0:
+            raise ValueError(f"stream ids are >= 0, got {query.min()}")
+        found = self.coordinator.forget(query)
+        if found.any():
+            self.state = self.coordinator.state()
+        return found
+
+    def lookup(self, ids: np.ndarray) -> SampleLookup:
+        """Which of the stream ids are stored, their nearest centroid and squared distance
+        (``EngineHost.lookup``; the rows read from the shards)."""
+        found, rows = self.coordinator.find(np.asarray(ids, dtype=np.int64))
+        centroids = self.coordinator.centroids if self.coordinator.initialized else None
+        return sample_lookup(found, rows, centroids)
 
     def step(self) -> ModelState:
         """One distributed round; the new state, with its ``stats``."""

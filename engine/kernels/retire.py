@@ -1,8 +1,8 @@
 """Exact forgetting: the votes of retired samples taken back, and the store's compaction.
 
-``mark_ids`` finds the rows of a set of stream ids and ``compact_rows`` removes rows by
-moving whole rows into their slots (``NestedBatchStore.retire``). A retired sample of
-the prefix gives back exactly what it added when it was assigned (``remove_votes``):
+``locate_ids`` finds the row of each of a set of stream ids and ``compact_rows`` removes
+rows by moving whole rows into their slots (``NestedBatchStore.retire``). A retired
+sample of the prefix gives back exactly what it added when it was assigned (``remove_votes``):
 ``w(i) x(i)`` leaves ``S(a(i))``, ``w(i)`` leaves ``v(a(i))``, ``w(i) ||x(i)||^2`` leaves
 ``Q(a(i))``, and (for the algorithms that accumulate it) ``w(i) d(i)^2`` leaves
 ``sse(a(i))``, ``w(i)`` its weight (1 unweighted). Per-row
@@ -16,7 +16,7 @@ import numpy as np
 
 from nmbatch.engine.kernels.common import sqnorm, weight_of
 
-__all__ = ["compact_rows", "mark_ids", "remove_votes"]
+__all__ = ["compact_rows", "locate_ids", "remove_votes"]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -118,41 +118,68 @@ def compact_rows(data, ids, rows, b, n):
 
 
 @numba.njit(cache=True, nogil=True)
-def mark_ids(stored, query, gone):
-    """Set ``gone[r]`` for each row whose id is in ``query``; return how many were found.
-
-    One pass over the stored ids with an open-addressing hash set of ``query`` (size a
-    power of two, at least four times ``len(query)``, multiplicative hashing): O(N + m)
-    whatever the spread of the ids.
-
-    stored : (N,) int64  IN   ids of the stored rows (>= 0)
-    query  : (m,) int64  IN   distinct ids (>= 0)
-    gone   : (N,) bool   INOUT
-    """
+def _id_table(query):
+    """An open-addressing hash set of ``query`` (``(m,)`` int64, distinct, >= 0): slot ->
+    index into ``query`` (-1 empty); size a power of two, at least ``4 m``, multiplicative
+    hashing. Returns ``(table, mask, shift)``."""
     m = query.shape[0]
     bits = 1
     while (1 << bits) < 4 * m:
         bits += 1
     mask = (1 << bits) - 1
     shift = np.uint64(64 - bits)
-    golden = np.uint64(0x9E3779B97F4A7C15)
     table = np.full(1 << bits, -1, dtype=np.int64)
     for t in range(m):
-        s = np.int64((np.uint64(query[t]) * golden) >> shift) & mask
+        s = _slot(query[t], shift, mask)
         while table[s] != -1:
             s = (s + 1) & mask
-        table[s] = query[t]
+        table[s] = t
+    return table, mask, shift
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _slot(x, shift, mask):
+    return np.int64((np.uint64(x) * np.uint64(0x9E3779B97F4A7C15)) >> shift) & mask
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _find(table, query, x, shift, mask):
+    """Index into ``query`` of the id ``x``, or -1."""
+    s = _slot(x, shift, mask)
+    while True:
+        t = table[s]
+        if t == -1 or query[t] == x:
+            return t
+        s = (s + 1) & mask
+
+
+@numba.njit(cache=True, nogil=True)
+def locate_ids(stored, query, rows):
+    """The row of each id of ``query``: ``rows[t]`` = the row ``r`` with ``stored[r] ==
+    query[t]``, or -1 if none; returns how many were found.
+
+    One pass over the stored ids with an open-addressing hash set of ``query``
+    (:func:`_id_table`): O(N + m) whatever the spread of the ids. An id outside
+    ``[min(query), max(query)]`` is passed over before hashing (two compares), so a few
+    ids close together cost a fraction of a hashed pass.
+
+    stored : (N,) int64  IN   ids of the stored rows (>= 0, distinct)
+    query  : (m,) int64  IN   distinct ids (>= 0)
+    rows   : (m,) int64  OUT
+    """
+    rows[:] = -1
+    if query.shape[0] == 0:
+        return 0
+    table, mask, shift = _id_table(query)
+    lo = query.min()
+    hi = query.max()
     found = 0
     for r in range(stored.shape[0]):
         x = stored[r]
-        s = np.int64((np.uint64(x) * golden) >> shift) & mask
-        while True:
-            e = table[s]
-            if e == x:
-                gone[r] = True
-                found += 1
-                break
-            if e == -1:
-                break
-            s = (s + 1) & mask
+        if x < lo or x > hi:
+            continue
+        t = _find(table, query, x, shift, mask)
+        if t >= 0:
+            rows[t] = r
+            found += 1
     return found
