@@ -273,13 +273,31 @@ class NestedBatchStore:
             self._fill(self._n)
             if not query.shape[0]:
                 return np.empty((0, self.dim), dtype=np.float32)
-            stored = self._ids[: self._n]
-            order = np.argsort(stored)
-            at = np.searchsorted(stored, query, sorter=order)
-            rows = order[np.minimum(at, self._n - 1)] if self._n else at
-            if not self._n or not (stored[rows] == query).all():
-                raise ValueError("some of the ids are not stored")
-            return self._data[rows].copy()
+            return self._data[self._positions(query)].copy()
+
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        """The weights of the stored rows with stream ids ``ids`` (``(m,)`` int, distinct),
+        in that order: shape ``(m,)``, float64 (ones while unweighted). Raises
+        ``ValueError`` if one is not stored."""
+        query = np.asarray(ids, dtype=np.int64).ravel()
+        with self.lock:  # ids and weights are placed whole by a load: no fill needed
+            if not query.shape[0]:
+                return np.empty(0, dtype=np.float64)
+            rows = self._positions(query)
+            if self._w is None:
+                return np.ones(rows.shape[0], dtype=np.float64)
+            return self._w[rows].copy()
+
+    def _positions(self, query: np.ndarray) -> np.ndarray:
+        """Row of each stream id of ``query`` (``(m,)`` int64, ``m >= 1``), under the lock;
+        ``ValueError`` if one is not stored."""
+        stored = self._ids[: self._n]
+        order = np.argsort(stored)
+        at = np.searchsorted(stored, query, sorter=order)
+        rows = order[np.minimum(at, self._n - 1)] if self._n else at
+        if not self._n or not (stored[rows] == query).all():
+            raise ValueError("some of the ids are not stored")
+        return rows
 
     # -- writing ----------------------------------------------------------------------
     def append(

@@ -75,6 +75,9 @@ class LocalEngine:
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         return self.store.rows_of(ids)
 
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        return self.store.weights_of(ids)
+
     def step(self) -> ModelState:
         self.state = self._algo.state(self._algo.step())
         return self.state
