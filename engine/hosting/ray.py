@@ -120,7 +120,8 @@ class RayEngine:
         by the shard), under stream ``ids`` ``(m,)`` int64 (any order) to the next
         shard."""
         if weights is not None:
-            raise NotImplementedError("the Ray engine takes no sample weights (the service refuses them)")
+            raise NotImplementedError("the Ray engine takes no sample weights (the service "
+                                      "refuses them)")
         coordinator = self.coordinator
         retire_then_append(coordinator.retire, coordinator.append, X, ids,
                            np.asarray(retire_ids, np.int64), retire_before)  # fmt: skip

@@ -26,9 +26,10 @@ answered from the record also when the store is full meanwhile. "Same vectors"
 means the same ``float32`` matrix after parsing, and the same weights (shape and values,
 :func:`~service.storage.codec.fingerprint`), so a retry that re-encodes the batch (JSON
 instead of ``.npy``) is still a retry. The check of the key, the append of the entries
-(the same fields ``n``, ``d``, ``x``, and ``w`` when weighted, as the plain path) with the ``n_samples`` increment,
-and the record of the key are one Lua script (:data:`APPEND_ONCE`), so two concurrent
-requests with one key store the samples once, whatever their timing. The record
+(the same fields ``n``, ``d``, ``x``, and ``w`` when weighted, as the plain path) with
+the ``n_samples`` increment, and the record of the key are one Lua script
+(:data:`APPEND_ONCE`), so two concurrent requests with one key store the samples once,
+whatever their timing. The record
 (:meth:`~service.storage.keys.ModelKeys.idempotency`) expires ``key_seconds`` after its
 request was stored; at most ``max_keys`` are kept per model, the oldest forgotten first
 by the same script (a retry under a forgotten key is stored again). Entries of this

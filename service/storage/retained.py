@@ -241,8 +241,8 @@ class RetainedLog:
             seen += sum(ids.size for ids, _ in parts)
             w = None
             if any(part is not None for part in weights):
-                w = np.concatenate([np.ones(ids.size) if part is None else part
-                                    for (ids, _), part in zip(parts, weights, strict=True)])  # fmt: skip
+                pairs = zip(parts, weights, strict=True)
+                w = np.concatenate([np.ones(i.size) if p is None else p for (i, _), p in pairs])
             yield (
                 np.concatenate([ids for ids, _ in parts]).astype(np.int64, copy=False),
                 np.concatenate([X for _, X in parts]).astype(np.float32, copy=False),

@@ -266,10 +266,10 @@ class LogRetention:
         slots = self.policy.slots[: self.policy.retained].copy()
         # The rows come from the engine a pipeline trip at a time (16 MiB), never the
         # whole reservoir in one message: each copy holds the GIL the event loop needs.
+        weights = engine.weights_of if self.weighted else None  # unweighted: entries as ever
         base = self.storage.compact(slots, engine.rows_of, last_id=last_id,
                                     policy=self.policy.state_dict(), lease_token=lease_token,
-                                    dim=engine.store.dim,
-                                    weights=engine.weights_of if self.weighted else None)  # fmt: skip
+                                    dim=engine.store.dim, weights=weights)  # fmt: skip
         if self.by_reference:  # the log entries of the reservoir's rows are gone
             rebase = engine.rebase  # type: ignore[attr-defined]  # engines fed by reference
             rebase(*self.storage.base_layout(base, slots, engine.store.dim))
