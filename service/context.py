@@ -15,7 +15,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
-import numpy as np
 from fastapi import Depends, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
