@@ -318,7 +318,8 @@ def _json_vectors(
     except orjson.JSONDecodeError as exc:
         if "infinity" in str(exc):  # a number such as 1e999: valid JSON, not finite
             raise ProblemError(
-                422, "non-finite", f"vectors contain a number too large for a double: {exc}"
+                422, "non-finite", f"the body holds a number too large for a double (vectors "
+                f"and weights must be finite): {exc}"
             ) from None
         raise ProblemError(400, "malformed-body", f"the body is not valid JSON: {exc}") from None
     if not isinstance(document, dict) or "vectors" not in document:

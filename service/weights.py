@@ -47,12 +47,9 @@ def json_weights(raw: object, n: int) -> np.ndarray | None:
             f"the weight of vector {row} is {type(raw[row]).__name__}, not a number",
             row=row,
         )  # fmt: skip
-    try:
-        w = np.array(raw, dtype=np.float64)
-    except OverflowError:  # an integer beyond the float64 range
-        row = next(i for i, value in enumerate(raw) if abs(value) > np.finfo(np.float64).max)
-        raise _invalid(f"the weight of vector {row} is too large for a double", row) from None
-    return _checked(w, n)
+    # orjson gives a float for an integer beyond 64 bits, and refuses one beyond a double
+    # (422 non-finite): only ints and floats of a double's range are left.
+    return _checked(np.array(raw, dtype=np.float64), n)
 
 
 def npy_weights(member: bytes, n: int) -> np.ndarray | None:
