@@ -16,6 +16,7 @@ weighted vote exactly.
 from __future__ import annotations
 
 import io
+import tracemalloc
 import zipfile
 from typing import Any
 
@@ -24,6 +25,7 @@ import pytest
 import redis
 
 from nmbatch.service.main import create_app
+from nmbatch.service.parsing import parse_samples
 from nmbatch.service.storage.codec import decode_chunk, decode_weights
 from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.worker import retention as worker_retention
@@ -331,3 +333,37 @@ def test_a_reservoir_keeps_the_weights_through_compactions_and_a_restart(
         assert np.array_equal(engine.weights_of(ids), w[ids])
         assert_weighted_means(doc, X[ids], w[ids])
         assert sorted(doc["counts"]) == counts
+
+
+@pytest.mark.parametrize("kind", ["npz-int8", "json"])
+def test_a_weighted_parse_costs_a_bounded_multiple_of_its_body(kind: str) -> None:
+    """docs/operations/limits.md: a parse takes at most 40 bytes per body byte; an
+    ``.npz`` body at most 10 (a copy of the archive, one of each member, then ``int8``
+    vectors as ``float32`` and ``int8`` weights as ``float64``)."""
+    n, d = 100_000, 16
+    if kind == "json":
+        rng = np.random.default_rng(0)
+        body = orjson_body(rng.standard_normal((n // 10, d)), rng.uniform(0, 9, n // 10))
+        content_type, bound = "application/json", 40
+    else:
+        X = np.ones((n, d), dtype=np.int8)
+        body = npz_bytes(X=X, weights=np.full(n, 3, dtype=np.int8))
+        content_type, bound = NPZ["content-type"], 10
+    body = bytearray(body)
+    parse_samples(body, content_type, dim=None, max_vectors=10**6, max_dim=4096)  # first use
+    tracemalloc.start()
+    try:
+        X, w = parse_samples(body, content_type, dim=None, max_vectors=10**6, max_dim=4096)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert w is not None and X.shape[0] == w.shape[0]
+    assert peak <= bound * len(body), peak / len(body)
+
+
+def orjson_body(X: np.ndarray, w: np.ndarray) -> bytes:
+    """A JSON body of ``X`` and weights ``w`` whose numbers the JSON kernel does not take
+    (a ``weights`` member: orjson parses it)."""
+    import orjson
+
+    return orjson.dumps({"vectors": X.tolist(), "weights": w.tolist()})
