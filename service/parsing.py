@@ -219,7 +219,7 @@ def _parse(
     """The vectors of a body, and (``weighted``: a samples body) its weights."""
     kind = media_type(content_type)
     limit_dim = max_dim if dim is None else None
-    raw_weights: object = None
+    raw_weights: list[object] | None = None
     npz: dict[str, bytes] = {}
     if kind == JSON:
         raw, raw_weights = _json_vectors(body, max_vectors, limit_dim, weighted)
@@ -243,7 +243,7 @@ def _parse(
     if WEIGHTS in npz:
         return X, npy_weights(npz[WEIGHTS], X.shape[0])
     if raw_weights is not None:
-        return X, json_weights(raw_weights, X.shape[0])
+        return X, json_weights(raw_weights[0], X.shape[0])
     return X, None
 
 
@@ -269,9 +269,9 @@ def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
 # -- decoders: body -> array of any dtype/shape ------------------------------------------
 def _json_vectors(
     body: Body, max_vectors: int, max_dim: int | None, weighted: bool = False
-) -> tuple[np.ndarray, object]:
-    """The vectors of a JSON body, and (``weighted``) its ``weights`` member, as sent
-    (None if absent)."""
+) -> tuple[np.ndarray, list[object] | None]:
+    """The vectors of a JSON body, and (``weighted``) its ``weights`` member as sent, in a
+    one-element list (None if absent)."""
     # The common form, read without Python floats and without holding the GIL; any
     # other body (or a number not converted exactly there) takes the orjson path. That
     # form has one object, one string and a "[" per vector (its row count is checked
@@ -343,7 +343,8 @@ def _json_vectors(
     # a fixed-width string array of 4 * longest * count bytes.
     _check_rows(vectors)
     # Now only equal-length lists of int and float: 8 bytes per number.
-    return np.array(vectors), document.get(WEIGHTS)
+    # The member as sent, in a list: a "weights": null is a member too (refused).
+    return np.array(vectors), [document[WEIGHTS]] if WEIGHTS in document else None
 
 
 _NUMBERS = frozenset((int, float))

@@ -168,6 +168,7 @@ BAD_JSON = [  # (name, weights member, slug, row)
     ("null", [1.0, 1.0, 1.0, None], "non-numeric", 3),
     ("nested", [[1.0], 1.0, 1.0, 1.0], "non-numeric", 0),
     ("scalar", 2.0, "invalid-weights", None),
+    ("null member", None, "invalid-weights", None),
 ]
 
 
