@@ -16,6 +16,7 @@ weighted vote exactly.
 from __future__ import annotations
 
 import io
+import time
 import tracemalloc
 import zipfile
 from typing import Any
@@ -300,6 +301,25 @@ def test_a_window_retires_weighted_votes_exactly(
         ids = np.arange(800 - W, 800)
         assert np.array_equal(engine.weights_of(ids), w[-W:])
         assert np.array_equal(engine.rows_of(ids), X[-W:])
+
+
+def test_age_retires_weighted_votes_exactly_by_redis_time(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    settings = make_settings(k=K, dim=D, retention="age", max_age_seconds=2.0)
+    old, new = blobs(300, D, K, seed=13), blobs(200, D, K, seed=14)
+    w_old = np.full(300, 4.0)
+    w_new = np.random.default_rng(15).integers(0, 6, size=200) / 2.0
+    with TestClient(create_app(settings)) as client:
+        worker = client.app.state.models.default.worker
+        wait_until(lambda: worker.phase == "waiting-for-samples", 60, "the engine")
+        posted = time.monotonic()
+        assert post_weighted(client, "", old, w_old, "npz").status_code == 202
+        time.sleep(max(0.0, posted + 2.1 - time.monotonic()))
+        assert post_weighted(client, "", new, w_new, "json").status_code == 202
+        doc = converged(client, "", 200, 500)
+        assert_weighted_means(doc, new, w_new)  # the old votes left whole
+        assert sum(doc["counts"]) == w_new.sum()
 
 
 def test_a_reservoir_keeps_the_weights_through_compactions_and_a_restart(
