@@ -217,6 +217,18 @@ class NestedBatchStore:
             found = at >= 0
             return found, self._mem.data[at[found]]
 
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        """The weights of the stored rows with stream ids ``ids`` (``(m,)`` int), in that
+        order: shape ``(m,)``, float64 (ones while unweighted). Raises ``ValueError`` if
+        one is not stored."""
+        with self.lock:  # ids and weights are placed whole by a load: no fill needed
+            at = self._locate(ids)
+            if (at < 0).any():
+                raise ValueError("some of the ids are not stored")
+            if self._mem.w is None:
+                return np.ones(at.shape[0], dtype=np.float64)
+            return self._mem.w[at].copy()
+
     def _locate(self, ids: np.ndarray) -> np.ndarray:
         """The row now holding each of the stream ids ``ids`` (``(m,)`` int, any order,
         repeats allowed): ``(m,)`` int64, -1 where not stored (under the lock; a row moves

@@ -11,10 +11,10 @@ state of their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
-import numpy as np
 from fastapi import Depends, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from nmbatch.service.metrics import RouteLabel
 from nmbatch.service.models.registry import NAME_PATTERN
-from nmbatch.service.parsing import JSON, NPY, OCTET, media_type, parse_vectors, read_body
+from nmbatch.service.parsing import JSON, NPY, NPZ, OCTET, media_type, parse_vectors, read_body
 from nmbatch.service.problems import ProblemError
 from nmbatch.service.schemas import VERSION_MAX
 from nmbatch.service.usecases.serving import ModelHandle
@@ -104,22 +104,28 @@ async def model_path(request: Request, name: Name) -> None:
 
 
 async def parse_body(
-    body: bytes | bytearray, content_type: str, **limits: int | None
-) -> np.ndarray:
-    """:func:`service.parsing.parse_vectors` of a request body, on or off the event loop.
+    body: bytes | bytearray,
+    content_type: str,
+    *,
+    parser: Callable[..., Any] = parse_vectors,
+    **limits: int | None,
+) -> Any:
+    """:func:`service.parsing.parse_vectors` of a request body (or ``parser``: also
+    :func:`~nmbatch.service.parsing.parse_samples`), on or off the event loop.
 
     Binary bodies (``.npy``, raw ``float32``) are parsed in place by a few numpy calls
     over the bytes (about 40 microseconds per 512 KiB), less than a hop to the thread pool
     and back costs (two thread wake-ups, and the GIL handed over twice): they are parsed
     on the loop up to 4 MiB. JSON builds a Python float per number (about 8 ms per
     1,000 x 128 vectors): above 16 KiB it goes to the thread pool, so the loop keeps
-    serving other requests meanwhile. ``limits`` are ``parse_vectors``'s keywords.
+    serving other requests meanwhile (``.npz`` bodies count as binary: their members are
+    copied once, then read in place). ``limits`` are ``parse_vectors``'s keywords.
     """
     kind = media_type(content_type)
-    inline = _INLINE_BINARY_BYTES if kind in (NPY, OCTET) else _INLINE_JSON_BYTES
+    inline = _INLINE_BINARY_BYTES if kind in (NPY, NPZ, OCTET) else _INLINE_JSON_BYTES
     if len(body) <= inline:
-        return parse_vectors(body, content_type, **limits)
-    return await run_in_threadpool(partial(parse_vectors, body, content_type, **limits))
+        return parser(body, content_type, **limits)
+    return await run_in_threadpool(partial(parser, body, content_type, **limits))
 
 
 async def read_json_body(request: Request, schema: type[M], max_bytes: int) -> M:

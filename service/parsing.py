@@ -7,7 +7,11 @@ Accepted bodies:
   header is read and checked, dtype, shape and length against the body, before any
   memory is allocated; object dtypes and pickles are refused, nothing is ever unpickled);
 - ``application/octet-stream``: raw little-endian ``float32``, row-major, ``n * d``
-  values (only when the dimension ``d`` is known).
+  values (only when the dimension ``d`` is known);
+- ``POST /samples`` only (:func:`parse_samples`): the vectors' sample weights, the JSON
+  member ``"weights"`` beside ``"vectors"``, or an ``application/x-npz`` body (what
+  ``np.savez(f, X=X, weights=w)`` writes; :mod:`nmbatch.service.npy`), checked by
+  :mod:`nmbatch.service.weights`.
 
 Rejected, with a problem naming the fault: malformed bodies (400), other content types
 (415), too many vectors (413), and with 422 booleans, strings, nulls, object or complex
@@ -22,12 +26,15 @@ bodies, lying lengths), and gives up on a body that takes longer than its timeou
 
 Memory: a parse takes at most **40 bytes per body byte, plus about 1 MiB**, on every
 path (docs/operations/limits.md). ``.npy`` and raw bodies are used in place (at most 5
-bytes per byte: ``int8`` data converted to ``float32``); the JSON kernel
+bytes per byte: ``int8`` data converted to ``float32``), ``.npz`` bodies after a copy
+of the archive and one of each member (at most 10 bytes per byte: ``int8`` weights
+become ``float64``; 5.4 measured for ``int8`` vectors of 16 coordinates); the JSON kernel
 (:mod:`nmbatch.service.jsonfast`) writes ``float64`` (at most 4 bytes per byte). Other
 JSON goes through orjson (about 8 bytes per byte reserved by its parser, then a Python
 object per value; measured at most 21 bytes per byte for numbers, 34 for a body of
 empty vectors). Before it is decoded, a JSON body is refused when it holds more ``[``
-than ``max_vectors + 1`` (every vector needs one; 413), or more than
+than ``max_vectors + 1`` (every vector needs one; one more for a list of weights; 413),
+or more than
 :data:`MAX_JSON_STRINGS` objects or strings (422): counts of bytes, no Python object
 built. Decoding is bounded by orjson's nesting limit (1024). After it, the element types
 and row lengths are checked before any array is built (a string among numbers would
@@ -39,9 +46,7 @@ on big bodies: call them through ``run_in_threadpool`` from async code.
 
 from __future__ import annotations
 
-import io
 import itertools
-import math
 
 import anyio
 import numpy as np
@@ -50,17 +55,30 @@ from starlette.requests import ClientDisconnect, Request
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.service.jsonfast import parse_json_matrix
+from nmbatch.service.npy import (
+    NPY_HEADER_MAX,
+    check_dtype,
+    check_max_dim,
+    npy_matrix,
+    npz_members,
+    too_many,
+    wrong_dim,
+)
 from nmbatch.service.problems import ProblemError
+from nmbatch.service.weights import WEIGHTS, json_weights, npy_weights
 
 __all__ = [
     "JSON",
     "MAX_JSON_STRINGS",
     "NPY",
     "NPY_HEADER_MAX",
+    "NPZ",
     "OCTET",
+    "SAMPLE_BODY_TYPES",
     "SUPPORTED_BODY_TYPES",
     "media_type",
     "parse_query_vector",
+    "parse_samples",
     "parse_vectors",
     "read_body",
 ]
@@ -68,9 +86,10 @@ __all__ = [
 JSON = "application/json"
 NPY = "application/x-npy"
 OCTET = "application/octet-stream"
+NPZ = "application/x-npz"
 SUPPORTED_BODY_TYPES = (JSON, NPY, OCTET)
-NPY_HEADER_MAX = 16 * 1024
-"""Most bytes read for a ``.npy`` preamble and header (numpy refuses headers over 10,000)."""
+SAMPLE_BODY_TYPES = (JSON, NPY, NPZ, OCTET)
+"""What ``POST /samples`` takes: the vectors' types, and ``.npz`` (vectors and weights)."""
 
 MAX_JSON_STRINGS = 32
 """Most strings (``"`` pairs), and most objects (``{``), a JSON body may hold to be
@@ -170,23 +189,62 @@ def parse_vectors(
     -------
     ndarray of shape (n, d), float32, C-contiguous, finite, with ``n >= 1``.
     """
+    return _parse(body, content_type, dim, max_vectors, max_dim, weighted=False)[0]
+
+
+def parse_samples(
+    body: Body,
+    content_type: str,
+    *,
+    dim: int | None,
+    max_vectors: int,
+    max_dim: int | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`parse_vectors` of a ``POST /samples`` body (one of
+    :data:`SAMPLE_BODY_TYPES`), with the vectors' sample weights: ``(X, weights)``,
+    ``X`` as :func:`parse_vectors` returns it and ``weights`` ``(n,)`` float64, finite,
+    ``>= 0``, or None when the body has none (or all are 1)."""
+    return _parse(body, content_type, dim, max_vectors, max_dim, weighted=True)
+
+
+def _parse(
+    body: Body,
+    content_type: str,
+    dim: int | None,
+    max_vectors: int,
+    max_dim: int | None,
+    *,
+    weighted: bool,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The vectors of a body, and (``weighted``: a samples body) its weights."""
     kind = media_type(content_type)
     limit_dim = max_dim if dim is None else None
+    raw_weights: list[object] | None = None
+    npz: dict[str, bytes] = {}
     if kind == JSON:
-        raw = _json_vectors(body, max_vectors, limit_dim)
+        raw, raw_weights = _json_vectors(body, max_vectors, limit_dim, weighted)
     elif kind == NPY:
-        raw = _npy_array(body, max_vectors, dim, limit_dim)
+        raw = npy_matrix(body, max_vectors, dim, limit_dim)
     elif kind == OCTET:
         raw = _octet_matrix(body, dim)
+    elif kind == NPZ and weighted:
+        npz = npz_members(body)
+        raw = npy_matrix(npz["X"], max_vectors, dim, limit_dim)
     else:
+        accepted = SAMPLE_BODY_TYPES if weighted else SUPPORTED_BODY_TYPES
         shown = kind or "no Content-Type"
         raise ProblemError(
             415,
             "unsupported-media-type",
-            f"{shown} is not accepted; send {', '.join(SUPPORTED_BODY_TYPES)}",
-            accepted=list(SUPPORTED_BODY_TYPES),
+            f"{shown} is not accepted; send {', '.join(accepted)}",
+            accepted=list(accepted),
         )
-    return _checked_matrix(raw, dim=dim, max_vectors=max_vectors, max_dim=limit_dim)
+    X = _checked_matrix(raw, dim=dim, max_vectors=max_vectors, max_dim=limit_dim)
+    if WEIGHTS in npz:
+        return X, npy_weights(npz[WEIGHTS], X.shape[0])
+    if raw_weights is not None:
+        return X, json_weights(raw_weights[0], X.shape[0])
+    return X, None
 
 
 def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
@@ -209,7 +267,11 @@ def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
 
 
 # -- decoders: body -> array of any dtype/shape ------------------------------------------
-def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarray:
+def _json_vectors(
+    body: Body, max_vectors: int, max_dim: int | None, weighted: bool = False
+) -> tuple[np.ndarray, list[object] | None]:
+    """The vectors of a JSON body, and (``weighted``) its ``weights`` member as sent, in a
+    one-element list (None if absent)."""
     # The common form, read without Python floats and without holding the GIL; any
     # other body (or a number not converted exactly there) takes the orjson path. That
     # form has one object, one string and a "[" per vector (its row count is checked
@@ -221,11 +283,11 @@ def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarr
         and fast.shape[0] <= max_vectors
         and (max_dim is None or fast.shape[1] <= max_dim)
     ):
-        return fast
+        return fast, None
     # The orjson path. Each vector needs its own "[": far more of them means too many
     # vectors (or nesting no matrix has), found without building one Python object.
     brackets = body.count(b"[")
-    if brackets > max_vectors + 1:
+    if brackets > max_vectors + 1 + weighted:
         raise ProblemError(
             413,
             "too-many-vectors",
@@ -257,14 +319,15 @@ def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarr
     except orjson.JSONDecodeError as exc:
         if "infinity" in str(exc):  # a number such as 1e999: valid JSON, not finite
             raise ProblemError(
-                422, "non-finite", f"vectors contain a number too large for a double: {exc}"
+                422, "non-finite", f"the body holds a number too large for a double (vectors "
+                f"and weights must be finite): {exc}"
             ) from None
         raise ProblemError(400, "malformed-body", f"the body is not valid JSON: {exc}") from None
     if not isinstance(document, dict) or "vectors" not in document:
         raise ProblemError(
             422, "not-a-matrix", 'the JSON body must be an object {"vectors": [[...], ...]}'
         )
-    unknown = sorted(set(document) - {"vectors"})
+    unknown = sorted(set(document) - ({"vectors", WEIGHTS} if weighted else {"vectors"}))
     if unknown:
         raise ProblemError(422, "unknown-member", f"unknown member(s) {unknown} in the JSON body")
     vectors = document["vectors"]
@@ -273,14 +336,15 @@ def _json_vectors(body: Body, max_vectors: int, max_dim: int | None) -> np.ndarr
             422, "not-a-matrix", f"vectors must be a list of lists, got {type(vectors).__name__}"
         )
     if len(vectors) > max_vectors:
-        raise _too_many(len(vectors), max_vectors)
+        raise too_many(len(vectors), max_vectors)
     if max_dim is not None and vectors and isinstance(vectors[0], list):
-        _check_max_dim(len(vectors[0]), max_dim)
+        check_max_dim(len(vectors[0]), max_dim)
     # Types and shape before any array: np.array of a list holding strings would build
     # a fixed-width string array of 4 * longest * count bytes.
     _check_rows(vectors)
     # Now only equal-length lists of int and float: 8 bytes per number.
-    return np.array(vectors)
+    # The member as sent, in a list: a "weights": null is a member too (refused).
+    return np.array(vectors), [document[WEIGHTS]] if WEIGHTS in document else None
 
 
 _NUMBERS = frozenset((int, float))
@@ -321,52 +385,6 @@ def _check_rows(vectors: list[object]) -> None:
     raise ProblemError(422, slug, f"vectors contain {what}; only numbers are coordinates")
 
 
-def _npy_array(body: Body, max_vectors: int, dim: int | None, max_dim: int | None) -> np.ndarray:
-    # Only the preamble and header are copied; the data is used in place.
-    stream = io.BytesIO(bytes(body[:NPY_HEADER_MAX]))
-    try:
-        version = np.lib.format.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
-        elif version == (2, 0):
-            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
-        else:
-            raise ValueError(f"npy format version {version} is not supported (1.0 and 2.0 are)")
-    except Exception as exc:  # numpy's header parser raises ValueError, TokenError, ...
-        raise ProblemError(
-            400, "malformed-body", f"the body is not a valid .npy array: {exc}"[:500]
-        ) from None
-    _check_dtype(dtype)  # object dtypes (pickles) stop here, before any data is touched
-    if len(shape) != 2:
-        raise ProblemError(
-            422, "not-a-matrix", f"the array must be 2-D (n_vectors, dim), got shape {shape}"
-        )
-    if min(shape) < 0:
-        raise ProblemError(400, "malformed-body", f"the .npy header declares shape {shape}")
-    if shape[0] > max_vectors:
-        raise _too_many(shape[0], max_vectors)
-    if max_dim is not None:
-        _check_max_dim(shape[1], max_dim)
-    if dim is not None and shape[1] != dim:
-        raise _wrong_dim(shape[1], dim)
-    # The header promises shape * itemsize bytes; check before anything is allocated.
-    offset = stream.tell()
-    expected = math.prod(shape) * dtype.itemsize
-    available = len(body) - offset
-    if expected != available:
-        raise ProblemError(
-            400,
-            "malformed-body",
-            f"the .npy header declares shape {shape} of {dtype} ({expected} bytes of data) "
-            f"but the body carries {available} bytes of data",
-        )
-    count = math.prod(shape)
-    data = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
-    if fortran_order:
-        return data.reshape(shape[::-1]).transpose()
-    return data.reshape(shape)
-
-
 def _octet_matrix(body: Body, dim: int | None) -> np.ndarray:
     if dim is None:
         raise ProblemError(
@@ -387,55 +405,10 @@ def _octet_matrix(body: Body, dim: int | None) -> np.ndarray:
 
 
 # -- the checks every decoded array goes through -----------------------------------------
-def _check_dtype(dtype: np.dtype) -> None:
-    if dtype.kind == "b":
-        raise ProblemError(422, "non-numeric", "booleans are not coordinates; send numbers")
-    if dtype.kind == "c":
-        raise ProblemError(422, "non-numeric", f"complex values ({dtype}) are not accepted")
-    if dtype.kind not in "iuf" or dtype.fields is not None:
-        raise ProblemError(
-            422,
-            "non-numeric",
-            f"vectors must be real numbers, got dtype {dtype} "
-            "(strings, nulls, objects or integers beyond 64 bits are not numbers here)",
-        )
-
-
-def _check_max_dim(d: int, limit: int) -> None:
-    if d > limit:
-        raise ProblemError(
-            422,
-            "dimension-too-large",
-            f"vectors have {d} coordinates; a model's dimension may be at most {limit} "
-            "(NMBATCH_MAX_DIM, or set NMBATCH_DIM)",
-            max_dim=limit,
-            got_dim=int(d),
-        )
-
-
-def _wrong_dim(d: int, dim: int) -> ProblemError:
-    return ProblemError(
-        422,
-        "wrong-dimension",
-        f"vectors have {d} coordinates, but this model's dimension is {dim}",
-        expected_dim=dim,
-        got_dim=int(d),
-    )
-
-
-def _too_many(n: int, limit: int) -> ProblemError:
-    return ProblemError(
-        413,
-        "too-many-vectors",
-        f"{n} vectors in one request; the limit is {limit} (NMBATCH_MAX_VECTORS)",
-        limit=limit,
-    )
-
-
 def _checked_matrix(
     array: np.ndarray, *, dim: int | None, max_vectors: int, max_dim: int | None = None
 ) -> np.ndarray:
-    _check_dtype(array.dtype)
+    check_dtype(array.dtype)
     if array.size == 0:
         raise ProblemError(
             422, "empty", f"no values: the array has shape {array.shape}; send at least one vector"
@@ -448,11 +421,11 @@ def _checked_matrix(
             f"vectors must form a 2-D array (n_vectors, dim), got shape {array.shape}{hint}",
         )
     if array.shape[0] > max_vectors:
-        raise _too_many(array.shape[0], max_vectors)
+        raise too_many(array.shape[0], max_vectors)
     if max_dim is not None:
-        _check_max_dim(array.shape[1], max_dim)
+        check_max_dim(array.shape[1], max_dim)
     if dim is not None and array.shape[1] != dim:
-        raise _wrong_dim(array.shape[1], dim)
+        raise wrong_dim(array.shape[1], dim)
     with np.errstate(over="ignore", invalid="ignore"):
         finite = bool(np.isfinite(array).all()) if array.dtype.kind == "f" else True
     if not finite:

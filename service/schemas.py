@@ -88,7 +88,10 @@ class Centroids(BaseModel):
     k: int = Field(description="Number of clusters.")
     dim: int = Field(description="Dimension d.")
     centroids: list[list[float]] = Field(description="k x d centroids (float32 values).")
-    counts: list[int] = Field(description="v(j): prefix samples assigned to each centroid.")
+    counts: list[int | float] = Field(
+        description="v(j): prefix samples assigned to each centroid (the sum of their "
+        "weights when samples were sent with weights)."
+    )
     n_samples: int = Field(
         description="N: samples the centroids describe (those the retention policy kept)."
     )

@@ -51,7 +51,8 @@ class PublishedModel:
         Increases by at least one with each publication; never decreases, also across
         restarts.
     state : ModelState
-        Centroids ``(k, d)`` float32 and counts ``(k,)`` int64 (read-only copies), ``b``,
+        Centroids ``(k, d)`` float32 and counts ``(k,)`` int64 (float64 sums of weights
+        for a weighted model; read-only copies), ``b``,
         ``N`` (samples in the worker's store when published), iteration, convergence.
     updated_at : float
         Unix time of the centroid update.
@@ -69,7 +70,10 @@ class PublishedModel:
         frozen = dataclasses.replace(
             state,
             centroids=_frozen(state.centroids, np.float32),
-            counts=_frozen(state.counts, np.int64),
+            # v(j): int64 counts, or float64 sums of weights once the store is weighted
+            counts=_frozen(
+                state.counts, np.float64 if state.counts.dtype.kind == "f" else np.int64
+            ),
         )
         return cls(
             version=int(version),

@@ -230,6 +230,46 @@ def test_feed_retires_and_appends_the_same_in_both_hosts() -> None:
             remote.close()
 
 
+def test_weighted_feeds_are_the_same_in_both_hosts() -> None:
+    """Weights through ``feed`` (window and reservoir admissions, weight 0 included, some
+    chunks unweighted): the thread and the child agree bit for bit after every step, and
+    ``weights_of`` answers each stored row's weight by id; bad weights are refused in
+    the parent, nothing sent."""
+    from nmbatch.engine.retention import ReservoirRetention, WindowRetention
+
+    X = blobs(3000, CONFIG.dim, 4, seed=5)
+    w = np.random.default_rng(6).integers(0, 9, size=3000) / 4.0
+    for policy_of in (lambda: WindowRetention(700), lambda: ReservoirRetention(600, seed=1)):
+        local, remote = LocalEngine(CONFIG), EngineProcess(CONFIG)
+        try:
+            policies = policy_of(), policy_of()
+            for start in range(0, 3000, 250):
+                chunk, weights = X[start : start + 250], w[start : start + 250]
+                if start == 500:  # an unweighted chunk: its rows weigh 1
+                    weights = np.ones(250)
+                for engine, policy in zip((local, remote), policies, strict=True):
+                    adm = policy.admit(chunk.shape[0])
+                    engine.feed(
+                        chunk[adm.keep], adm.ids, n_after=policy.retained,
+                        retire_ids=adm.retire_ids, retire_before=adm.retire_before,
+                        weights=None if start == 500 else weights[adm.keep],
+                    )  # fmt: skip
+                    if engine.ready():
+                        engine.step()
+                assert _state(local) == _state(remote)
+            assert local.state.counts.dtype == np.float64  # sums of weights
+            ids = np.sort(local._algo.store.ids())
+            expected = w[ids].copy()
+            expected[(ids >= 500) & (ids < 750)] = 1.0
+            assert np.array_equal(remote.weights_of(ids[::-1]), expected[::-1])
+            assert np.array_equal(local.weights_of(ids), expected)
+            with pytest.raises(ValueError, match="weights"):
+                remote.feed(X[:2], np.array([9000, 9001]), n_after=0, weights=[1.0, -1.0])
+            remote.step()  # the child is still there, unchanged
+        finally:
+            remote.close()
+
+
 def test_feed_in_any_order_restores_a_retained_set() -> None:
     """Rows given with ids in any order (a reservoir's base, slot order) are stored under
     them, and later appends continue above the largest."""

@@ -94,6 +94,7 @@ class AsyncClient:
         progress: Progress | None = None,
         columns: str | Sequence[str] | None = None,
         batch_rows: int = BATCH_ROWS,
+        weights: Any = None,
     ) -> PushResult:
         """Store the rows of ``X`` ``(n, d)``, chunked, every chunk stored once
         (see :meth:`Client.push`)."""
@@ -106,6 +107,7 @@ class AsyncClient:
                 progress=progress,
                 columns=columns,
                 batch_rows=batch_rows,
+                weights=weights,
             )
         )
 

@@ -120,6 +120,7 @@ class Client:
         progress: Progress | None = None,
         columns: str | Sequence[str] | None = None,
         batch_rows: int = BATCH_ROWS,
+        weights: Any = None,
     ) -> PushResult:
         """Store the rows of ``X`` (``(n, d)``, real numbers, sent as float32).
 
@@ -132,7 +133,10 @@ class Client:
         ``Idempotency-Key`` (``"{idempotency_key}:{start}-{stop}"``; a random prefix when
         None), so retries store every vector once; repeat a push that raised with the
         same ``idempotency_key`` to complete it without duplicates. ``encoding`` ``raw``
-        sends bare float32 (the model's dimension must be known); ``progress(done, total)``
+        sends bare float32 (the model's dimension must be known). ``weights`` (an array
+        ``(n,)`` for an array ``X``): each row's sample weight (finite, ``>= 0``; a weight
+        of ``w`` counts as ``w`` copies of the row), sent with the rows as
+        ``application/x-npz`` bodies whatever ``encoding``. ``progress(done, total)``
         is called after each chunk (``total`` None for an iterator). Raises a
         :class:`ProblemError` subclass when refused (:class:`WrongDimensionError`,
         :class:`StoreFullError` ...), the chunks before it stored, and
@@ -147,6 +151,7 @@ class Client:
                 progress=progress,
                 columns=columns,
                 batch_rows=batch_rows,
+                weights=weights,
             )
         )
 

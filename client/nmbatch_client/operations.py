@@ -57,6 +57,7 @@ __all__ = [
 T = TypeVar("T")
 Encoding = Literal["npy", "raw"]
 NPY = "application/x-npy"
+NPZ = "application/x-npz"
 OCTET = "application/octet-stream"
 NPY_RESERVE = 256
 """Bytes kept free in each body for the ``.npy`` preamble and header (128 for 2-D arrays)."""
@@ -153,9 +154,30 @@ def as_matrix(X: Any) -> np.ndarray:
     return A
 
 
-def _row_bytes(A: np.ndarray) -> int:
+def _row_bytes(A: np.ndarray, weighted: bool = False) -> int:
     itemsize = 4 if A.dtype.kind in "iuf" else A.dtype.itemsize
-    return max(1, A.shape[1] * itemsize)
+    return max(1, A.shape[1] * itemsize + (8 if weighted else 0))
+
+
+def as_weights(weights: Any, n: int) -> np.ndarray:
+    """``weights`` as ``(n,)`` float64, one per row (the service checks the values:
+    finite, ``>= 0``); ValueError for another shape."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (n,):
+        raise ValueError(f"weights must be {n} numbers (one per row), got shape {w.shape}")
+    return w
+
+
+def encode_weighted(chunk: np.ndarray, weights: np.ndarray) -> tuple[bytes, str]:
+    """An ``application/x-npz`` body of ``chunk`` ``(m, d)`` (as float32 when real) and
+    its ``weights`` ``(m,)`` float64: ``np.savez(f, X=..., weights=...)``, members
+    stored (the service refuses compressed ones)."""
+    if chunk.dtype.kind in "iuf":
+        with np.errstate(over="ignore"):
+            chunk = np.ascontiguousarray(chunk, dtype="<f4")
+    out = io.BytesIO()
+    np.savez(out, X=chunk, weights=np.ascontiguousarray(weights, dtype="<f8"))
+    return out.getvalue(), NPZ
 
 
 def encode(chunk: np.ndarray, encoding: Encoding) -> tuple[bytes, str]:
@@ -190,20 +212,26 @@ def _chunked(
     encoding: Encoding,
     headers: Callable[[int, int], dict[str, str]] = lambda start, stop: {},
     on_answer: Callable[[int, int, Answer], None] = lambda start, stop, answer: None,
+    weights: np.ndarray | None = None,
 ) -> Operation[list[Answer]]:
     """Send the rows of ``A`` to ``path`` in chunks; the answers, in row order.
 
     ``headers(start, stop)`` adds headers to the request of rows ``[start, stop)``;
     ``on_answer(start, stop, answer)`` sees each answer as it comes. A ``413`` naming a
     smaller limit is learnt and the chunk is split; any other error propagates. An empty
-    ``A`` is sent as it is (the service says why it refuses it).
+    ``A`` is sent as it is (the service says why it refuses it). ``weights`` ``(n,)``:
+    the rows' sample weights, sent with them as ``.npz`` bodies (whatever ``encoding``).
     """
     n = A.shape[0]
     answers: list[Answer] = []
     start = 0
+    row_bytes = _row_bytes(A, weights is not None)
     while start < n or (n == 0 and not answers):
-        stop = min(n, start + limits.rows_per_request(_row_bytes(A)))
-        body, content_type = encode(A[start:stop], encoding)
+        stop = min(n, start + limits.rows_per_request(row_bytes))
+        if weights is None:
+            body, content_type = encode(A[start:stop], encoding)
+        else:
+            body, content_type = encode_weighted(A[start:stop], weights[start:stop])
         try:
             answer = yield Call(
                 "POST", path, {"content-type": content_type, **headers(start, stop)}, body
@@ -229,8 +257,10 @@ def push_operation(
     progress: Progress | None = None,
     columns: Columns = None,
     batch_rows: int = BATCH_ROWS,
+    weights: Any = None,
 ) -> Operation[PushResult]:
-    """``POST /samples`` of the rows of ``X``, chunk by chunk.
+    """``POST /samples`` of the rows of ``X``, chunk by chunk (with ``weights``, an
+    array ``(n,)`` for an array ``X``: each row's sample weight, sent as ``.npz``).
 
     ``X``: an array ``(n, d)``, a file or an iterable of batches of rows
     (:mod:`nmbatch_client.sources`; ``columns`` and ``batch_rows`` are for files). Rows
@@ -242,6 +272,8 @@ def push_operation(
     """
     prefix = new_key(idempotency_key)
     streamed = is_source(X)
+    if weights is not None and streamed:
+        raise ValueError("weights go with an array of rows, not a file or an iterator")
     if streamed:
         source = open_source(X, columns, batch_rows)
     elif columns is not None:
@@ -249,6 +281,8 @@ def push_operation(
     else:
         A = as_matrix(X)
         source = Batches(iter([A]), A.shape[0])
+        if weights is not None:
+            weights = as_weights(weights, A.shape[0])
     tally = {"accepted": 0, "replayed": 0, "retries": 0, "requests": 0}
     n_samples: int | None = None
     offset = 0  # rows of the source before the current batch
@@ -271,7 +305,7 @@ def push_operation(
         A = as_matrix(batch)
         if streamed and A.shape[0] == 0:
             continue  # an empty batch of a stream (an array with no rows is sent: refused)
-        yield from _chunked(A, limits, "/samples", encoding, headers, on_answer)
+        yield from _chunked(A, limits, "/samples", encoding, headers, on_answer, weights)
         offset += A.shape[0]
     return PushResult(
         tally["accepted"], n_samples, tally["requests"], tally["replayed"], tally["retries"],

@@ -29,8 +29,9 @@ class Centroids:
         Centroid version; it grows with every update.
     centroids : ndarray of shape (k, d), float32
         The centroids, exactly as the service holds them.
-    counts : ndarray of shape (k,), int64
-        ``v(j)``: samples of the nested batch assigned to each centroid.
+    counts : ndarray of shape (k,), int64 (float64 for a model fed sample weights)
+        ``v(j)``: samples of the nested batch assigned to each centroid (the sum of
+        their weights when samples were pushed with weights).
     n_samples : int
         Samples the model holds (``N``).
     n_ingested : int
@@ -83,7 +84,7 @@ class Centroids:
         return cls(
             version=int(document["version"]),
             centroids=_frozen(centroids.reshape(k, dim)),
-            counts=_frozen(np.asarray(document["counts"], dtype=np.int64).reshape(k)),
+            counts=_frozen(_counts(document["counts"]).reshape(k)),
             n_samples=int(document["n_samples"]),
             n_ingested=int(document["n_ingested"]),
             batch_size=int(document["batch_size"]),
@@ -149,3 +150,11 @@ class PushResult:
     replayed: int
     retries: int
     idempotency_key: str
+
+
+def _counts(values: list[Any]) -> np.ndarray:
+    """``counts`` of a centroids document: int64 counts, or float64 sums of weights (a
+    weighted model's, which the service sends as JSON numbers with a fraction)."""
+    if all(isinstance(v, int) for v in values):
+        return np.asarray(values, dtype=np.int64)
+    return np.asarray(values, dtype=np.float64)

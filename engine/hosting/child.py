@@ -3,7 +3,8 @@
 The child is a fresh interpreter (``spawn``): nothing of the parent is copied into it.
 It builds the model as :class:`~.local.LocalEngine` does and answers the
 :class:`~.protocol.EngineHost` calls: rows go to it as raw ``float32`` bytes, without
-waiting (the pipe keeps them in order); ``step()``, ``restore()``, ``rows_of()``,
+waiting (the pipe keeps them in order), with their sample weights as raw ``float64``
+bytes when they have any; ``step()``, ``restore()``, ``rows_of()``, ``weights_of()``,
 ``forget()`` and ``lookup()`` wait for its reply, the :class:`ModelState` record as the
 algorithm made it (pickled).
 
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from nmbatch.engine._validation import as_sample_weight
 from nmbatch.engine.state import ModelState, SampleLookup
 
 from .driver import carry_out
@@ -52,12 +54,13 @@ log = logging.getLogger(__name__)
 # Commands are 8 bytes, so the float32 rows after them stay aligned (an unaligned array
 # would be another type signature for numba: a compilation in the child).
 _APPEND, _STEP, _RESTORE, _STOP = b"APPEND\0\0", b"STEP\0\0\0\0", b"RESTORE\0", b"STOP\0\0\0\0"
-_FEED, _ROWS = b"FEED\0\0\0\0", b"ROWS\0\0\0\0"
+_FEED, _ROWS, _WEIGHTS = b"FEED\0\0\0\0", b"ROWS\0\0\0\0", b"WEIGHTS\0"
 _FORGET, _LOOKUP = b"FORGET\0\0", b"LOOKUP\0\0"  # then the ids, int64
 _OP = 8
 _RESTORE_HEADER = struct.Struct("<qqq")  # rows of centroids, batch size, iteration
-# FEED: rows appended, ids retired, retire_before, flags (1: ids in any order); then the
-# appended rows' ids (int64), the retired ids (int64), the appended rows (float32).
+# FEED: rows appended, ids retired, retire_before, flags (1: ids in any order; 2: weighted);
+# then the appended rows' ids (int64), the retired ids (int64), if weighted the appended
+# rows' weights (float64), the appended rows (float32): every part stays aligned.
 _FEED_HEADER = struct.Struct("<qqqq")
 START_TIMEOUT = 120.0
 """Seconds the child may take to start (import numpy and numba, load the kernels)."""
@@ -133,9 +136,14 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
                     at = _FEED_HEADER.size
                     ids = np.frombuffer(payload, np.int64, m, at)
                     retire_ids = np.frombuffer(payload, np.int64, r, at + 8 * m)
-                    X = np.frombuffer(payload, np.float32, m * d, at + 8 * (m + r))
-                    any_order = bool(flags & 1)
-                    carry_out(algo, X.reshape(m, d), ids, retire_ids, before, any_order=any_order)
+                    at += 8 * (m + r)
+                    weights = None
+                    if flags & 2:
+                        weights = np.frombuffer(payload, np.float64, m, at)
+                        at += 8 * m
+                    X = np.frombuffer(payload, np.float32, m * d, at)
+                    carry_out(algo, X.reshape(m, d), ids, retire_ids, before,
+                              any_order=bool(flags & 1), weights=weights)  # fmt: skip
                     continue  # nor are feeds
                 if op == _ROWS:
                     conn.send(store.rows_of(np.frombuffer(payload, dtype=np.int64)))
@@ -144,6 +152,8 @@ def _serve(conn: Connection, config: EngineConfig, parent_pid: int) -> None:
                     conn.send((found, algo.state()))
                 elif op == _LOOKUP:
                     conn.send(algo.lookup(np.frombuffer(payload, dtype=np.int64)))
+                elif op == _WEIGHTS:
+                    conn.send(store.weights_of(np.frombuffer(payload, dtype=np.int64)))
                 elif op == _STEP:
                     conn.send(algo.state(algo.step()))
                     trimmer.maybe()
@@ -235,18 +245,21 @@ class EngineProcess:
         any_order: bool = False,
         weights: np.ndarray | None = None,
     ) -> None:
-        if weights is not None:
-            raise NotImplementedError("sample weights are taken by the local host only, so far")
         X = np.ascontiguousarray(X, dtype=np.float32)
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         retire_ids = np.ascontiguousarray(retire_ids, dtype=np.int64)
         if X.ndim != 2 or X.shape[1] != self.store.dim or ids.shape != (X.shape[0],):
             raise ValueError(f"rows of shape {X.shape} with {ids.shape[0]} ids for dim "
                              f"{self.store.dim}")  # fmt: skip
-        header = _FEED_HEADER.pack(X.shape[0], retire_ids.shape[0], int(retire_before),
-                                   int(any_order))  # fmt: skip
+        w = b""
+        if weights is not None:  # checked here: the child would end on a bad weight
+            checked = as_sample_weight(weights, X.shape[0], name="weights")
+            if checked is not None:
+                w = checked.data.cast("B")
+        flags = int(any_order) | (2 if len(w) else 0)
+        header = _FEED_HEADER.pack(X.shape[0], retire_ids.shape[0], int(retire_before), flags)
         rows = X.data.cast("B") if X.size else b""
-        self._send(_FEED, header, ids.data.cast("B"), retire_ids.data.cast("B"), rows)
+        self._send(_FEED, header, ids.data.cast("B"), retire_ids.data.cast("B"), w, rows)
         self.store._n = int(n_after)
         self.state = dataclasses.replace(self.state, converged=False)
 
@@ -263,6 +276,10 @@ class EngineProcess:
 
     def lookup(self, ids: np.ndarray) -> SampleLookup:
         return self._call(_LOOKUP, _stream_ids(ids).tobytes(), SampleLookup)
+
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        payload = np.ascontiguousarray(ids, dtype=np.int64).tobytes()
+        return self._call(_WEIGHTS, payload, np.ndarray)
 
     def step(self) -> ModelState:
         self.state = self._call(_STEP, b"")

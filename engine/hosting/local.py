@@ -84,6 +84,9 @@ class LocalEngine:
     def lookup(self, ids: np.ndarray) -> SampleLookup:
         return self._algo.lookup(ids)
 
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        return self.store.weights_of(ids)
+
     def step(self) -> ModelState:
         self.state = self._algo.state(self._algo.step())
         return self.state

@@ -8,8 +8,9 @@ A *host* holds a store and an algorithm on it, somewhere: in the calling thread
 :class:`EngineHost`: ``store`` (``dim``, ``n_samples``, ``append``), ``state`` (the
 model after the last ``step()`` or ``restore()``, a :class:`~nmbatch.engine.state.
 ModelState`), ``ready()``, ``feed()`` (a retention policy's admission carried out:
-retirements, then appends under stream ids), ``rows_of()``, ``forget()`` (exact
-deletion by stream id), ``lookup()``, ``step()``, ``restore()`` and ``close()``.
+retirements, then appends under stream ids), ``rows_of()``, ``weights_of()``,
+``forget()`` (exact deletion by stream id), ``lookup()``, ``step()``, ``restore()`` and
+``close()``.
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ class EngineHost(Protocol):
         :class:`~nmbatch.engine.rows.SourceRows` naming them) under the stream ids
         ``ids`` (``(m,)`` int64, increasing unless ``any_order``); ``n_after`` is ``N``
         afterwards (the policy's count). ``weights``: ``(m,)`` float64 sample weights
-        of the rows (None: 1); only :class:`~.local.LocalEngine` takes them so far, the
-        other hosts raise ``NotImplementedError`` for weights that are not None."""
+        of the rows (None: 1); :class:`~.local.LocalEngine` and
+        :class:`~.child.EngineProcess` take them, :class:`~.ray.RayEngine` raises
+        ``NotImplementedError`` for weights that are not None."""
         ...
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
@@ -117,6 +119,11 @@ class EngineHost(Protocol):
     def lookup(self, ids: np.ndarray) -> SampleLookup:
         """Which of the stream ids ``ids`` (``(m,)`` int64) are stored, their nearest
         centroid now and its squared distance (``KMeansAlgorithm.lookup``)."""
+        ...
+
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        """The weights of the stored rows with stream ids ``ids``, in that order, ``(m,)``
+        float64 (ones for rows fed without weights)."""
         ...
 
     def step(self) -> ModelState:

@@ -121,7 +121,8 @@ class RayEngine:
         by the shard), under stream ``ids`` ``(m,)`` int64 (any order) to the next
         shard."""
         if weights is not None:
-            raise NotImplementedError("sample weights are taken by the local host only, so far")
+            raise NotImplementedError("the Ray engine takes no sample weights (the service "
+                                      "refuses them)")
         coordinator = self.coordinator
         retire_then_append(coordinator.retire, coordinator.append, X, ids,
                            np.asarray(retire_ids, np.int64), retire_before)  # fmt: skip
@@ -157,6 +158,11 @@ class RayEngine:
         found, rows = self.coordinator.find(np.asarray(ids, dtype=np.int64))
         centroids = self.coordinator.centroids if self.coordinator.initialized else None
         return sample_lookup(found, rows, centroids)
+
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        """Ones ``(m,)`` float64: the shards take no weights (:meth:`feed` refuses them),
+        so every row they hold weighs 1."""
+        return np.ones(np.asarray(ids).shape[0], dtype=np.float64)
 
     def step(self) -> ModelState:
         """One distributed round; the new state, with its ``stats``."""

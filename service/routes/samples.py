@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 
 from nmbatch.service.context import ModelDep, parse_body
 from nmbatch.service.openapi import VECTORS_BODY, VECTORS_REFUSED
-from nmbatch.service.parsing import read_body
+from nmbatch.service.parsing import parse_samples, read_body
 from nmbatch.service.problems import ProblemError, problem_of, problem_responses
 from nmbatch.service.schemas import SamplesAccepted
 from nmbatch.service.security import OPTIONAL_KEY, require_write_key
@@ -61,9 +61,11 @@ IdempotencyKey = Annotated[
     response_model=SamplesAccepted,
     summary="Add samples",
     description=(
-        "Validates the vectors and appends them to the Redis sample log; answers once they "
-        "are stored there. A rejected request stores nothing; a request that would take "
-        "the model past its capacity (NMBATCH_MAX_SAMPLES) is refused whole with 507."
+        "Validates the vectors (and their sample weights, if sent: the JSON member "
+        "`weights`, or an `application/x-npz` body of `X` and `weights`) and appends them "
+        "to the Redis sample log; answers once they are stored there. A rejected request "
+        "stores nothing; a request that would take the model past its capacity "
+        "(NMBATCH_MAX_SAMPLES) is refused whole with 507."
     ),
     openapi_extra=VECTORS_BODY | OPTIONAL_KEY,
     dependencies=[Depends(require_write_key)],
@@ -92,15 +94,16 @@ async def post_samples(
     settings = handle.settings
     try:
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
-        X = await parse_body(  # binary bodies on the loop, JSON in the thread pool
+        X, weights = await parse_body(  # binary bodies on the loop, JSON in the thread pool
             body,
             request.headers.get("content-type", ""),
+            parser=parse_samples,
             dim=await handle.known_dim(),
             max_vectors=settings.max_vectors,
             max_dim=settings.max_dim,
         )
         del body
-        outcome = await serving.ingest(handle, X, idempotency_key)
+        outcome = await serving.ingest(handle, X, idempotency_key, weights)
     except (ProblemError, DomainError) as exc:  # counted by the problem's slug
         handle.metrics.samples_rejected.labels(problem_of(exc).slug).inc()
         raise

@@ -2,7 +2,10 @@
 
 A log entry holds ``n`` rows of ``d`` coordinates as raw little-endian ``float32`` bytes
 (field ``x``, row-major), with ``n`` and ``d`` as decimal fields; a request is split into
-entries of at most :data:`CHUNK_BYTES` of rows.
+entries of at most :data:`CHUNK_BYTES` of rows. A request with sample weights other than
+1 adds to each of its entries the field ``w``: the ``n`` weights as little-endian
+``float64`` bytes (and its entries hold ``4 d + 8`` bytes per row); an entry without
+``w`` is what it always was, its rows weighing 1.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ __all__ = [
     "LogChunk",
     "as_str",
     "decode_chunk",
+    "decode_entry",
+    "decode_weights",
     "encode_chunks",
     "fingerprint",
     "id_key",
@@ -42,17 +47,30 @@ class LogChunk:
 
     entry_id: str
     X: np.ndarray | SourceRows
+    weights: np.ndarray | None = None
+    """The rows' sample weights, ``(n,)`` float64; None: every row weighs 1."""
 
 
-def encode_chunks(X: np.ndarray) -> list[dict[str, bytes | int]]:
-    """Split ``X`` (``(n, d)`` float32) into log entry field maps of <= CHUNK_BYTES each."""
+def encode_chunks(
+    X: np.ndarray, weights: np.ndarray | None = None
+) -> list[dict[str, bytes | int]]:
+    """Split ``X`` (``(n, d)`` float32) into log entry field maps of <= CHUNK_BYTES each;
+    with ``weights`` (``(n,)`` float64, checked) each entry also holds its rows' ``w``."""
     X = np.ascontiguousarray(X, dtype="<f4")
     n, d = X.shape
-    rows = max(1, CHUNK_BYTES // (4 * d))
+    if weights is None:
+        rows = max(1, CHUNK_BYTES // (4 * d))
+        return [
+            {"n": int(min(rows, n - start)), "d": int(d), "x": X[start : start + rows].tobytes()}
+            for start in range(0, n, rows)
+        ]
+    w = np.ascontiguousarray(weights, dtype="<f8")
+    rows = max(1, CHUNK_BYTES // (4 * d + 8))
     return [
-        {"n": int(min(rows, n - start)), "d": int(d), "x": X[start : start + rows].tobytes()}
+        {"n": int(min(rows, n - start)), "d": int(d), "x": X[start : start + rows].tobytes(),
+         "w": w[start : start + rows].tobytes()}
         for start in range(0, n, rows)
-    ]
+    ]  # fmt: skip
 
 
 def decode_chunk(fields: dict[bytes, bytes]) -> np.ndarray:
@@ -62,6 +80,23 @@ def decode_chunk(fields: dict[bytes, bytes]) -> np.ndarray:
     if X.size != n * d:
         raise ValueError(f"corrupt log entry: {X.size} values for {n} x {d}")
     return X.reshape(n, d)
+
+
+def decode_weights(fields: dict[bytes, bytes]) -> np.ndarray | None:
+    """The sample weights of one log (or base) entry, ``(n,)`` float64 (read-only view of
+    the bytes), or None for an entry without ``w`` (its rows weigh 1)."""
+    raw = fields.get(b"w")
+    if raw is None:
+        return None
+    w = np.frombuffer(raw, dtype="<f8")
+    if w.size != int(fields[b"n"]):
+        raise ValueError(f"corrupt log entry: {w.size} weights for {int(fields[b'n'])} rows")
+    return w
+
+
+def decode_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> LogChunk:
+    """One log entry as a :class:`LogChunk`: its rows and, if it has any, its weights."""
+    return LogChunk(as_str(entry_id), decode_chunk(fields), decode_weights(fields))
 
 
 def as_str(raw: bytes | str) -> str:
@@ -89,13 +124,18 @@ def next_id(stream_id: str) -> str:
     return f"{ms}-{seq + 1}"
 
 
-def fingerprint(X: np.ndarray) -> str:
-    """SHA-256 of the shape and ``float32`` values of ``X`` (``(n, d)``), as hex.
+def fingerprint(X: np.ndarray, weights: np.ndarray | None = None) -> str:
+    """SHA-256 of the shape and ``float32`` values of ``X`` (``(n, d)``), and of the
+    ``float64`` ``weights`` (``(n,)``) if any, as hex.
 
     Rows that parse to the same ``float32`` matrix have one fingerprint, whatever the
-    encoding they came in (JSON or ``.npy``).
+    encoding they came in (JSON or ``.npy``); unweighted, it is what it always was, and
+    the same rows with weights have another.
     """
     X = np.ascontiguousarray(X, dtype="<f4")
     digest = hashlib.sha256(f"{X.shape[0]}x{X.shape[1]}:".encode())
     digest.update(memoryview(X).cast("B"))
+    if weights is not None:
+        digest.update(b"w:")
+        digest.update(memoryview(np.ascontiguousarray(weights, dtype="<f8")).cast("B"))
     return digest.hexdigest()

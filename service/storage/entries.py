@@ -28,7 +28,7 @@ import numpy as np
 import redis
 
 from nmbatch.engine.rows import SourceRows
-from nmbatch.service.storage.codec import as_str, decode_chunk
+from nmbatch.service.storage.codec import as_str, decode_chunk, decode_weights
 
 __all__ = ["PIPELINE_ENTRIES", "EntryHead", "RedisRows", "read_heads"]
 
@@ -39,14 +39,24 @@ its output buffer at once (up to 16 MiB here), not those of a whole replay."""
 
 class EntryHead:
     """One entry's head: ``entry_id``, ``rows`` (the :class:`SourceRows` naming all its
-    ``n`` rows of ``d``) and, in a base, ``ids`` ``(n,)`` int64 (else None)."""
+    ``n`` rows of ``d``), in a base ``ids`` ``(n,)`` int64 (else None), and ``weights``
+    ``(n,)`` float64 if the entry has any (else None: its rows weigh 1)."""
 
-    __slots__ = ("entry_id", "ids", "rows")
+    __slots__ = ("entry_id", "ids", "rows", "weights")
 
-    def __init__(self, key: str, entry_id: str, n: int, d: int, ids: np.ndarray | None) -> None:
+    def __init__(
+        self,
+        key: str,
+        entry_id: str,
+        n: int,
+        d: int,
+        ids: np.ndarray | None,
+        weights: np.ndarray | None = None,
+    ) -> None:
         self.entry_id = entry_id
         self.rows = SourceRows.whole((key, entry_id), n, d)
         self.ids = ids
+        self.weights = weights
 
 
 def read_heads(
@@ -68,7 +78,7 @@ def read_heads(
             stream_ids = np.frombuffer(fields.get(b"ids", b""), dtype="<i8").astype(np.int64)
             if stream_ids.shape[0] != int(n):
                 raise ValueError(f"entry {entry_id} of {key}: {stream_ids.shape[0]} ids, n={n}")
-        heads.append(EntryHead(key, entry_id, int(n), int(d), stream_ids))
+        heads.append(EntryHead(key, entry_id, int(n), int(d), stream_ids, decode_weights(fields)))
     return heads
 
 

@@ -22,6 +22,9 @@ from nmbatch.service.storage.codec import id_key
 
 __all__ = ["MAX_HANDOFF_BYTES", "MIN_HANDOFF_BYTES", "LocalEntries", "handoff_bytes"]
 
+Weights = np.ndarray | None
+"""An entry's sample weights, ``(n,)`` float64, or None (its rows weigh 1)."""
+
 MAX_HANDOFF_BYTES = 256 << 20
 """Most bytes of rows held for the worker: more than a few seconds of a fast stream."""
 MIN_HANDOFF_BYTES = 64 << 20
@@ -73,7 +76,8 @@ class LocalEntries:
         self.max_bytes = int(max_bytes)
         self.max_age = float(max_age)
         self._lock = threading.Lock()
-        self._entries: dict[tuple[int, int], tuple[str, np.ndarray, float]] = {}
+        # id key -> (entry id, rows, weights or None, bytes held, time put)
+        self._entries: dict[tuple[int, int], tuple[str, np.ndarray, Weights, int, float]] = {}
         self._bytes = 0
 
     def __len__(self) -> int:
@@ -81,23 +85,33 @@ class LocalEntries:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of rows held."""
+        """Bytes of rows (and weights) held."""
         return self._bytes
 
-    def put(self, entry_ids: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
-        """Hold ``arrays[i]`` (``(n_i, d)`` float32, never modified) as entry ``entry_ids[i]``."""
+    def put(
+        self,
+        entry_ids: Sequence[str],
+        arrays: Sequence[np.ndarray],
+        weights: Sequence[Weights] | None = None,
+    ) -> None:
+        """Hold ``arrays[i]`` (``(n_i, d)`` float32, never modified) as entry
+        ``entry_ids[i]``, with its rows' sample weights ``weights[i]`` (``(n_i,)``
+        float64, or None: 1; ``weights`` None: all None)."""
         now = time.monotonic()
-        size = sum(a.nbytes for a in arrays)
+        weighed = list(weights) if weights is not None else [None] * len(arrays)
+        sizes = [X.nbytes + (0 if w is None else w.nbytes)
+                 for X, w in zip(arrays, weighed, strict=True)]  # fmt: skip
         with self._lock:
             self._drop_old(now)
-            if self._bytes + size > self.max_bytes:
+            if self._bytes + sum(sizes) > self.max_bytes:
                 return
-            for entry_id, X in zip(entry_ids, arrays, strict=True):
-                self._entries[id_key(entry_id)] = (entry_id, X, now)
-            self._bytes += size
+            for entry_id, X, w, size in zip(entry_ids, arrays, weighed, sizes, strict=True):
+                self._entries[id_key(entry_id)] = (entry_id, X, w, size, now)
+            self._bytes += sum(sizes)
 
-    def after(self, after_id: str, limit: int) -> list[tuple[str, np.ndarray]]:
-        """Up to ``limit`` held entries with ids above ``after_id``, in id order.
+    def after(self, after_id: str, limit: int) -> list[tuple[str, np.ndarray, Weights]]:
+        """Up to ``limit`` held entries ``(entry id, rows, weights or None)`` with ids
+        above ``after_id``, in id order.
 
         Entries at or below ``after_id`` (consumed) are dropped.
         """
@@ -106,14 +120,14 @@ class LocalEntries:
             self._drop_old(time.monotonic())
             passed = [key for key in self._entries if key <= floor]
             for key in passed:
-                self._bytes -= self._entries.pop(key)[1].nbytes
+                self._bytes -= self._entries.pop(key)[3]
             keys = sorted(self._entries)[:limit]
-            return [self._entries[key][:2] for key in keys]
+            return [self._entries[key][:3] for key in keys]
 
     def _drop_old(self, now: float) -> None:
         if not self._entries:
             return
         limit = now - self.max_age
-        old = [key for key, (_, _, at) in self._entries.items() if at < limit]
+        old = [key for key, entry in self._entries.items() if entry[4] < limit]
         for key in old:
-            self._bytes -= self._entries.pop(key)[1].nbytes
+            self._bytes -= self._entries.pop(key)[3]

@@ -23,12 +23,13 @@ see :data:`~service.storage.keys.KEY_PATTERN`), a retry with the same key and th
 vectors stores nothing and returns the first answer; the same key with other vectors is
 refused with :class:`~service.storage.errors.IdempotencyKeyReusedError`; a retry is
 answered from the record also when the store is full meanwhile. "Same vectors"
-means the same ``float32`` matrix after parsing (shape and values,
+means the same ``float32`` matrix after parsing, and the same weights (shape and values,
 :func:`~service.storage.codec.fingerprint`), so a retry that re-encodes the batch (JSON
 instead of ``.npy``) is still a retry. The check of the key, the append of the entries
-(the same fields ``n``, ``d``, ``x`` as the plain path) with the ``n_samples`` increment,
-and the record of the key are one Lua script (:data:`APPEND_ONCE`), so two concurrent
-requests with one key store the samples once, whatever their timing. The record
+(the same fields ``n``, ``d``, ``x``, and ``w`` when weighted, as the plain path) with
+the ``n_samples`` increment, and the record of the key are one Lua script
+(:data:`APPEND_ONCE`), so two concurrent requests with one key store the samples once,
+whatever their timing. The record
 (:meth:`~service.storage.keys.ModelKeys.idempotency`) expires ``key_seconds`` after its
 request was stored; at most ``max_keys`` are kept per model, the oldest forgotten first
 by the same script (a retry under a forgotten key is stored again). Entries of this
@@ -129,7 +130,8 @@ APPEND_ONCE = """
 -- ARGV[4] capacity (0: none), ARGV[5] generation ('': not checked), ARGV[6] now in ms,
 -- ARGV[7] most records kept, ARGV[8] prefix of the records' keys, ARGV[9] this record's
 -- member (the key's sha256),
--- then (n, d, x) of every log entry, as service.storage.codec.encode_chunks makes them.
+-- then (n, d, x, w) of every log entry, as service.storage.codec.encode_chunks makes them
+-- (w '': no weights, the entry gets no w field).
 if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
   return {-2, ARGV[1], 0, 0}
 end
@@ -142,8 +144,13 @@ local capacity = tonumber(ARGV[4])
 if capacity > 0 and held + tonumber(ARGV[3]) > capacity then
   return {-1, ARGV[1], 0, held}
 end
-for i = 10, #ARGV, 3 do
-  redis.call('XADD', KEYS[2], '*', 'n', ARGV[i], 'd', ARGV[i + 1], 'x', ARGV[i + 2])
+for i = 10, #ARGV, 4 do
+  if ARGV[i + 3] == '' then
+    redis.call('XADD', KEYS[2], '*', 'n', ARGV[i], 'd', ARGV[i + 1], 'x', ARGV[i + 2])
+  else
+    redis.call('XADD', KEYS[2], '*', 'n', ARGV[i], 'd', ARGV[i + 1], 'x', ARGV[i + 2],
+      'w', ARGV[i + 3])
+  end
 end
 local total = redis.call('HINCRBY', KEYS[3], 'n_samples', ARGV[3])
 redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'accepted', ARGV[3], 'n_samples', total)
@@ -207,12 +214,13 @@ class AppendOutcome:
     n_samples: int
 
 
-def _script_args(X: np.ndarray) -> tuple[str, list[bytes | int]]:
-    """Fingerprint and flat :data:`APPEND_ONCE` arguments (n, d, x per log entry) of ``X``."""
+def _script_args(X: np.ndarray, weights: np.ndarray | None) -> tuple[str, list[bytes | int]]:
+    """Fingerprint and flat :data:`APPEND_ONCE` arguments (n, d, x, w per log entry) of
+    ``X`` and its ``weights``."""
     args: list[bytes | int] = []
-    for fields in encode_chunks(X):
-        args += [fields["n"], fields["d"], fields["x"]]
-    return fingerprint(X), args
+    for fields in encode_chunks(X, weights):
+        args += [fields["n"], fields["d"], fields["x"], fields.get("w", b"")]
+    return fingerprint(X, weights), args
 
 
 class AsyncSampleLog:
@@ -266,6 +274,7 @@ class AsyncSampleLog:
         max_keys: int = DEFAULT_MAX_KEYS,
         hand_over: bool = False,
         offload: Offload = inline,
+        weights: np.ndarray | None = None,
     ) -> AppendOutcome:
         """Append ``X`` (``(m, d)`` float32, validated, not modified afterwards) to the log.
 
@@ -290,6 +299,10 @@ class AsyncSampleLog:
             path only).
         offload : Offload
             Runs the encoding (and fingerprint) of ``X``.
+        weights : ndarray (m,) float64 or None
+            The rows' sample weights (checked: finite, ``>= 0``), stored with them (the
+            entries' ``w``, :mod:`~nmbatch.service.storage.codec`) and part of the
+            idempotency fingerprint; None: every row weighs 1 (entries as ever).
         """
         m = int(X.shape[0])
         if dim is None:
@@ -299,7 +312,7 @@ class AsyncSampleLog:
             if key_seconds is None:
                 raise ValueError("key_seconds is needed with an idempotency_key")
             return await self._append_once(
-                X, idempotency_key, key_seconds, max_keys, capacity, offload
+                X, weights, idempotency_key, key_seconds, max_keys, capacity, offload
             )
         if capacity:
             # Refused before any XADD when the count already shows it: the guard below
@@ -308,7 +321,7 @@ class AsyncSampleLog:
             held = await self.n_samples()
             if held + m > capacity:
                 raise StoreFullError(capacity, held, m)
-        entries = await offload(X.size // _COPY_WEIGHT, encode_chunks, X)
+        entries = await offload(X.size // _COPY_WEIGHT, encode_chunks, X, weights)
         try:
             async with self.client.pipeline(transaction=True) as pipe:
                 for fields in entries:
@@ -329,26 +342,28 @@ class AsyncSampleLog:
             raise StoreFullError(capacity, n_samples, m)
         if hand_over and self.local is not None:
             ids = [as_str(raw) for raw in reply[:-1]]
-            parts, start = [], 0
+            parts, weighed, start = [], [], 0
             for fields in entries:
                 n = int(fields["n"])
                 parts.append(X[start : start + n])
+                weighed.append(None if weights is None else weights[start : start + n])
                 start += n
-            self.local.put(ids, parts)
+            self.local.put(ids, parts, weighed)
         return AppendOutcome(stored=True, accepted=m, n_samples=n_samples)
 
     async def _append_once(
         self,
         X: np.ndarray,
+        weights: np.ndarray | None,
         idempotency_key: str,
         key_seconds: float,
         max_keys: int,
         capacity: int,
         offload: Offload,
     ) -> AppendOutcome:
-        """:data:`APPEND_ONCE` of ``X`` under ``idempotency_key``."""
+        """:data:`APPEND_ONCE` of ``X`` (and its ``weights``) under ``idempotency_key``."""
         m = int(X.shape[0])
-        mine, args = await offload(X.size, _script_args, X)
+        mine, args = await offload(X.size, _script_args, X, weights)
         ttl_ms = max(1, round(key_seconds * 1000))
         try:
             digest = idempotency_digest(idempotency_key)

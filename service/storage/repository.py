@@ -11,7 +11,7 @@ import time
 import redis
 
 from nmbatch.engine.rows import SourceRows
-from nmbatch.service.storage.codec import LogChunk, as_str, decode_chunk
+from nmbatch.service.storage.codec import LogChunk, as_str, decode_entry
 from nmbatch.service.storage.errors import LeaseLostError, ModelConfigError
 from nmbatch.service.storage.handoff import LocalEntries
 from nmbatch.service.storage.keys import ModelKeys
@@ -93,12 +93,14 @@ class ModelRepository:
     def read_log_heads(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
         """:meth:`read_log` by reference: each chunk's ``X`` is the
         :class:`~nmbatch.engine.rows.SourceRows` naming the entry's rows in
-        the log (:mod:`~nmbatch.service.storage.entries`), the rows read dropped."""
+        the log (:mod:`~nmbatch.service.storage.entries`), the rows read dropped (their
+        weights kept: the engine refuses them, rather than count the rows as 1)."""
         log = self.keys.log
         return [
-            LogChunk(c.entry_id, SourceRows.whole((log, c.entry_id), c.X.shape[0], c.X.shape[1]))
+            LogChunk(c.entry_id, SourceRows.whole((log, c.entry_id), c.X.shape[0], c.X.shape[1]),
+                     c.weights)
             for c in self.read_log(after_id, max_entries)
-        ]
+        ]  # fmt: skip
 
     def read_log(self, after_id: str, max_entries: int = 256) -> list[LogChunk]:
         """Up to ``max_entries`` log entries after ``after_id`` (``"0-0"``: from the start).
@@ -114,7 +116,7 @@ class ModelRepository:
         if not reply:
             return []
         _, entries = reply[0]
-        return [LogChunk(as_str(eid), decode_chunk(fields)) for eid, fields in entries]
+        return [decode_entry(eid, fields) for eid, fields in entries]
 
     def _read_local(self, after_id: str, max_entries: int) -> list[LogChunk]:
         """The longest run of held entries that directly follows ``after_id`` in the log.
@@ -128,15 +130,15 @@ class ModelRepository:
             return []
         with self.client.pipeline(transaction=False) as pipe:
             previous = after_id
-            for entry_id, _ in pending:
+            for entry_id, _, _ in pending:
                 pipe.xrange(self.keys.log, f"({previous}", f"({entry_id}", count=1)
                 previous = entry_id
             gaps = pipe.execute()
         chunks = []
-        for (entry_id, X), gap in zip(pending, gaps, strict=True):
+        for (entry_id, X, weights), gap in zip(pending, gaps, strict=True):
             if gap:
                 break
-            chunks.append(LogChunk(entry_id, X))
+            chunks.append(LogChunk(entry_id, X, weights))
         return chunks
 
     def read_snapshot(self) -> Snapshot | None:

@@ -47,7 +47,14 @@ import numpy as np
 import redis
 
 from nmbatch.engine.rows import SourceRows
-from nmbatch.service.storage.codec import CHUNK_BYTES, as_str, decode_chunk, id_key, next_id
+from nmbatch.service.storage.codec import (
+    CHUNK_BYTES,
+    as_str,
+    decode_chunk,
+    decode_weights,
+    id_key,
+    next_id,
+)
 from nmbatch.service.storage.entries import EntryHead, read_heads
 from nmbatch.service.storage.errors import LeaseLostError
 from nmbatch.service.storage.keys import ModelKeys
@@ -148,21 +155,27 @@ class Base:
 
 
 def encode_base_entries(
-    ids: np.ndarray, X: np.ndarray, start: int, stop: int, rows_per_entry: int
+    ids: np.ndarray,
+    X: np.ndarray,
+    start: int,
+    stop: int,
+    rows_per_entry: int,
+    weights: np.ndarray | None = None,
 ) -> list[dict[str, bytes | int]]:
     """Base entry field maps of rows ``start:stop`` of ``X`` (``(n, d)`` float32) and
     ``ids`` (``(n,)`` int64), ``rows_per_entry`` rows each (the last may hold fewer):
-    ``n``, ``d``, ``x`` as in the log, ``ids`` as little-endian ``int64`` bytes."""
+    ``n``, ``d``, ``x`` as in the log, ``ids`` as little-endian ``int64`` bytes and, with
+    ``weights`` (``(n,)`` float64), ``w`` as in the log."""
     d = int(X.shape[1])
-    return [
-        {
-            "n": int(min(rows_per_entry, stop - i)),
-            "d": d,
-            "x": X[i : min(i + rows_per_entry, stop)].tobytes(),
-            "ids": ids[i : min(i + rows_per_entry, stop)].tobytes(),
-        }
-        for i in range(start, stop, rows_per_entry)
-    ]
+    entries: list[dict[str, bytes | int]] = []
+    for i in range(start, stop, rows_per_entry):
+        end = min(i + rows_per_entry, stop)
+        fields: dict[str, bytes | int] = {"n": int(end - i), "d": d, "x": X[i:end].tobytes(),
+                                          "ids": ids[i:end].tobytes()}  # fmt: skip
+        if weights is not None:
+            fields["w"] = np.ascontiguousarray(weights[i:end], dtype="<f8").tobytes()
+        entries.append(fields)
+    return entries
 
 
 def decode_base_entry(fields: dict[bytes, bytes]) -> tuple[np.ndarray, np.ndarray]:
@@ -207,10 +220,13 @@ class RetainedLog:
             return None
         return Base(int(generation), as_str(last_id), int(n_rows), json.loads(policy))
 
-    def base_rows(self, base: Base, page: int = 32) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def base_rows(
+        self, base: Base, page: int = 32
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         """The rows of ``base`` in the stored order, ``page`` entries per round trip.
 
-        Yields ``(ids, X)`` per round trip: ``(n,)`` int64 and ``(n, d)`` float32. Raises
+        Yields ``(ids, X, weights)`` per round trip: ``(n,)`` int64, ``(n, d)`` float32
+        and ``(n,)`` float64 (None when no entry of the page has weights). Raises
         :class:`BaseChangedError` at the end if fewer or more than ``base.n_rows`` rows
         came (a newer compaction replaced the base while it was read).
         """
@@ -221,10 +237,16 @@ class RetainedLog:
             if not entries:
                 break
             parts = [decode_base_entry(fields) for _, fields in entries]
+            weights = [decode_weights(fields) for _, fields in entries]
             seen += sum(ids.size for ids, _ in parts)
+            w = None
+            if any(part is not None for part in weights):
+                pairs = zip(parts, weights, strict=True)
+                w = np.concatenate([np.ones(i.size) if p is None else p for (i, _), p in pairs])
             yield (
                 np.concatenate([ids for ids, _ in parts]).astype(np.int64, copy=False),
                 np.concatenate([X for _, X in parts]).astype(np.float32, copy=False),
+                w,
             )
             if len(entries) < page:
                 break
@@ -312,6 +334,7 @@ class RetainedLog:
         lease_token: str | None = None,
         pause: Pause | None = None,
         dim: int | None = None,
+        weights: np.ndarray | Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> Base:
         """Make ``(ids, X)`` the new base, holding the retained samples up to ``last_id``.
 
@@ -338,6 +361,10 @@ class RetainedLog:
             None: no check.
         pause : callable or None
             Called with each stage's name (see the module).
+        weights : ndarray (n,) float64, or callable, or None
+            The rows' sample weights (or ``weights_of(ids_page) -> (m,) float64``, called
+            with the rows' pages), stored with them (``w``); None: every row weighs 1 and
+            the entries are as they were before weights.
 
         Returns the new :class:`Base`. Raises :class:`LeaseLostError` or
         :class:`BaseChangedError` without committing anything. After a Redis error
@@ -370,21 +397,29 @@ class RetainedLog:
 
         new_key = self.keys.base(g + 1)
         nonce = secrets.randbelow(1 << 47) + 1
-        rows_per_entry = max(1, self.entry_bytes // (4 * max(1, d) + 8))
+        per_row = 4 * max(1, d) + (16 if weights is not None else 8)  # row, id, weight
+        rows_per_entry = max(1, self.entry_bytes // per_row)
         m = -(-n // rows_per_entry)  # entries
         try:
             written = 0
             per_trip = max(1, self.pipeline_entries) * rows_per_entry
             for start in range(0, n, per_trip):
                 stop = min(n, start + per_trip)
+                w = None
+                if weights is not None:
+                    w = np.asarray(weights(ids[start:stop]) if callable(weights)
+                                   else weights[start:stop], dtype=np.float64)  # fmt: skip
+                    if w.shape != (stop - start,):
+                        raise ValueError(f"weights gave {w.shape}, not {(stop - start,)}")
                 if rows_of is None:
-                    entries = encode_base_entries(ids, X, start, stop, rows_per_entry)
+                    entries = encode_base_entries(ids[start:stop], X[start:stop], 0,
+                                                  stop - start, rows_per_entry, w)  # fmt: skip
                 else:
                     page = np.ascontiguousarray(rows_of(ids[start:stop]), dtype="<f4")
                     if page.shape != (stop - start, d):
                         raise ValueError(f"rows_of gave {page.shape}, not {(stop - start, d)}")
                     entries = encode_base_entries(
-                        ids[start:stop], page, 0, stop - start, rows_per_entry
+                        ids[start:stop], page, 0, stop - start, rows_per_entry, w
                     )
                 with self.client.pipeline(transaction=False) as pipe:
                     for fields in entries:

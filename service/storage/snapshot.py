@@ -2,7 +2,8 @@
 
 A snapshot is the published model (:class:`PublishedModel`: version, the engine's
 :class:`ModelState`, time of the update) plus the log position it was taken at. Fields:
-``centroids`` as little-endian ``float32`` bytes, ``counts`` as ``int64`` bytes, ``k``
+``centroids`` as little-endian ``float32`` bytes, ``counts`` as ``int64`` bytes (for a
+weighted model ``float64`` bytes, and ``counts_dtype`` ``<f8``: its sums of weights), ``k``
 and ``dim`` (their shape), ``version``, ``batch_size``, ``iteration``, ``last_id``,
 ``n_samples``, ``converged`` (0 or 1) as decimal text, ``updated_at`` as ``repr`` of a
 float, and ``energy`` (``repr`` of a float; absent before the first iteration). A kept
@@ -19,6 +20,11 @@ from nmbatch.engine.state import ModelState
 from nmbatch.service.state import PublishedModel
 
 __all__ = ["Snapshot"]
+
+
+def _counts_dtype(state: ModelState) -> str:
+    """``<i8`` for counts of samples, ``<f8`` for sums of weights (a weighted model)."""
+    return "<f8" if state.counts.dtype.kind == "f" else "<i8"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +53,7 @@ class Snapshot:
             "k": state.k,
             "dim": state.dim,
             "centroids": np.ascontiguousarray(state.centroids, dtype="<f4").tobytes(),
-            "counts": np.ascontiguousarray(state.counts, dtype="<i8").tobytes(),
+            "counts": np.ascontiguousarray(state.counts, dtype=_counts_dtype(state)).tobytes(),
             "batch_size": state.batch_size,
             "iteration": state.iteration,
             "last_id": self.last_id,
@@ -58,6 +64,8 @@ class Snapshot:
         }
         if state.energy is not None:
             fields["energy"] = repr(float(state.energy))
+        if _counts_dtype(state) != "<i8":
+            fields["counts_dtype"] = _counts_dtype(state)
         return fields
 
     @classmethod
@@ -66,7 +74,9 @@ class Snapshot:
         k, dim = int(fields[b"k"]), int(fields[b"dim"])
         state = ModelState(
             centroids=np.frombuffer(fields[b"centroids"], dtype="<f4").reshape(k, dim),
-            counts=np.frombuffer(fields[b"counts"], dtype="<i8").reshape(k),
+            counts=np.frombuffer(
+                fields[b"counts"], dtype="<f8" if fields.get(b"counts_dtype") == b"<f8" else "<i8"
+            ).reshape(k),
             batch_size=int(fields[b"batch_size"]),
             n_samples=int(fields[b"n_samples"]),
             n_ingested=int(fields.get(b"n_ingested", fields[b"n_samples"])),

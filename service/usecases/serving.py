@@ -43,6 +43,7 @@ from nmbatch.service.usecases.errors import (
     ModelDeletedError,
     NotEnoughSamplesError,
     StoreFullError,
+    WeightsUnsupportedError,
     WrongDimensionError,
     ZeroVectorError,
 )
@@ -202,9 +203,13 @@ def metric_vectors(X: np.ndarray, metric: str, outcome: str) -> np.ndarray:
 
 
 async def ingest(
-    handle: ModelHandle, X: np.ndarray, idempotency_key: str | None = None
+    handle: ModelHandle,
+    X: np.ndarray,
+    idempotency_key: str | None = None,
+    weights: np.ndarray | None = None,
 ) -> AppendOutcome:
-    """Append ``X`` (``(m, d)`` float32, validated) to the log, once per ``idempotency_key``.
+    """Append ``X`` (``(m, d)`` float32, validated) to the log, once per ``idempotency_key``,
+    with its sample ``weights`` (``(m,)`` float64, checked; None: every vector weighs 1).
 
     :meth:`AsyncSampleLog.append` within the model's capacity (planned here when this
     batch fixes the dimension); storage's refusals become domain errors: a batch of
@@ -220,8 +225,14 @@ async def ingest(
     Under ``metric="cosine"`` the rows are normalised first (:func:`metric_vectors`), so
     the log and every replay of it hold unit rows; a zero row raises
     :class:`ZeroVectorError` before anything is written (the dimension neither).
+
+    Weights go into the log with the rows (the engine's votes are the weights). A model
+    on the Ray engine takes none: weights raise :class:`WeightsUnsupportedError` before
+    anything is written, rather than the rows counting as 1 each.
     """
     settings = handle.settings
+    if weights is not None and settings.ray_address is not None:
+        raise WeightsUnsupportedError(settings.model)
     if settings.metric != "euclidean":
         X = await off_loop(X.size, metric_vectors, X, settings.metric,
                            "nothing of this request was stored")  # fmt: skip
@@ -241,6 +252,7 @@ async def ingest(
             # This process's worker takes the rows from memory rather than from Redis.
             hand_over=handle.worker.role == WORKER_ROLE,
             offload=off_loop,
+            weights=weights,
         )
     except storage.WrongDimensionError as exc:
         handle.dim = exc.expected

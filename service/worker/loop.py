@@ -441,7 +441,7 @@ class Worker(EngineRecovery):
                 log.error("log entry %s has dimension %d, the model %d: skipped",
                           chunk.entry_id, chunk.X.shape[1], store.dim)  # fmt: skip
             else:
-                self.retention.offer(self.engine, chunk.X, chunk.entry_id)
+                self.retention.offer(self.engine, chunk.X, chunk.entry_id, chunk.weights)
             self.last_id = chunk.entry_id
         self.metrics.samples_in_store.set(store.n_samples)
         return len(chunks) == _LOG_PAGE

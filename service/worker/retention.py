@@ -92,6 +92,9 @@ class LogRetention:
     Attributes
     ----------
     policy : RetentionPolicy
+    weighted : bool
+        True once rows with sample weights were fed to the engine (from the log or a
+        base): a compaction then writes each row's weight with it.
     trimmed_entries : int
         Log entries trimmed or compacted away by this object.
     compactions : int
@@ -124,6 +127,7 @@ class LogRetention:
         self._group_samples = max(1, (max_samples or 0) // 1024)
         self._group_start = 0  # stream id of the first sample of the last group
         self._since_base = 0  # samples offered since the reservoir's base
+        self.weighted = False  # rows with sample weights were fed to the engine
         self.trimmed_entries = 0
         self.compactions = 0
 
@@ -144,12 +148,13 @@ class LogRetention:
         if base is None:
             return "0-0"
         pages: list[np.ndarray] = []
-        for ids, X in self._base_pages(base):
+        for ids, X, weights in self._base_pages(base):
             if isinstance(self.policy, ReservoirRetention):
                 pages.append(ids)
-                engine.feed(X, ids, n_after=engine.store.n_samples + X.shape[0], any_order=True)
+                engine.feed(X, ids, n_after=engine.store.n_samples + X.shape[0], any_order=True,
+                            weights=self._weighs(weights))  # fmt: skip
             else:
-                self.offer(engine, X, None)
+                self.offer(engine, X, None, weights)
         if isinstance(self.policy, ReservoirRetention):
             slots = np.concatenate(pages) if pages else NO_IDS
             self.policy.load_state(base.policy, slots)
@@ -157,22 +162,38 @@ class LogRetention:
                  base.n_rows, base.last_id)  # fmt: skip
         return base.last_id
 
-    def _base_pages(self, base: Base) -> Iterator[tuple[np.ndarray, np.ndarray | SourceRows]]:
-        """``(ids, rows)`` of the base, page by page (by reference: entry by entry, the
-        rows named, not read)."""
+    def _base_pages(
+        self, base: Base
+    ) -> Iterator[tuple[np.ndarray, np.ndarray | SourceRows, np.ndarray | None]]:
+        """``(ids, rows, weights)`` of the base, page by page (by reference: entry by
+        entry, the rows named, not read); ``weights`` None where the rows weigh 1."""
         if not self.by_reference:
             yield from self.storage.base_rows(base)
             return
         for head in self.storage.base_heads(base):
             assert head.ids is not None
-            yield head.ids, head.rows
+            yield head.ids, head.rows, head.weights
 
-    def offer(self, engine: EngineHost, X: np.ndarray | SourceRows, entry_id: str | None) -> None:
+    def _weighs(self, weights: np.ndarray | None) -> np.ndarray | None:
+        """``weights``, noting that the engine now holds weighted rows (a compaction
+        then stores the weights with the rows)."""
+        if weights is not None:
+            self.weighted = True
+        return weights
+
+    def offer(
+        self,
+        engine: EngineHost,
+        X: np.ndarray | SourceRows,
+        entry_id: str | None,
+        weights: np.ndarray | None = None,
+    ) -> None:
         """Offer the rows of one log entry (``(n, d)`` float32, or the
-        :class:`SourceRows` naming them) to the policy at the entry's time and carry out
-        its answer on ``engine``."""
+        :class:`SourceRows` naming them; ``weights``: their ``(n,)`` float64 sample
+        weights, None: 1) to the policy at the entry's time and carry out its answer on
+        ``engine`` (the admitted rows with their weights)."""
         now = id_key(entry_id)[0] / 1000.0 if entry_id is not None else None
-        offer(self.policy, engine, X, now)
+        offer(self.policy, engine, X, now, self._weighs(weights))
         if self.trims and entry_id is not None:
             end = self.policy.n_offered
             groups = self._groups
@@ -245,9 +266,10 @@ class LogRetention:
         slots = self.policy.slots[: self.policy.retained].copy()
         # The rows come from the engine a pipeline trip at a time (16 MiB), never the
         # whole reservoir in one message: each copy holds the GIL the event loop needs.
+        weights = engine.weights_of if self.weighted else None  # unweighted: entries as ever
         base = self.storage.compact(slots, engine.rows_of, last_id=last_id,
                                     policy=self.policy.state_dict(), lease_token=lease_token,
-                                    dim=engine.store.dim)  # fmt: skip
+                                    dim=engine.store.dim, weights=weights)  # fmt: skip
         if self.by_reference:  # the log entries of the reservoir's rows are gone
             rebase = engine.rebase  # type: ignore[attr-defined]  # engines fed by reference
             rebase(*self.storage.base_layout(base, slots, engine.store.dim))

@@ -28,7 +28,7 @@ def _retained_in_redis(client: redis.Redis) -> tuple[np.ndarray, np.ndarray]:
     keys = ModelKeys(MODEL)
     retained = RetainedLog(client, keys)
     base = retained.read_base()
-    parts = [X for _, X in retained.base_rows(base)] if base is not None else []
+    parts = [X for _, X, _ in retained.base_rows(base)] if base is not None else []
     after = id_key(base.last_id) if base is not None else (0, 0)
     logged = [
         decode_chunk(fields)

@@ -472,3 +472,36 @@ def test_assign_of_a_cosine_model_returns_the_similarities(
         assert assigned.similarities is not None
         cos = np.einsum("ij,ij->i", unit, model_now.centroids[labels].astype(np.float64))
         np.testing.assert_allclose(assigned.similarities, cos, rtol=1e-5, atol=1e-5)
+
+
+def test_push_with_weights_sends_npz_chunks_and_counts_are_sums_of_weights(
+    serve: Callable[..., Served], redis_log: redis.Redis
+) -> None:
+    """``push(X, weights=w)`` (sync and async), chunked by the rows' bytes with their
+    weights: each chunk an ``.npz`` body, each stored once with its weights; the
+    centroids' ``counts`` are float sums of weights; weights of a file are refused."""
+    from nmbatch.service.storage.codec import decode_chunk, decode_weights
+    from nmbatch.service.storage.keys import ModelKeys
+
+    proc, model = serve()
+    X = blobs(500, 4, 3, seed=21, separation=20.0)
+    w = np.random.default_rng(22).integers(1, 8, size=500) / 2.0
+    with Client(proc.base, max_vectors=150) as client:
+        pushed = client.push(X[:300], weights=w[:300])
+        assert (pushed.accepted, pushed.requests) == (300, 2)
+        with pytest.raises(ValueError, match="one per row"):
+            client.push(X[:3], weights=w[:2])
+        with pytest.raises(ValueError, match="not a file"):
+            client.push(iter([X[:3]]), weights=w[:3])
+
+    async def more() -> Any:
+        async with AsyncClient(proc.base, max_vectors=150) as client:
+            await client.push(X[300:], weights=w[300:])
+            return await client.wait_for(converged=True, min_samples=500, timeout=60)
+
+    centroids = asyncio.run(more())
+    entries = redis_log.xrange(ModelKeys(model).log)
+    rows = np.concatenate([decode_chunk(f) for _, f in entries])
+    weights = np.concatenate([decode_weights(f) for _, f in entries])
+    assert np.array_equal(rows, X) and np.array_equal(weights, w)
+    assert centroids.counts.dtype == np.float64 and centroids.counts.sum() == w.sum()

@@ -112,7 +112,7 @@ def test_entries_not_handed_over_yet_are_read_from_redis(
     assert [c.entry_id for c in first] == log_ids
     np.testing.assert_array_equal(np.concatenate([c.X for c in first]), log_X)
     # The late handover arrives once the worker has passed it: it is never served.
-    entry_id, X = late.after("0-0", 8)[0]
+    entry_id, X, _ = late.after("0-0", 8)[0]
     local.put([entry_id], [X])
     assert repository.read_log(first[-1].entry_id, 8) == []
     assert len(local) == 0

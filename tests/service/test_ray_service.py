@@ -324,3 +324,36 @@ def test_a_reservoir_on_the_cluster_is_read_by_the_shards_from_redis(
         parts_held = ray.get([shard.assignments.remote() for shard in coord.shards])
         np.testing.assert_array_equal(np.sort(np.concatenate([p[0] for p in parts_held])), slots)
         np.testing.assert_array_equal(worker.engine.rows_of(slots), X[slots])
+
+
+def test_weights_sent_to_a_ray_model_are_refused_and_nothing_is_stored(
+    ray_address: str, make_settings: SettingsFactory, redis_client, model_name: str
+) -> None:
+    """The shards take no sample weights: a weighted request (JSON or ``.npz``) to the
+    default model or a named one on the cluster is a 422 ``weights-unsupported`` and
+    stores nothing, rather than counting each vector as 1; unweighted rows still go."""
+    import io
+
+    from tests.testkit import assert_problem, log_state
+
+    rng = np.random.default_rng(13)
+    X, _ = blobs_around(rng, MEANS, per_blob=20)
+    w = np.full(len(X), 2.0)
+    out = io.BytesIO()
+    np.savez(out, X=X, weights=w)
+    spec = {"k": 3, "dim": 4, "batch_size": 30}
+    with TestClient(create_app(make_settings(ray_address=ray_address, dim=4))) as client:
+        assert client.put("/models/weighted", json=spec).status_code == 201
+        for prefix, model in (("", model_name), ("/models/weighted", "weighted")):
+            before = log_state(redis_client, model)
+            sends = [
+                client.post(f"{prefix}/samples",
+                            json={"vectors": X.tolist(), "weights": w.tolist()}),
+                client.post(f"{prefix}/samples", content=out.getvalue(),
+                            headers={"content-type": "application/x-npz"}),
+            ]  # fmt: skip
+            for answer in sends:
+                problem = assert_problem(answer, 422, "weights-unsupported")
+                assert problem["setting"] == "NMBATCH_RAY_ADDRESS" and problem["model"] == model
+                assert log_state(redis_client, model) == before
+            assert post_npy(client, X, f"{prefix}/samples").status_code == 202
