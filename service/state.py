@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nmbatch.engine.state import ModelState
+from nmbatch.service.identities import Lineage
 
 __all__ = [
     "ENERGY_HISTORY",
@@ -55,16 +56,22 @@ class PublishedModel:
         ``N`` (samples in the worker's store when published), iteration, convergence.
     updated_at : float
         Unix time of the centroid update.
+    lineage : Lineage or None
+        Its clusters against those of the previous snapshot
+        (:mod:`~nmbatch.service.identities`); None when not known (a version written
+        before identities were kept).
     """
 
     version: int
     state: ModelState
     updated_at: float
+    lineage: Lineage | None = None
 
     @classmethod
     def build(
-        cls, *, version: int, state: ModelState, updated_at: float | None = None
-    ) -> PublishedModel:
+        cls, *, version: int, state: ModelState, updated_at: float | None = None,
+        lineage: Lineage | None = None,
+    ) -> PublishedModel:  # fmt: skip
         """Copy the arrays of ``state`` into read-only ones and build the record."""
         frozen = dataclasses.replace(
             state,
@@ -75,6 +82,7 @@ class PublishedModel:
             version=int(version),
             state=frozen,
             updated_at=time.time() if updated_at is None else float(updated_at),
+            lineage=lineage,
         )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nmbatch.engine.state import ModelState
+from nmbatch.service.identities import Lineage
 from nmbatch.service.state import PublishedModel
 
 __all__ = ["Snapshot"]
@@ -58,6 +59,8 @@ class Snapshot:
         }
         if state.energy is not None:
             fields["energy"] = repr(float(state.energy))
+        if model.lineage is not None and model.lineage.k == state.k:
+            fields.update(model.lineage.to_fields())
         return fields
 
     @classmethod
@@ -79,5 +82,6 @@ class Snapshot:
             version=int(fields[b"version"]),
             state=state,
             updated_at=float(fields[b"updated_at"]),
+            lineage=Lineage.from_fields(fields),
         )
         return cls(model, fields[b"last_id"].decode())

@@ -463,5 +463,7 @@ class Worker(EngineRecovery):
         self._snapshot_version = model.version
         if written:
             self.metrics.snapshot_written()
+            if model is self.board.model:  # nothing shown since: the lineage restarts here
+                self.publisher.snapshotted(model)
         else:
             log.warning("Redis holds a snapshot newer than version %d: not replaced", model.version)
