@@ -12,8 +12,9 @@ from nmbatch.engine.kernels import (
     sqdist32_error,
     sqnorms32,
 )
+from nmbatch.engine.metric import dissimilarity
 
-__all__ = ["CHUNK_ROWS", "energy", "nearest", "nearest_one", "sqnorms"]
+__all__ = ["CHUNK_ROWS", "drift_ratio", "energy", "nearest", "nearest_one", "sqnorms"]
 
 CHUNK_ROWS = 4096
 
@@ -78,6 +79,24 @@ def nearest(
 def energy(X: np.ndarray, centroids: np.ndarray) -> float:
     """Mean squared distance of the rows of ``X`` to their nearest centroid (``E`` of the paper)."""
     return float(nearest(X, centroids)[1].mean())
+
+
+def drift_ratio(
+    X: np.ndarray, centroids: np.ndarray, reference: float | None, metric: str = "euclidean"
+) -> float | None:
+    """The drift figure of rows ``X`` (``(n, d)`` float32, as the model stores them: unit
+    rows under ``"cosine"``) under ``centroids`` (``(k, d)`` float32): their energy (the
+    mean over the rows of the dissimilarity to the nearest centroid, what the model
+    minimises: the squared distance, or ``1 - cos``) divided by ``reference``, the
+    model's energy per retained sample (``ModelState.energy``). About 1 while the rows
+    come from the distribution the model was fitted on (somewhat above when the
+    clusters hold few samples each: the energy of the fitted samples is optimistic);
+    well above when they come from elsewhere. None when ``X`` is empty or ``reference``
+    is not a positive number."""
+    if X.shape[0] == 0 or reference is None or not np.isfinite(reference) or reference <= 0:
+        return None
+    sqdist = nearest(X, centroids)[1].astype(np.float64)
+    return float(dissimilarity(sqdist, metric).mean() / reference)
 
 
 def nearest_one(x: np.ndarray, centroids: np.ndarray) -> tuple[int, float]:

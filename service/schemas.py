@@ -220,6 +220,16 @@ class Stats(BaseModel):
         description="Samples the retention policy took out of this process's engine since "
         "it started (their votes removed exactly)."
     )
+    drift: float | None = Field(
+        None,
+        description="Drift figure: the mean dissimilarity of the newest NMBATCH_DRIFT_WINDOW "
+        "samples to the served centroids over the served model's energy per retained sample "
+        "(about 1 on the data the model was fitted on; None before the first measure, or on "
+        "a process that is not the worker).",
+    )
+    drift_alarm: float | None = Field(
+        None, description="NMBATCH_DRIFT_ALARM: a drift event at or above it (None: off)."
+    )
     n_ingested: int = Field(description="Samples ever accepted into the model's log.")
     log_entries: int | None = Field(
         description="Entries in the model's Redis log (after trimming and compaction)."

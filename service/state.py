@@ -118,6 +118,8 @@ class PublishedStats:
     samples to their centroid (``sse.sum() / b``), None before the first iteration.
     ``engine_bytes`` is the memory of this process's engine (``ModelState.engine_bytes``:
     store at capacity and the algorithm's arrays), 0 without an engine (a standby).
+    ``drift`` is the worker's drift figure (:mod:`nmbatch.service.worker.signals`), None
+    before its first measure or on a standby.
     """
 
     phase: str = "starting"
@@ -133,6 +135,7 @@ class PublishedStats:
     engine_bytes: int = 0
     n_retired: int = 0
     n_ingested: int = 0
+    drift: float | None = None
 
     @property
     def skipped_share(self) -> float | None:

@@ -156,12 +156,16 @@ class Publisher:
                 DoublingEvent(stats.iteration, stats.batch_size, stats.next_batch_size, time.time())
             )
 
-    def show_stats(self, phase: Phase, state: ModelState | None = None, n_samples: int = 0) -> None:
+    def show_stats(
+        self, phase: Phase, state: ModelState | None = None, n_samples: int = 0,
+        drift: float | None = None,
+    ) -> None:  # fmt: skip
         """Put the statistics of ``/stats`` on the board.
 
         ``state``: the engine's, with ``n_samples`` the samples in its store. None (a
         standby, or no engine yet): the counters of the served model, without energy
-        and with no engine memory.
+        and with no engine memory. ``drift``: the worker's last drift figure
+        (:mod:`~nmbatch.service.worker.signals`).
         """
         energy = None
         engine_bytes = n_retired = 0
@@ -192,5 +196,6 @@ class Publisher:
                 engine_bytes=engine_bytes,
                 n_retired=n_retired,
                 n_ingested=n_ingested,
+                drift=drift,
             )
         )
