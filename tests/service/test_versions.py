@@ -144,7 +144,7 @@ def test_the_kept_versions_enter_the_capacity_plan() -> None:
     plain = plan_capacity(None, 128, 100, memory=memory, with_redis=True)
     planned = plan_capacity(None, 128, 100, memory=memory, with_redis=True, keep=keep)
     fixed = versions_footprint(keep, 100, 128, with_redis=True)
-    assert fixed == (VERSION_CACHE_ENTRIES + 1) * (4 * 100 * 128 + 8 * 100) + 32 * version_bytes(
+    assert fixed == (VERSION_CACHE_ENTRIES + 1) * (4 * 100 * 128 + 13 * 100) + 32 * version_bytes(
         100, 128
     )
     per_vector = (int(0.5 * memory[0]) - fixed) // planned.max_samples
