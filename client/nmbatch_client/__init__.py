@@ -52,6 +52,7 @@ __all__ = [
     "UnsupportedMediaTypeError",
     "WaitTimeoutError",
     "WrongDimensionError",
+    "follow_cluster",
 ]
 
 _WHERE = {
@@ -61,6 +62,7 @@ _WHERE = {
     "Centroids": "results",
     "Event": "events",
     "PushResult": "results",
+    "follow_cluster": "results",
     "RetryPolicy": "retry",
     "BadRequestError": "errors",
     "ConflictError": "errors",

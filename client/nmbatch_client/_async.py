@@ -35,6 +35,7 @@ from nmbatch_client.operations import (
     centroids_operation,
     push_operation,
     stats_operation,
+    versions_operation,
     wait_operation,
 )
 from nmbatch_client.results import Assignment, Centroids, PushResult
@@ -128,6 +129,12 @@ class AsyncClient:
     async def stats(self) -> dict[str, Any]:
         """``GET /stats`` as a dict."""
         return await self._run(stats_operation())
+
+    async def versions(self) -> dict[str, Any]:
+        """``GET /versions``: the kept versions, oldest first, each with its
+        ``identities`` (how its clusters relate to the version before it; follow one
+        cluster with :func:`~nmbatch_client.results.follow_cluster`), the pin, the bound."""
+        return await self._run(versions_operation())
 
     async def wait_for(
         self,

@@ -38,6 +38,7 @@ from nmbatch_client.operations import (
     centroids_operation,
     push_operation,
     stats_operation,
+    versions_operation,
     wait_operation,
 )
 from nmbatch_client.results import Assignment, Centroids, PushResult
@@ -170,6 +171,12 @@ class Client:
     def stats(self) -> dict[str, Any]:
         """``GET /stats``: phase, version, ``b``, ``N``, energy, doublings, memory ..."""
         return self._run(stats_operation())
+
+    def versions(self) -> dict[str, Any]:
+        """``GET /versions``: the kept versions, oldest first, each with its
+        ``identities`` (how its clusters relate to the version before it; follow one
+        cluster with :func:`~nmbatch_client.results.follow_cluster`), the pin, the bound."""
+        return self._run(versions_operation())
 
     def wait_for(
         self,
