@@ -19,7 +19,8 @@ in a ring, ``4 d`` bytes each) under the centroids the model serves (the pinned 
 if any, else the newest), as the engine measures it
 (:func:`~nmbatch.engine.assign.drift_ratio`: their mean dissimilarity to the nearest
 centroid over the served model's energy per retained sample). Measured at most once per
-:data:`DRIFT_SECONDS`, when rows came since; shown in ``/stats`` and ``/metrics``.
+:data:`DRIFT_SECONDS`, when rows came or the served version changed since; shown in
+``/stats`` and ``/metrics``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Signals:
         self._next = 0  # where the next row goes
         self._fresh = False  # rows came since the last measure
         self._measured_at = -np.inf
+        self._measured_version = -1  # the served version it was measured under
         self._retired = 0  # n_retired of the last state seen
 
     # -- events ---------------------------------------------------------------------------
@@ -134,16 +136,18 @@ class Signals:
         self._fresh = True
 
     def measure(self, now: float | None = None) -> float | None:
-        """The drift figure, measured again if rows came and :data:`DRIFT_SECONDS`
-        passed; a ``drift`` event when it reaches the alarm."""
+        """The drift figure, measured again if rows came or the served version changed,
+        and :data:`DRIFT_SECONDS` passed; a ``drift`` event when it reaches the alarm."""
         now = time.monotonic() if now is None else now
         served = self.board.served
-        if not self._fresh or now - self._measured_at < DRIFT_SECONDS or served is None:
+        if served is None or self._ring is None or now - self._measured_at < DRIFT_SECONDS:
             return self.drift
-        assert self._ring is not None
+        if not self._fresh and served.version == self._measured_version:
+            return self.drift
         if self._ring.shape[1] != served.state.dim:
             return self.drift
         self._fresh, self._measured_at = False, now
+        self._measured_version = served.version
         rows = self._ring[: self._filled]
         self.drift = drift_ratio(rows, served.state.centroids, served.state.energy,
                                  self.settings.metric)  # fmt: skip

@@ -9,6 +9,7 @@ composes them between kept versions; ``GET /versions`` shows them and
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -172,7 +173,7 @@ def test_identities_across_a_forced_relocation(
     after = [row for row in kept if row["version"] > before]
     relocated = sorted({j for row in after for j in row["identities"]["relocated"]})
     assert relocated, [(r["version"], r["identities"], r["changed"]) for r in after]
-    for prev, row in zip(kept, kept[1:], strict=False):  # a chain of kept versions
+    for prev, row in itertools.pairwise(kept):  # a chain of kept versions
         ids = row["identities"]
         assert ids["since"] == prev["version"]
         assert all(0 <= old < 4 for old, _ in ids["matching"])
