@@ -361,6 +361,7 @@ class Worker(EngineRecovery):
         while not self._stopping.is_set() and not self.lease.lost.is_set():
             if self.wake.is_set() or time.monotonic() - last_pull >= poll:
                 self.wake.clear()
+                drift = self.signals.drift
                 try:
                     with span("nmbatch.worker.pull", self.settings.model):
                         while self._pull_log():  # everything available, page by page
@@ -368,7 +369,8 @@ class Worker(EngineRecovery):
                 except RedisAwayError:
                     pass  # iterate on what we have; the next pull retries
                 self._retain()
-                self.signals.measure()
+                if self.signals.drift != drift:
+                    self._publish_stats()  # /stats shows the figure the rows gave
                 last_pull = time.monotonic()
             idle = settled(engine)
             if engine.ready() and not idle:
@@ -454,7 +456,7 @@ class Worker(EngineRecovery):
                           chunk.entry_id, chunk.X.shape[1], store.dim)  # fmt: skip
             else:
                 self.retention.offer(self.engine, chunk.X, chunk.entry_id)
-                if not self._by_reference:  # rows by value: the drift figure's newest
+                if not self._by_reference:  # rows by value: measured for the drift figure
                     self.signals.rows(chunk.X)
             self.last_id = chunk.entry_id
         self.metrics.samples_in_store.set(store.n_samples)

@@ -14,35 +14,33 @@
 - ``drift``: the drift figure reached ``NMBATCH_DRIFT_ALARM`` (sent again only after it
   fell below).
 
-The drift figure: the newest ``NMBATCH_DRIFT_WINDOW`` rows read from the log (kept here
-in a ring, ``4 d`` bytes each) under the centroids the model serves (the pinned version
-if any, else the newest), as the engine measures it
-(:func:`~nmbatch.engine.assign.drift_ratio`: their mean dissimilarity to the nearest
-centroid over the served model's energy per retained sample). Measured at most once per
-:data:`DRIFT_SECONDS`, when rows came or the served version changed since; shown in
-``/stats`` and ``/metrics``.
+The drift figure: the energies of the newest ``NMBATCH_DRIFT_WINDOW`` rows read from
+the log, each measured by the engine when it arrives under the centroids served then
+(the pinned version if any, else the newest; :func:`~nmbatch.engine.assign.
+row_energies`: its dissimilarity to the nearest centroid), kept here in a ring (8 bytes
+a row), their mean over the served model's energy per retained sample
+(:func:`~nmbatch.engine.assign.drift_ratio`). Measuring each row on arrival, before the
+model trains on it, is what makes a shift show: the model soon moves to the new rows.
+It costs one nearest-centroid search per row read (``k d`` multiply-adds), as the
+engine's own first assignment of it. Shown in ``/stats`` and ``/metrics``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
-from nmbatch.engine.assign import drift_ratio
+from nmbatch.engine.assign import drift_ratio, row_energies
 from nmbatch.engine.state import ModelState
 from nmbatch.service.config import Settings
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard, PublishedModel
 from nmbatch.service.storage.events import EventWriter
 
-__all__ = ["DRIFT_SECONDS", "Signals"]
+__all__ = ["Signals"]
 
 log = logging.getLogger(__name__)
-
-DRIFT_SECONDS = 1.0
-"""Least seconds between two measures of the drift figure."""
 
 
 class Signals:
@@ -57,12 +55,9 @@ class Signals:
         self.metrics = metrics
         self.drift: float | None = None  # the last figure measured
         self._alarmed = False
-        self._ring: np.ndarray | None = None  # (window, d) float32, the newest rows
+        self._ring = np.empty(settings.drift_window, dtype=np.float64)  # rows' energies
         self._filled = 0  # rows in the ring (at most its length)
         self._next = 0  # where the next row goes
-        self._fresh = False  # rows came since the last measure
-        self._measured_at = -np.inf
-        self._measured_version = -1  # the served version it was measured under
         self._retired = 0  # n_retired of the last state seen
 
     # -- events ---------------------------------------------------------------------------
@@ -119,47 +114,32 @@ class Signals:
 
     # -- drift ----------------------------------------------------------------------------
     def rows(self, X: np.ndarray) -> None:
-        """Rows read from the log (``(n, d)`` float32): the newest enter the ring."""
-        window = self.settings.drift_window
-        if not window or X.shape[0] == 0:
+        """Rows read from the log (``(n, d)`` float32): the newest are measured under the
+        served centroids and enter the ring; the figure and its alarm follow."""
+        window = self._ring.shape[0]
+        served = self.board.served
+        if not window or X.shape[0] == 0 or served is None or X.shape[1] != served.state.dim:
             return
-        if self._ring is None or self._ring.shape[1] != X.shape[1]:
-            self._ring = np.empty((window, X.shape[1]), dtype=np.float32)
-            self._filled = self._next = 0
-        X = X[-window:]
-        n = X.shape[0]
+        energies = row_energies(X[-window:], served.state.centroids, self.settings.metric)
+        n = energies.shape[0]
         first = min(n, window - self._next)
-        self._ring[self._next : self._next + first] = X[:first]
-        self._ring[: n - first] = X[first:]
+        self._ring[self._next : self._next + first] = energies[:first]
+        self._ring[: n - first] = energies[first:]
         self._next = (self._next + n) % window
         self._filled = min(window, self._filled + n)
-        self._fresh = True
-
-    def measure(self, now: float | None = None) -> float | None:
-        """The drift figure, measured again if rows came or the served version changed,
-        and :data:`DRIFT_SECONDS` passed; a ``drift`` event when it reaches the alarm."""
-        now = time.monotonic() if now is None else now
-        served = self.board.served
-        if served is None or self._ring is None or now - self._measured_at < DRIFT_SECONDS:
-            return self.drift
-        if not self._fresh and served.version == self._measured_version:
-            return self.drift
-        if self._ring.shape[1] != served.state.dim:
-            return self.drift
-        self._fresh, self._measured_at = False, now
-        self._measured_version = served.version
-        rows = self._ring[: self._filled]
-        self.drift = drift_ratio(rows, served.state.centroids, served.state.energy,
-                                 self.settings.metric)  # fmt: skip
+        self.drift = drift_ratio(self._ring[: self._filled], served.state.energy)
         self.metrics.drift.set(self.drift if self.drift is not None else float("nan"))
+        self._alarm(served.version)
+
+    def _alarm(self, version: int) -> None:
+        """A ``drift`` event when the figure reaches the alarm (again once below it)."""
         alarm = self.settings.drift_alarm
-        if alarm and self.drift is not None:
-            if self.drift >= alarm and not self._alarmed:
-                self.writer.emit("drift", {
-                    "drift": self.drift, "alarm": alarm, "version": served.version,
-                    "rows": int(rows.shape[0]),
-                })  # fmt: skip
-                log.warning("model '%s': drift %.3g reached the alarm %.3g",
-                            self.settings.model, self.drift, alarm)  # fmt: skip
-            self._alarmed = self.drift >= alarm
-        return self.drift
+        if not alarm or self.drift is None:
+            return
+        if self.drift >= alarm and not self._alarmed:
+            self.writer.emit("drift", {
+                "drift": self.drift, "alarm": alarm, "version": version, "rows": self._filled,
+            })  # fmt: skip
+            log.warning("model '%s': drift %.3g reached the alarm %.3g",
+                        self.settings.model, self.drift, alarm)  # fmt: skip
+        self._alarmed = self.drift >= alarm

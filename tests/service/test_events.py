@@ -151,11 +151,15 @@ def test_the_drift_figure_and_its_alarm_on_shifted_data(
     settings = make_settings(dim=2, k=3, batch_size=64, drift_window=300, drift_alarm=4.0)
     X = blobs(3000, 2, 3, seed=6, separation=10.0)
     with TestClient(create_app(settings)) as client:
-        post_tc(client, X)
+        post_tc(client, X[:2000])  # no model yet: these rows are not measured
 
         def measured() -> float | None:
             stats = client.get("/stats").json()
             return stats["drift"] if stats["converged"] and stats["drift"] is not None else None
+
+        wait_until(lambda: client.get("/stats").json()["converged"], 60, "a first model")
+        assert client.get("/stats").json()["drift"] is None
+        post_tc(client, X[2000:])  # measured on arrival under the served centroids
 
         calm = wait_until(measured, 60, "a drift figure on the fitted data")
         assert 0.3 < calm < 2.0  # the newest rows are like the rest
@@ -170,6 +174,7 @@ def test_the_drift_figure_and_its_alarm_on_shifted_data(
 
         (alarm,) = wait_until(alarmed, 30, "a drift event")
         assert alarm["drift"] >= 4.0 and alarm["alarm"] == 4.0 and alarm["rows"] == 300
+        assert client.get("/stats").json()["drift"] >= 4.0  # the shifted rows, on arrival
         text = client.get("/metrics").text
         assert metric(text, "nmbatch_drift", model=model_name) > 0
 
@@ -283,3 +288,22 @@ def test_watch_follows_the_events_and_polls_without_them(make_settings: Settings
         assert _watch(client, args, out) == 0
         _header, *lines = out.getvalue().splitlines()
         assert len(lines) == 3 and all(line.split()[1] == "1" for line in lines)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_the_engines_drift_figure_is_the_plain_formula(metric: str) -> None:
+    """Each row's energy: the squared distance to the nearest centroid (cosine: ``1 -
+    cos`` of unit rows); the figure: their mean over the reference energy."""
+    from nmbatch.engine.assign import drift_ratio, row_energies
+    from nmbatch.engine.metric import metric_rows
+
+    rng = np.random.default_rng(3)
+    X = metric_rows(rng.standard_normal((500, 6)).astype(np.float32), metric)
+    C = metric_rows(rng.standard_normal((7, 6)).astype(np.float32), metric)
+    d2 = ((X.astype(np.float64)[:, None, :] - C.astype(np.float64)[None]) ** 2).sum(-1)
+    expected = d2.min(axis=1) / (2.0 if metric == "cosine" else 1.0)
+    got = row_energies(X, C, metric)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert drift_ratio(got, 0.5) == pytest.approx(expected.mean() / 0.5, rel=1e-5)
+    assert drift_ratio(got[:0], 0.5) is None and drift_ratio(got, 0.0) is None
+    assert drift_ratio(got, None) is None and drift_ratio(got, float("nan")) is None
