@@ -87,7 +87,7 @@ def _changed(row: dict[str, Any], previous: dict[str, Any] | None) -> str:
     if identities is not None and identities["since"] == previous["version"]:
         for name in ("relocated", "swapped"):
             if identities[name]:
-                parts.append(f"{len(identities[name])} clusters {name}")
+                parts.append(f"{len(identities[name])} cluster(s) {name}")
     return "; ".join(parts) if parts else "nothing (the same counters)"
 
 
