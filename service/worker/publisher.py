@@ -85,7 +85,8 @@ class Publisher:
         self.lineage = Lineage.start(snapshot.version, snapshot.state.k)
         if base > snapshot.version:
             self.version = base + 1
-            self.board.publish(dataclasses.replace(snapshot, version=self.version))
+            again = Lineage.start(snapshot.version, snapshot.state.k)  # the same clusters
+            self.board.publish(dataclasses.replace(snapshot, version=self.version, lineage=again))
             log.info("snapshot version %d republished as version %d (versions up to %d "
                      "were reserved by the previous worker)",
                      snapshot.version, self.version, base)  # fmt: skip
