@@ -42,7 +42,6 @@ __all__ = [
     "AsyncEventFeed",
     "Event",
     "EventWriter",
-    "events_bytes",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,17 +62,9 @@ READ_COUNT = 100
 """Most events one read returns (a reader catching up reads again at once)."""
 ID_PATTERN = re.compile(r"^\d{1,20}-\d{1,20}$")
 """A stream id, as ``Last-Event-ID`` must give it."""
-_ENTRY_BYTES = 200
-"""Redis bytes per stream entry besides its data (ids, field names, node overhead)."""
 
 Event = tuple[str, str, str]
 """``(id, type, data)``: the stream id, one of :data:`EVENT_TYPES`, and JSON text."""
-
-
-def events_bytes(keep: int) -> int:
-    """Bytes of Redis a model's events take at most: ``keep`` entries (and the slack of
-    ``MAXLEN ~``, at most one node of 100) of :data:`EVENT_MAX_BYTES` plus overhead."""
-    return (keep + 100) * (EVENT_MAX_BYTES + _ENTRY_BYTES) if keep else 0
 
 
 def encode(data: dict[str, Any]) -> str:
@@ -185,12 +176,6 @@ class AsyncEventFeed:
                     changed, self._changed = self._changed, asyncio.Event()
                     changed.set()
             await asyncio.sleep(POLL_SECONDS)
-
-    async def close(self) -> None:
-        """Stop the poll (at shutdown)."""
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
 
 
 def _after(a: str, b: str) -> bool:

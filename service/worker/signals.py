@@ -22,7 +22,8 @@ a row), their mean over the served model's energy per retained sample
 (:func:`~nmbatch.engine.assign.drift_ratio`). Measuring each row on arrival, before the
 model trains on it, is what makes a shift show: the model soon moves to the new rows.
 It costs one nearest-centroid search per row read (``k d`` multiply-adds), as the
-engine's own first assignment of it. Shown in ``/stats`` and ``/metrics``.
+engine's own first assignment of it (``NMBATCH_DRIFT_WINDOW=0`` spares it). Shown in
+``/stats`` and ``/metrics``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import numpy as np
 from nmbatch.engine.assign import drift_ratio, row_energies
 from nmbatch.engine.state import ModelState
 from nmbatch.service.config import Settings
+from nmbatch.service.identities import RELOCATED, SWAPPED
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard, PublishedModel
 from nmbatch.service.storage.events import EventWriter
@@ -100,8 +102,8 @@ class Signals:
         if lineage is not None:
             data |= {
                 "since": lineage.since,
-                "n_relocated": int((lineage.origin == 1).sum()),
-                "n_swapped": int((lineage.origin == 2).sum()),
+                "n_relocated": int((lineage.origin == RELOCATED).sum()),
+                "n_swapped": int((lineage.origin == SWAPPED).sum()),
             }
         self.writer.emit("version", data)
 
