@@ -135,8 +135,9 @@ next base while a compaction writes it."""
 # Redis gets): k = 3, d = 8: 1,386 bytes, the index 108 a member. So a version takes at
 # most 1.25 x its arrays plus some 1,240 bytes, and its member of the index at most 110.
 # The lineage (service/identities.py: int32 matching, uint8 origin, since) adds three
-# fields: 5 k bytes of arrays and some 200 bytes of fields (k = 3, d = 8 under 6.2: 1,5xx
-# bytes, measured by the test named below).
+# fields: 5 k bytes of arrays and some 300 bytes of fields. Measured with the lineage, a
+# version and its member of the index: k = 3, d = 8: 1,707 bytes under 6.2.14 (the bound
+# below gives 1,961); k = 1, d = 8,191: 34,317 (42,764); k = 100, d = 128: 54,008 (67,417).
 VERSION_ROUNDING = 1.25
 """Allocated bytes per byte of a kept version's arrays: each is one allocation, which
 jemalloc rounds up to its size class (four per doubling: at most +25%)."""
