@@ -12,9 +12,13 @@ from nmbatch.engine.kernels import (
     sqdist32_error,
     sqnorms32,
 )
+from nmbatch.engine.metric import dissimilarity
 from nmbatch.engine.state import SampleLookup
 
-__all__ = ["CHUNK_ROWS", "energy", "nearest", "nearest_one", "sample_lookup", "sqnorms"]
+__all__ = [
+    "CHUNK_ROWS", "drift_ratio", "energy", "nearest", "nearest_one", "row_energies",
+    "sample_lookup", "sqnorms",
+]  # fmt: skip
 
 CHUNK_ROWS = 4096
 
@@ -79,6 +83,26 @@ def nearest(
 def energy(X: np.ndarray, centroids: np.ndarray) -> float:
     """Mean squared distance of the rows of ``X`` to their nearest centroid (``E`` of the paper)."""
     return float(nearest(X, centroids)[1].mean())
+
+
+def row_energies(X: np.ndarray, centroids: np.ndarray, metric: str = "euclidean") -> np.ndarray:
+    """Each row's energy under ``centroids`` (``(k, d)`` float32): its dissimilarity to
+    the nearest centroid, what a model of ``metric`` minimises (the squared distance, or
+    ``1 - cos`` under ``"cosine"``, the rows then unit as the model stores them).
+    ``X``: ``(n, d)`` float32; returns ``(n,)`` float64."""
+    return dissimilarity(nearest(X, centroids)[1].astype(np.float64), metric)
+
+
+def drift_ratio(energies: np.ndarray, reference: float | None) -> float | None:
+    """The drift figure: the mean of ``energies`` (``(n,)`` float64, rows' energies from
+    :func:`row_energies`) over ``reference``, the model's energy per retained sample
+    (``ModelState.energy``). About 1 while the rows come from the distribution the model
+    was fitted on (somewhat above when the clusters hold few samples each: the energy
+    of the fitted samples is optimistic), well above when they come from elsewhere.
+    None when there is no row or ``reference`` is not a positive number."""
+    if energies.shape[0] == 0 or reference is None or not np.isfinite(reference):
+        return None
+    return float(energies.mean() / reference) if reference > 0 else None
 
 
 def nearest_one(x: np.ndarray, centroids: np.ndarray) -> tuple[int, float]:

@@ -16,7 +16,15 @@ __all__ = ["IterationStats", "ModelState", "Retirement", "SampleLookup"]
 
 @dataclass(frozen=True)
 class IterationStats:
-    """What one ``step()`` did (``n_relocated``: empty clusters given a sample)."""
+    """What one ``step()`` did.
+
+    ``n_relocated``: empty clusters given a sample; ``relocated``: those clusters, in the
+    order they took one (each index now names a cluster with a new meaning, its old one
+    having lost every sample); ``swaps``: the cluster swaps of the step in order, each
+    ``(merged, into, split)``: cluster ``merged`` joined ``into`` (all its samples), then
+    took the second part of ``split`` (:mod:`~nmbatch.engine.algorithms.swap`). A step's
+    swaps never touch its relocated clusters nor each other's clusters.
+    """
 
     iteration: int
     batch_size: int
@@ -30,6 +38,8 @@ class IterationStats:
     n_skipped: int
     seconds: float
     n_relocated: int = 0
+    relocated: tuple[int, ...] = ()
+    swaps: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ middleware, bounds the sum over all requests:
 
 - at most ``NMBATCH_MAX_CONCURRENT_REQUESTS`` requests are in flight (``/healthz`` and
   ``/readyz`` are not counted: they carry nothing and orchestrators must reach them);
-  one more is answered ``503`` ``urn:nmbatch:problem:too-many-requests`` at once;
+  one more is answered ``503`` ``urn:nmbatch:problem:too-many-requests`` at once
+  (``GET .../events`` streams are not counted either: they last, and
+  ``NMBATCH_EVENTS_MAX_CONNECTIONS`` bounds them);
 - the bodies in flight hold at most ``NMBATCH_MAX_INFLIGHT_BODY_BYTES`` (default: twice
   ``NMBATCH_MAX_BODY_BYTES``). A request declaring a ``Content-Length`` reserves it
   before any byte is read, and is answered ``503`` ``body-budget-exhausted`` when it
@@ -80,7 +82,7 @@ class AdmissionControl:
         self.read_at = -math.inf  # time.monotonic() of the last request other than a write
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNCOUNTED_PATHS:
+        if scope["type"] != "http" or scope["path"] in UNCOUNTED_PATHS or _events(scope):
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.max_requests:
@@ -181,6 +183,14 @@ class AdmissionControl:
             headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Connection": "close"},
             limit=self.budget,
         )
+
+
+def _events(scope: Scope) -> bool:
+    """A ``GET .../events`` stream: it lasts, so it is bounded by
+    ``NMBATCH_EVENTS_MAX_CONNECTIONS`` (:mod:`nmbatch.service.routes.events`), not here."""
+    return scope["method"] == "GET" and (
+        scope["path"] == "/events" or scope["path"].endswith("/events")
+    )
 
 
 def _framing(scope: Scope) -> tuple[int | None, bool]:

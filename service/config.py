@@ -283,8 +283,35 @@ class Settings(BaseSettings):
         64 << 20,
         ge=0,
         description="Most bytes of Redis a model's kept versions take (each at most 1.25 "
-        "(4 k d + 8 k) + 1536 bytes); the count kept is the lower of NMBATCH_KEEP_VERSIONS "
+        "(4 k d + 13 k) + 1792 bytes); the count kept is the lower of NMBATCH_KEEP_VERSIONS "
         "and what fits in these bytes.",
+    )
+    events_keep: int = Field(
+        1000,
+        ge=0,
+        le=100_000,
+        description="Most events a model keeps in Redis for GET /events and its "
+        "Last-Event-ID replay (each at most 1 KiB of data); 0 writes none.",
+    )
+    events_max_connections: int = Field(
+        100,
+        ge=0,
+        description="Most GET /events streams this server serves at once (past it: 503).",
+    )
+    events_heartbeat_seconds: float = Field(
+        15.0, gt=0, description="Seconds without an event before GET /events sends a comment."
+    )
+    drift_window: int = Field(
+        1000,
+        ge=0,
+        le=1_000_000,
+        description="The newest samples the drift figure measures (0: no drift figure).",
+    )
+    drift_alarm: float = Field(
+        2.0,
+        ge=0,
+        description="Drift figure at or above which a drift event is sent (again only "
+        "once it fell below); 0: never.",
     )
     worker_lock_seconds: float = Field(
         10.0,

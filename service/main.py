@@ -55,6 +55,7 @@ from nmbatch.service.routes import (
     assign,
     centroids,
     dashboard,
+    events,
     health,
     models,
     samples,
@@ -63,10 +64,11 @@ from nmbatch.service.routes import (
 )
 from nmbatch.service.storage.capacity import memory_limit
 from nmbatch.service.tracing import TracingMiddleware
+from nmbatch.service.usecases.events import StreamSlots
 
 __all__ = ["REQUEST_SOCKET_TIMEOUT", "StartupError", "create_app"]
 
-PER_MODEL_ROUTES = (samples, centroids, assign, stats, versions, dashboard)
+PER_MODEL_ROUTES = (samples, centroids, assign, stats, versions, events, dashboard)
 """The routers of one model: mounted for the default model and under ``/models/{name}``."""
 
 
@@ -112,6 +114,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     app.state.keys = load_keys(settings)  # KeyRingError on an unusable key or key file
     app.state.metrics = metrics
     app.state.models = None
+    app.state.event_streams = StreamSlots(settings.events_max_connections)
     install_problem_handlers(app)
     app.add_exception_handler(redis.RedisError, redis_error_handler(settings, metrics))
     # Inside the timing middleware: fast-path answers are timed and labelled as well.
@@ -131,7 +134,9 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
             for route in module.router.routes
         ),
     )
-    for module in (samples, centroids, assign, stats, versions, health, dashboard, models):
+    for module in (
+        samples, centroids, assign, stats, versions, events, health, dashboard, models,
+    ):  # fmt: skip
         app.include_router(module.router)
     # A model's own routes: the same routers under /models/{name} (the dashboard too:
     # /models/{name}/dashboard, whose page asks for its files and data relative to its

@@ -46,7 +46,7 @@ MODEL_METRICS = (
     "samples_accepted_ever", "log_trimmed", "log_bytes", "max_samples",
     "distances_computed", "distances_skipped", "skipped_share", "centroid_version",
     "converged", "snapshot_age", "redis_up", "is_worker", "engine_restarts",
-    "worker_failures",
+    "worker_failures", "drift",
 )  # fmt: skip
 """The attributes of :class:`ServiceMetrics` whose series are one model's: their first
 label is ``model``."""
@@ -114,6 +114,14 @@ class ServiceMetrics:
             "nmbatch_samples_retired",
             "Samples retired from the worker's store by the retention policy since its "
             "engine started",
+            labelnames=MODEL,
+            registry=r,
+        )
+        self.drift = Gauge(
+            "nmbatch_drift",
+            "Drift figure: mean dissimilarity of the newest NMBATCH_DRIFT_WINDOW samples to "
+            "the served centroids over the served model's energy per retained sample (NaN "
+            "before the first measure)",
             labelnames=MODEL,
             registry=r,
         )

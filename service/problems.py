@@ -192,6 +192,11 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
     errors.VersionNotKeptError: DomainProblem(
         404, "version-not-kept", "Version not kept", ("model", "version", "kept")
     ),
+    # events
+    errors.TooManyEventStreamsError: DomainProblem(
+        503, "too-many-event-streams", "Too many event streams", ("setting", "max_streams"),
+        _RETRY_SHORTLY,
+    ),
 }
 """Domain error class -> its answer: one entry per class (a test checks that none is
 missing, so no refusal reaches a client as a ``500``)."""

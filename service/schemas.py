@@ -223,6 +223,16 @@ class Stats(BaseModel):
         description="Samples the retention policy took out of this process's engine since "
         "it started (their votes removed exactly)."
     )
+    drift: float | None = Field(
+        None,
+        description="Drift figure: the mean dissimilarity of the newest NMBATCH_DRIFT_WINDOW "
+        "samples to the served centroids over the served model's energy per retained sample "
+        "(about 1 on the data the model was fitted on; None before the first measure, or on "
+        "a process that is not the worker).",
+    )
+    drift_alarm: float | None = Field(
+        None, description="NMBATCH_DRIFT_ALARM: a drift event at or above it (None: off)."
+    )
     n_ingested: int = Field(description="Samples ever accepted into the model's log.")
     log_entries: int | None = Field(
         description="Entries in the model's Redis log (after trimming and compaction)."
@@ -262,6 +272,28 @@ VERSION_MAX = (1 << 53) - 1
 double (a JSON number, a sorted set's score), so one above it is never taken for it."""
 
 
+class Identities(BaseModel):
+    """How a version's clusters relate to those of version ``since``."""
+
+    since: int | None = Field(
+        description="The version these facts are against: the previous snapshot, normally "
+        "the previous kept version (None: the first model)."
+    )
+    relocated: list[int] = Field(
+        description="Clusters of this version relocated since: empty, each took a sample "
+        "far from every centroid (a new cluster under an old index)."
+    )
+    swapped: list[int] = Field(
+        description="Clusters of this version given up by a swap since: merged into "
+        "another, then given part of a split cluster (a new cluster under an old index)."
+    )
+    ended: list[int] = Field(description="Clusters of `since` that lost every sample.")
+    matching: list[list[int | None]] = Field(
+        description="[old, new] for each cluster of `since` not at its own index now (new "
+        "null: ended); every other cluster i of `since` is i here."
+    )
+
+
 class KeptVersion(BaseModel):
     """One kept version: the snapshot it was, and what changed since the previous one."""
 
@@ -281,7 +313,11 @@ class KeptVersion(BaseModel):
     pinned: bool = Field(description="True for the version reads serve while pinned.")
     changed: str = Field(
         description="What changed since the previous kept version, in words: iterations "
-        "run, b, N, convergence, energy."
+        "run, b, N, convergence, energy, clusters relocated or swapped."
+    )
+    identities: Identities | None = Field(
+        description="Its clusters against the previous version's (None: a version kept "
+        "before identities were)."
     )
 
 

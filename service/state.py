@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nmbatch.engine.state import ModelState
+from nmbatch.service.identities import Lineage
 
 __all__ = [
     "ENERGY_HISTORY",
@@ -56,16 +57,22 @@ class PublishedModel:
         ``N`` (samples in the worker's store when published), iteration, convergence.
     updated_at : float
         Unix time of the centroid update.
+    lineage : Lineage or None
+        Its clusters against those of the previous snapshot
+        (:mod:`~nmbatch.service.identities`); None when not known (a version written
+        before identities were kept).
     """
 
     version: int
     state: ModelState
     updated_at: float
+    lineage: Lineage | None = None
 
     @classmethod
     def build(
-        cls, *, version: int, state: ModelState, updated_at: float | None = None
-    ) -> PublishedModel:
+        cls, *, version: int, state: ModelState, updated_at: float | None = None,
+        lineage: Lineage | None = None,
+    ) -> PublishedModel:  # fmt: skip
         """Copy the arrays of ``state`` into read-only ones and build the record."""
         frozen = dataclasses.replace(
             state,
@@ -79,6 +86,7 @@ class PublishedModel:
             version=int(version),
             state=frozen,
             updated_at=time.time() if updated_at is None else float(updated_at),
+            lineage=lineage,
         )
 
 
@@ -114,6 +122,8 @@ class PublishedStats:
     samples to their centroid (``sse.sum() / b``), None before the first iteration.
     ``engine_bytes`` is the memory of this process's engine (``ModelState.engine_bytes``:
     store at capacity and the algorithm's arrays), 0 without an engine (a standby).
+    ``drift`` is the worker's drift figure (:mod:`nmbatch.service.worker.signals`), None
+    before its first measure or on a standby.
     """
 
     phase: str = "starting"
@@ -129,6 +139,7 @@ class PublishedStats:
     engine_bytes: int = 0
     n_retired: int = 0
     n_ingested: int = 0
+    drift: float | None = None
 
     @property
     def skipped_share(self) -> float | None:

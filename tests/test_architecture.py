@@ -46,6 +46,7 @@ STORAGE_MAY_IMPORT = (
     "nmbatch.service.storage",
     "nmbatch.service.config",
     "nmbatch.service.state",
+    "nmbatch.service.identities",  # the lineage of a published model, as state.py
     "nmbatch.service.cgroups",
 )
 

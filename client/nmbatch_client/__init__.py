@@ -35,6 +35,7 @@ __all__ = [
     "Client",
     "ConflictError",
     "ConnectionFailedError",
+    "Event",
     "IdempotencyKeyReusedError",
     "InvalidVectorsError",
     "NmbatchError",
@@ -51,6 +52,7 @@ __all__ = [
     "UnsupportedMediaTypeError",
     "WaitTimeoutError",
     "WrongDimensionError",
+    "follow_cluster",
 ]
 
 _WHERE = {
@@ -58,7 +60,9 @@ _WHERE = {
     "AsyncClient": "_async",
     "Assignment": "results",
     "Centroids": "results",
+    "Event": "events",
     "PushResult": "results",
+    "follow_cluster": "results",
     "RetryPolicy": "retry",
     "BadRequestError": "errors",
     "ConflictError": "errors",

@@ -7,13 +7,21 @@ The same operations (:mod:`nmbatch_client.operations`), retries and errors as
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import httpx
 
 from nmbatch_client.errors import NmbatchError
+from nmbatch_client.events import (
+    EVENTS_READ_TIMEOUT,
+    RECONNECT_STATUSES,
+    Event,
+    EventParser,
+    Reconnect,
+    events_headers,
+)
 from nmbatch_client.operations import (
     Answer,
     Call,
@@ -27,10 +35,11 @@ from nmbatch_client.operations import (
     centroids_operation,
     push_operation,
     stats_operation,
+    versions_operation,
     wait_operation,
 )
 from nmbatch_client.results import Assignment, Centroids, PushResult
-from nmbatch_client.retry import RetryPolicy
+from nmbatch_client.retry import RETRIED_ERRORS, RetryPolicy, retry_after_seconds
 from nmbatch_client.session import (
     DEFAULT_TIMEOUT,
     client_headers,
@@ -123,6 +132,12 @@ class AsyncClient:
         """``GET /stats`` as a dict."""
         return await self._run(stats_operation())
 
+    async def versions(self) -> dict[str, Any]:
+        """``GET /versions``: the kept versions, oldest first, each with its
+        ``identities`` (how its clusters relate to the version before it; follow one
+        cluster with :func:`~nmbatch_client.results.follow_cluster`), the pin, the bound."""
+        return await self._run(versions_operation())
+
     async def wait_for(
         self,
         *,
@@ -143,6 +158,50 @@ class AsyncClient:
                 interval=interval,
             )
         )
+
+    async def events(
+        self, *, last_event_id: str | None = None, reconnect: bool = True
+    ) -> AsyncIterator[Event]:
+        """The model's events (``GET /events``: new versions, doublings, relocations,
+        retention steps, drift alarms) as they happen, forever (break out of the loop).
+
+        ``last_event_id``: resume after that event (the events since are replayed, as
+        many as the service keeps); None: from the next one. With ``reconnect`` a dropped
+        connection or a "later" answer (``429``, ``502``, ``503``, ``504``) is retried
+        with the last id seen, after a wait doubling from 0.5 s to 30 s; without, it
+        raises (:class:`ConnectionFailedError`, :class:`UnavailableError`). A refusal
+        raises its typed error: :class:`NotFoundError` for an unknown model, or a service
+        without events (before they existed).
+        """
+        state = Reconnect(last_event_id)
+        path = self._prefix + "/events"
+        timeout = httpx.Timeout(self._http.timeout.connect, read=EVENTS_READ_TIMEOUT)
+        while True:
+            hint: float | None = None
+            try:
+                stream = self._http.stream(
+                    "GET", path, headers=events_headers(state.last_id), timeout=timeout
+                )
+                async with stream as response:
+                    if response.status_code in RECONNECT_STATUSES and reconnect:
+                        hint = retry_after_seconds(response.headers.get("retry-after"))
+                    elif response.status_code != 200:
+                        await response.aread()
+                        final_answer(response, 1)  # raises the typed error
+                    else:
+                        parser = EventParser()
+                        async for line in response.aiter_lines():
+                            event = parser.line(line)
+                            if event is not None:
+                                state.seen(event)
+                                yield event
+                        hint = parser.retry
+            except RETRIED_ERRORS as exc:
+                if not reconnect:
+                    raise no_answer(Call("GET", path), exc, 1) from exc
+            if not reconnect:
+                return
+            await asyncio.sleep(state.next_wait(hint))
 
     async def aclose(self) -> None:
         """Close the connections."""

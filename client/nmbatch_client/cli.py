@@ -9,10 +9,15 @@
   with a progress bar on a terminal. A push that fails half-way says how to finish it
   without duplicates (the same command with ``--idempotency-key``). ``--wait`` then
   waits for convergence.
-- ``nmbatch watch`` prints one line per ``--interval`` seconds from ``GET /stats``: the
-  centroid version and how many versions appeared since the last line, ``N``, the
-  ingestion rate, ``b``, the iteration, the energy estimate, the phase and the share of
-  distances the bounds skipped. ``--count N`` stops after N lines, ``--once`` after one.
+- ``nmbatch watch`` prints lines from ``GET /stats``: the centroid version and how many
+  versions appeared since the last line, ``N``, the ingestion rate, ``b``, the
+  iteration, the energy estimate, the phase and the share of distances the bounds
+  skipped, then the events that caused the line. It follows the model's events
+  (``GET /events``, :meth:`Client.events <nmbatch_client._sync.Client.events>`): a line
+  as soon as events arrive (those that came together on one line), and one after
+  ``--interval`` seconds without any. Against a service without ``/events`` (404), or
+  with ``--poll``, it polls: one line per ``--interval``. ``--count N`` stops after N
+  lines, ``--once`` after one.
 
 Both take ``--url`` (``NMBATCH_URL``, default ``http://127.0.0.1:8000``) and
 ``--api-key`` (``NMBATCH_API_KEY``). Exit status: 0 done, 1 the service refused or did
@@ -128,17 +133,23 @@ def add_client_commands(
         parents=[common],
         help="show the centroid versions and statistics of a running service",
         description=(
-            "Print one line of GET /stats every --interval seconds: time, centroid version "
-            "(and how many versions appeared since the last line), samples N, ingestion "
-            "rate, nested batch size b, iteration, energy estimate, phase, share of "
-            "distances skipped by the bounds."
+            "Print a line of GET /stats as the model's events arrive (GET /events: new "
+            "versions, doublings, relocations, retention steps, drift alarms), and after "
+            "--interval seconds without one: time, centroid version (and how many versions "
+            "appeared since the last line), samples N, ingestion rate, nested batch size b, "
+            "iteration, energy estimate, phase, share of distances skipped by the bounds, "
+            "the events. Polls every --interval seconds where the service has no events."
         ),
     )
     watch.add_argument(
         "--interval",
         type=float,
         default=1.0,
-        help="seconds between lines (default: %(default)s)",
+        help="seconds without an event before a line (polling: between lines; "
+        "default: %(default)s)",
+    )
+    watch.add_argument(
+        "--poll", action="store_true", help="poll GET /stats instead of following events"
     )
     lines = watch.add_mutually_exclusive_group()
     lines.add_argument("--count", type=positive_int, help="stop after this many lines")
@@ -278,29 +289,98 @@ def watch_line(stats: dict[str, Any], previous: dict[str, Any] | None, elapsed: 
     )
 
 
+def event_summary(events: list[Any]) -> str:
+    """What ``events`` (:class:`~nmbatch_client.events.Event`, oldest first) were, in
+    a few words: each type once, with its count when more than one."""
+    counts: dict[str, int] = {}
+    for event in events:
+        counts[event.type] = counts.get(event.type, 0) + 1
+    return ", ".join(k if n == 1 else f"{k} x{n}" for k, n in counts.items())
+
+
 def _watch(client: Any, args: argparse.Namespace, stdout: TextIO) -> int:
-    from nmbatch_client import NmbatchError, RetryPolicy
+    from nmbatch_client import NmbatchError, NotFoundError, RetryPolicy
 
     client.retry = RetryPolicy.never()  # a line per interval: an outage shows, not waits
     count = 1 if args.once else args.count
-    previous: dict[str, Any] | None = None
-    previous_at = 0.0
-    printed, status = 0, 0
+    lines = _Lines(stdout)
     print(WATCH_HEADER, file=stdout, flush=True)
-    while count is None or printed < count:
-        if printed:
+    follow = not args.poll and count != 1
+    feed = _EventFeed(client) if follow else None
+    while count is None or lines.printed < count:
+        events: list[Any] = []
+        if lines.printed and feed is not None:
+            try:
+                events = feed.wait(args.interval)
+            except NotFoundError:  # a service without /events: poll it
+                feed = None
+        if lines.printed and feed is None:
             time.sleep(args.interval)
         try:
             stats = client.stats()
         except NmbatchError as exc:
-            line, status = f"{time.strftime('%H:%M:%S')}  unavailable: {exc}", 1
+            lines.unavailable(exc)
         else:
-            now = time.monotonic()
-            line, status = watch_line(stats, previous, now - previous_at), 0
-            previous, previous_at = stats, now
-        print(line, file=stdout, flush=True)
-        printed += 1
-    return status
+            lines.show(stats, event_summary(events))
+    return lines.status
+
+
+class _Lines:
+    """The lines of ``nmbatch watch``, each against the one before it."""
+
+    def __init__(self, stdout: TextIO) -> None:
+        self.stdout = stdout
+        self.previous: dict[str, Any] | None = None
+        self.previous_at = 0.0
+        self.printed = self.status = 0
+
+    def show(self, stats: dict[str, Any], events: str) -> None:
+        now = time.monotonic()
+        line = watch_line(stats, self.previous, now - self.previous_at)
+        self._print(f"{line}  {events}" if events else line, 0)
+        self.previous, self.previous_at = stats, now
+
+    def unavailable(self, exc: Exception) -> None:
+        self._print(f"{time.strftime('%H:%M:%S')}  unavailable: {exc}", 1)
+
+    def _print(self, line: str, status: int) -> None:
+        print(line, file=self.stdout, flush=True)
+        self.printed += 1
+        self.status = status
+
+
+class _EventFeed:
+    """The model's events read on a thread (:meth:`Client.events`, reconnecting), handed
+    to ``watch`` in batches: those that arrived since the last :meth:`wait`."""
+
+    def __init__(self, client: Any) -> None:
+        import queue
+        import threading
+
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self._empty = queue.Empty
+        threading.Thread(target=self._read, args=(client,), daemon=True).start()
+
+    def _read(self, client: Any) -> None:
+        try:
+            for event in client.events():
+                self.queue.put(event)
+        except Exception as exc:  # handed to the reader, raised there
+            self.queue.put(exc)
+
+    def wait(self, seconds: float) -> list[Any]:
+        """The events that came, waiting up to ``seconds`` for the first; raises what
+        the reading thread raised (a refusal: ``NotFoundError`` without ``/events``)."""
+        try:
+            items = [self.queue.get(timeout=seconds)]
+        except self._empty:
+            return []
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        for item in items:
+            if isinstance(item, Exception):
+                raise item
+        return items
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -357,6 +357,13 @@ def stats_operation() -> Operation[dict[str, Any]]:
     return answer.json()
 
 
+def versions_operation() -> Operation[dict[str, Any]]:
+    """``GET /versions``: the kept versions (with their ``identities``) as a dict."""
+    answer = yield Call("GET", "/versions", {"accept": "application/json"})
+    assert answer is not None
+    return answer.json()
+
+
 def wait_operation(
     cache: CentroidsCache,
     *,

@@ -6,12 +6,13 @@ returned (the service answered ``304 Not Modified``), so nobody may change it in
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Assignment", "Centroids", "PushResult"]
+__all__ = ["Assignment", "Centroids", "PushResult", "follow_cluster"]
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
@@ -158,3 +159,34 @@ def _counts(values: list[Any]) -> np.ndarray:
     if all(isinstance(v, int) for v in values):
         return np.asarray(values, dtype=np.int64)
     return np.asarray(values, dtype=np.float64)
+
+
+def follow_cluster(
+    versions: Sequence[Mapping[str, Any]], cluster: int, version: int
+) -> dict[int, int | None]:
+    """Where cluster ``cluster`` of kept version ``version`` is in the later kept
+    versions, by the ``identities`` each carries (``versions``: the ``versions`` of a
+    ``GET /versions`` document, :meth:`Client.versions`).
+
+    Returns ``{version: index}`` from ``version`` on: the index that holds the cluster's
+    samples in each version (the same index while nothing happened to it; the cluster it
+    joined after a swap merged it), None once it ended (it lost every sample; its index
+    may since name a relocated cluster). Stops before the first version whose
+    identities are not against the version before it (a version kept before identities
+    were, or one the bound forgot in between): past it the answer is not known.
+    """
+    found: dict[int, int | None] = {version: cluster}
+    current: int | None = cluster
+    previous = version
+    for row in sorted(versions, key=lambda r: r["version"]):
+        if row["version"] <= version:
+            continue
+        identities = row.get("identities")
+        if identities is None or identities["since"] != previous:
+            break
+        if current is not None:
+            moved = {old: new for old, new in identities["matching"]}
+            current = moved.get(current, current)
+        found[row["version"]] = current
+        previous = row["version"]
+    return found

@@ -87,8 +87,10 @@ class Lloyd(_WithoutBounds):
         C_prev = self.centroids
         self._update_centroids()
         self.n_relocated = 0
+        empty = np.empty(0, dtype=np.int64)
         if self.relocate_empty:
             w = self._weigh_sums()  # first: it may make v float64
+            empty = np.flatnonzero(self.v == 0)  # relocate_empty fills them in this order
             self.n_relocated = relocate_empty(
                 data, b, labels=self._labels, norms=None, S=self.S, v=self.v, Q=self.Q,
                 sse=self.sse, C=self.centroids, C_prev=C_prev, p=self.p, unit=self._unit,
@@ -103,6 +105,7 @@ class Lloyd(_WithoutBounds):
             n_changed=n_changed, n_new=b - b_old, doubled=False, converged=self.converged,
             n_distances=b * self.n_clusters, n_skipped=0, seconds=time.perf_counter() - t0,
             n_relocated=self.n_relocated,
+            relocated=tuple(int(j) for j in empty[: self.n_relocated]),
         )
 
 

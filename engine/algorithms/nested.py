@@ -311,6 +311,7 @@ class NestedMiniBatch(KMeansAlgorithm):
         C_prev = self.centroids
         self._update_centroids()
         was_empty = self.v == 0
+        empty = np.flatnonzero(was_empty)  # relocate_empty fills them in this order
         n_relocated = self._relocate(data, b, C_prev) if self.relocate_empty else 0
         self.n_relocated = n_relocated
         n_changed += n_relocated
@@ -344,6 +345,8 @@ class NestedMiniBatch(KMeansAlgorithm):
             n_skipped=n_possible - n_dist,
             seconds=time.perf_counter() - t0,
             n_relocated=n_relocated,
+            relocated=tuple(int(j) for j in empty[:n_relocated]),
+            swaps=tuple((s.merged, s.into, s.split) for s in self.last_swaps),
         )
 
     def restore(self, centroids: np.ndarray, batch_size: int, iteration: int) -> None:

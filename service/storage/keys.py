@@ -47,6 +47,10 @@ Keys (``{model}`` is ``NMBATCH_MODEL``, so several models share one Redis):
     The pinned version, if any: reads serve it while training goes on. Set only while
     that version is kept (checked in the script that sets it); a pinned version is never
     forgotten.
+``nmbatch:{model}:events`` (stream)
+    The model's events (:mod:`service.storage.events`): fields ``type`` and ``data``
+    (JSON), at most ``NMBATCH_EVENTS_KEEP`` entries (``MAXLEN ~``); the entry id is the
+    event's id of ``GET /events``.
 ``nmbatch:{model}:lock`` (string, with expiry)
     The worker lease: ``{token}:{run id}:{client id}``, set with ``SET NX PX``
     (:mod:`service.storage.lease`).
@@ -113,6 +117,10 @@ class ModelKeys:
     def version(self, version: int) -> str:
         """Key of kept version ``version``: ``nmbatch:{model}:version:{V}``."""
         return f"{self.prefix}version:{int(version)}"
+
+    @property
+    def events(self) -> str:
+        return self.prefix + "events"
 
     @property
     def lock(self) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nmbatch.engine.state import ModelState
+from nmbatch.service.identities import Lineage
 from nmbatch.service.state import PublishedModel
 
 __all__ = ["Snapshot"]
@@ -66,6 +67,8 @@ class Snapshot:
             fields["energy"] = repr(float(state.energy))
         if _counts_dtype(state) != "<i8":
             fields["counts_dtype"] = _counts_dtype(state)
+        if model.lineage is not None and model.lineage.k == state.k:
+            fields.update(model.lineage.to_fields())
         return fields
 
     @classmethod
@@ -89,5 +92,6 @@ class Snapshot:
             version=int(fields[b"version"]),
             state=state,
             updated_at=float(fields[b"updated_at"]),
+            lineage=Lineage.from_fields(fields),
         )
         return cls(model, fields[b"last_id"].decode())

@@ -54,9 +54,10 @@ VERSION_RECHECK_SECONDS = 1.0
 index again (one ``ZSCORE``): a forgotten version is served for at most this long."""
 SUMMARY_FIELDS = (
     "version", "updated_at", "energy", "n_samples", "n_ingested", "k", "dim", "batch_size",
-    "iteration", "converged",
+    "iteration", "converged", "lineage_since", "matching", "origin",
 )  # fmt: skip
-"""The fields of a kept version that ``GET /versions`` lists (not the arrays)."""
+"""The fields of a kept version that ``GET /versions`` lists (not the centroids and
+counts; the lineage's ``5 k`` bytes are)."""
 
 # Sets the pin to ARGV[1] if that version is kept. KEYS: the index, the pin.
 # Returns 1 set, 0 not kept.
@@ -136,6 +137,11 @@ class AsyncKeptVersions:
                 pipe.hmget(self.keys.version(version), list(SUMMARY_FIELDS))
             rows = await pipe.execute()
         return [dict(zip(SUMMARY_FIELDS, row, strict=True)) for row in rows if row[0] is not None]
+
+    async def summary(self, version: int) -> dict[str, bytes | None] | None:
+        """The :data:`SUMMARY_FIELDS` of kept ``version``, or None if it is not kept."""
+        row = await self.client.hmget(self.keys.version(version), list(SUMMARY_FIELDS))
+        return dict(zip(SUMMARY_FIELDS, row, strict=True)) if row[0] is not None else None
 
     async def model(self, version: int) -> PublishedModel | None:
         """Kept version ``version`` as served, or None if it is not kept."""

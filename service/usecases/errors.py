@@ -33,6 +33,7 @@ __all__ = [
     "ModelTooLargeError",
     "NotEnoughSamplesError",
     "StoreFullError",
+    "TooManyEventStreamsError",
     "TooManyModelsError",
     "UnknownModelError",
     "UnsupportedMetricError",
@@ -328,3 +329,16 @@ class VersionNotKeptError(DomainError):
         self.model = model
         self.version = version
         self.kept = kept
+
+
+# -- events ----------------------------------------------------------------------------
+class TooManyEventStreamsError(DomainError):
+    """This server already serves ``max_streams`` event streams (``GET /events``)."""
+
+    def __init__(self, max_streams: int) -> None:
+        super().__init__(
+            f"this server already serves {max_streams} event streams "
+            "(NMBATCH_EVENTS_MAX_CONNECTIONS); try again later, or another server"
+        )
+        self.setting = "NMBATCH_EVENTS_MAX_CONNECTIONS"
+        self.max_streams = max_streams

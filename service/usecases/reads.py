@@ -135,6 +135,8 @@ async def stats(handle: ModelHandle) -> Stats:
         metric=handle.settings.metric,
         retained=course.n_samples,
         n_retired=course.n_retired,
+        drift=course.drift,
+        drift_alarm=handle.settings.drift_alarm or None,
         n_ingested=max(course.n_ingested, n_logged),
         log_entries=log_entries,
         log_bytes=log_bytes,

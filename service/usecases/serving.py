@@ -34,6 +34,7 @@ from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard, PublishedModel
 from nmbatch.service.storage import AppendOutcome, AsyncSampleLog
 from nmbatch.service.storage.capacity import Capacity
+from nmbatch.service.storage.events import AsyncEventFeed
 from nmbatch.service.storage.versions import AsyncKeptVersions
 from nmbatch.service.usecases.errors import (
     CentroidsPendingError,
@@ -144,6 +145,8 @@ class ModelHandle:
         Its dimension once known (the setting, Redis's, or the first batch's).
     kept : AsyncKeptVersions
         Its kept versions and pin in Redis (:mod:`nmbatch.service.storage.versions`).
+    events : AsyncEventFeed
+        Its events in Redis (:mod:`nmbatch.service.storage.events`).
     """
 
     def __init__(
@@ -164,6 +167,7 @@ class ModelHandle:
         self.planner = planner
         self.dim = dim
         self.kept = AsyncKeptVersions(sample_log.client, settings.model)
+        self.events = AsyncEventFeed(sample_log.client, settings.model)
 
     @property
     def name(self) -> str:

@@ -19,13 +19,16 @@ import logging
 import math
 from typing import Any
 
+from nmbatch.service.identities import Lineage
 from nmbatch.service.state import PublishedModel
 from nmbatch.service.storage.capacity import versions_bound
 from nmbatch.service.usecases import serving
 from nmbatch.service.usecases.errors import VersionNotKeptError
 from nmbatch.service.usecases.serving import ModelHandle, iso_time
 
-__all__ = ["bound", "list_versions", "pin", "read_model", "refresh_pin", "unpin"]
+__all__ = [
+    "bound", "list_versions", "pin", "read_model", "refresh_pin", "unpin", "version_summary",
+]  # fmt: skip
 
 log = logging.getLogger("service")
 
@@ -80,25 +83,39 @@ def _changed(row: dict[str, Any], previous: dict[str, Any] | None) -> str:
         parts.append("converged" if row["converged"] else "no longer converged")
     if row["energy"] is not None and previous["energy"] is not None:
         parts.append(f"energy {previous['energy']:.6g} -> {row['energy']:.6g}")
+    identities = row["identities"]
+    if identities is not None and identities["since"] == previous["version"]:
+        for name in ("relocated", "swapped"):
+            if identities[name]:
+                parts.append(f"{len(identities[name])} cluster(s) {name}")
     return "; ".join(parts) if parts else "nothing (the same counters)"
+
+
+def _row(raw: dict[str, bytes | None]) -> dict[str, Any]:
+    """A version of the ``Versions`` document from its summary fields (``changed`` and
+    ``pinned`` left to the caller); ``identities``: :meth:`Lineage.document`, or None
+    for a version written before identities were kept."""
+    lineage = Lineage.from_fields({k.encode(): v for k, v in raw.items() if v is not None})
+    return {
+        "version": int(raw["version"] or 0),
+        "updated_at": iso_time(float(raw["updated_at"] or 0)),
+        "energy": _number(raw["energy"]),
+        "n_samples": int(raw["n_samples"] or 0),
+        "n_ingested": int(raw["n_ingested"] or raw["n_samples"] or 0),
+        "k": int(raw["k"] or 0),
+        "dim": int(raw["dim"] or 0),
+        "batch_size": int(raw["batch_size"] or 0),
+        "iteration": int(raw["iteration"] or 0),
+        "converged": bool(int(raw["converged"] or 0)),
+        "identities": lineage.document() if lineage is not None else None,
+    }
 
 
 async def list_versions(handle: ModelHandle) -> dict[str, Any]:
     """The ``Versions`` document: the kept versions (oldest first), the pin, the bound."""
     rows: list[dict[str, Any]] = []
     for raw in await handle.kept.summaries():
-        row = {
-            "version": int(raw["version"] or 0),
-            "updated_at": iso_time(float(raw["updated_at"] or 0)),
-            "energy": _number(raw["energy"]),
-            "n_samples": int(raw["n_samples"] or 0),
-            "n_ingested": int(raw["n_ingested"] or raw["n_samples"] or 0),
-            "k": int(raw["k"] or 0),
-            "dim": int(raw["dim"] or 0),
-            "batch_size": int(raw["batch_size"] or 0),
-            "iteration": int(raw["iteration"] or 0),
-            "converged": bool(int(raw["converged"] or 0)),
-        }
+        row = _row(raw)
         row["changed"] = _changed(row, rows[-1] if rows else None)
         rows.append(row)
     pinned = await handle.kept.pinned()
@@ -112,6 +129,21 @@ async def list_versions(handle: ModelHandle) -> dict[str, Any]:
         "newest": newest.version if newest is not None else None,
         "bound": bound(handle),
     }
+
+
+async def version_summary(handle: ModelHandle, version: int) -> dict[str, Any]:
+    """One kept version as ``GET /versions`` lists it (``changed`` against the kept
+    version before it, if any); :class:`VersionNotKeptError` if it is not kept."""
+    raw = await handle.kept.summary(version)
+    if raw is None:
+        raise await _not_kept(handle, version)
+    row = _row(raw)
+    kept = await handle.kept.versions()
+    older = [v for v in kept if v < version]
+    before = await handle.kept.summary(older[-1]) if older else None
+    row["changed"] = _changed(row, _row(before) if before is not None else None)
+    row["pinned"] = version == await handle.kept.pinned()
+    return row
 
 
 async def pin(handle: ModelHandle, version: int) -> dict[str, Any]:

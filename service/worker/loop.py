@@ -26,6 +26,7 @@ from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
 from nmbatch.service.storage.capacity import versions_bound
+from nmbatch.service.storage.events import EventWriter
 from nmbatch.service.storage.handoff import handoff_bytes
 from nmbatch.service.storage.retained import RetainedLog
 from nmbatch.service.tracing import span
@@ -36,6 +37,7 @@ from nmbatch.service.worker.publisher import Publisher
 from nmbatch.service.worker.recovery import EngineRecovery
 from nmbatch.service.worker.retention import LogRetention
 from nmbatch.service.worker.roles import Phase, Role
+from nmbatch.service.worker.signals import Signals
 
 __all__ = ["Worker"]
 
@@ -126,6 +128,8 @@ class Worker(EngineRecovery):
             on_lost=self.wake.set,
         )
         self.publisher = Publisher(board, metrics, self.lease, self.backoff)
+        events = EventWriter(repository.client, settings.model, settings.events_keep)
+        self.signals = Signals(settings, events, board, metrics)
         self.error: BaseException | None = None
         self._failures, self._failed_at = 0, -math.inf  # see EngineRecovery._recover
         self.phase = Phase.STARTING
@@ -357,6 +361,7 @@ class Worker(EngineRecovery):
         while not self._stopping.is_set() and not self.lease.lost.is_set():
             if self.wake.is_set() or time.monotonic() - last_pull >= poll:
                 self.wake.clear()
+                drift = self.signals.drift
                 try:
                     with span("nmbatch.worker.pull", self.settings.model):
                         while self._pull_log():  # everything available, page by page
@@ -364,6 +369,8 @@ class Worker(EngineRecovery):
                 except RedisAwayError:
                     pass  # iterate on what we have; the next pull retries
                 self._retain()
+                if self.signals.drift != drift:
+                    self._publish_stats()  # /stats shows the figure the rows gave
                 last_pull = time.monotonic()
             idle = settled(engine)
             if engine.ready() and not idle:
@@ -371,6 +378,7 @@ class Worker(EngineRecovery):
                 idle_logged = False
                 with span("nmbatch.worker.step", self.settings.model):
                     self._step()
+                self.signals.flush()
             else:
                 if not idle_logged:
                     converged = engine.state.converged
@@ -382,6 +390,7 @@ class Worker(EngineRecovery):
                 try:
                     with span("nmbatch.worker.snapshot", self.settings.model):
                         self._write_snapshot()
+                    self.signals.flush()
                     log_bytes = self.backoff.call(self.retained_log.log_bytes)
                     self.metrics.log_bytes.set(log_bytes if log_bytes is not None else -1)
                 except RedisAwayError:
@@ -413,6 +422,9 @@ class Worker(EngineRecovery):
         assert state.stats is not None
         self.publisher.count(state.stats)
         self._publish(state)
+        model = self.board.model
+        if model is not None and model.state is not None and model.state.stats is state.stats:
+            self.signals.stepped(model)  # it was published
 
     def _publish(self, state: ModelState) -> None:
         state = dataclasses.replace(state, n_ingested=max(self.n_ingested, state.n_ingested))
@@ -424,7 +436,9 @@ class Worker(EngineRecovery):
         if self.role == Role.STANDBY or engine is None:
             self.publisher.show_stats(self.phase)  # a standby shows the snapshot it serves
         else:
-            self.publisher.show_stats(self.phase, engine.state, engine.store.n_samples)
+            self.publisher.show_stats(
+                self.phase, engine.state, engine.store.n_samples, drift=self.signals.drift
+            )
 
     # -- Redis ----------------------------------------------------------------------------
     def _pull_log(self) -> bool:
@@ -442,6 +456,8 @@ class Worker(EngineRecovery):
                           chunk.entry_id, chunk.X.shape[1], store.dim)  # fmt: skip
             else:
                 self.retention.offer(self.engine, chunk.X, chunk.entry_id, chunk.weights)
+                if not self._by_reference:  # rows by value: measured for the drift figure
+                    self.signals.rows(chunk.X)
             self.last_id = chunk.entry_id
         self.metrics.samples_in_store.set(store.n_samples)
         return len(chunks) == _LOG_PAGE
@@ -463,5 +479,8 @@ class Worker(EngineRecovery):
         self._snapshot_version = model.version
         if written:
             self.metrics.snapshot_written()
+            if model is self.board.model:  # nothing shown since: the lineage restarts here
+                self.publisher.snapshotted(model)
+            self.signals.kept(model)
         else:
             log.warning("Redis holds a snapshot newer than version %d: not replaced", model.version)

@@ -3,7 +3,9 @@
 :class:`Publisher` numbers the worker's models (a version is shown only once it is
 reserved in Redis, :class:`~nmbatch.service.worker.lease.LeaseKeeper`), puts them and the
 algorithm's statistics on the :class:`ModelBoard` the routes read, and keeps the
-iteration metrics and the doubling events of ``/stats``.
+iteration metrics and the doubling events of ``/stats``. Each model it numbers carries
+its :class:`~nmbatch.service.identities.Lineage`: the engine's relocations and swaps
+composed since the last snapshot (:meth:`Publisher.snapshotted` starts it again).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import deque
 import numpy as np
 
 from nmbatch.engine.state import IterationStats, ModelState
+from nmbatch.service.identities import Lineage
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import DoublingEvent, ModelBoard, PublishedModel, PublishedStats
 from nmbatch.service.storage import LeaseLostError
@@ -51,6 +54,7 @@ class Publisher:
         self.lease = lease
         self.backoff = backoff
         self.version = 0
+        self.lineage: Lineage | None = None  # since the last snapshot (None: none yet)
         self._doublings: deque[DoublingEvent] = deque(maxlen=_MAX_DOUBLINGS)
         self._distances = 0
         self._skipped = 0
@@ -75,11 +79,14 @@ class Publisher:
         died before its next snapshot: an older snapshot is renumbered above them.
         """
         self.version = base
+        self.lineage = None
         if snapshot is None:
             return
+        self.lineage = Lineage.start(snapshot.version, snapshot.state.k)
         if base > snapshot.version:
             self.version = base + 1
-            self.board.publish(dataclasses.replace(snapshot, version=self.version))
+            again = Lineage.start(snapshot.version, snapshot.state.k)  # the same clusters
+            self.board.publish(dataclasses.replace(snapshot, version=self.version, lineage=again))
             log.info("snapshot version %d republished as version %d (versions up to %d "
                      "were reserved by the previous worker)",
                      snapshot.version, self.version, base)  # fmt: skip
@@ -114,13 +121,22 @@ class Publisher:
                 self.lease.check()
                 return False
         self.version += 1
-        model = PublishedModel.build(version=self.version, state=state)
+        lineage = self.lineage
+        if lineage is None or lineage.k != state.k:  # the first model, or a new k
+            lineage = Lineage.start(None, state.k)
+        self.lineage = lineage = lineage.after(state.stats)
+        model = PublishedModel.build(version=self.version, state=state, lineage=lineage)
         self.board.publish(model)
         m = self.metrics
         m.centroid_version.set(model.version)
         m.batch_size.set(state.batch_size)
         m.converged.set(int(state.converged))
         return True
+
+    def snapshotted(self, model: PublishedModel) -> None:
+        """``model`` (the newest shown) was written as the snapshot: the next models'
+        lineages start from it."""
+        self.lineage = Lineage.start(model.version, model.state.k)
 
     # -- statistics -----------------------------------------------------------------------
     def count(self, stats: IterationStats) -> None:
@@ -141,12 +157,16 @@ class Publisher:
                 DoublingEvent(stats.iteration, stats.batch_size, stats.next_batch_size, time.time())
             )
 
-    def show_stats(self, phase: Phase, state: ModelState | None = None, n_samples: int = 0) -> None:
+    def show_stats(
+        self, phase: Phase, state: ModelState | None = None, n_samples: int = 0,
+        drift: float | None = None,
+    ) -> None:  # fmt: skip
         """Put the statistics of ``/stats`` on the board.
 
         ``state``: the engine's, with ``n_samples`` the samples in its store. None (a
         standby, or no engine yet): the counters of the served model, without energy
-        and with no engine memory.
+        and with no engine memory. ``drift``: the worker's last drift figure
+        (:mod:`~nmbatch.service.worker.signals`).
         """
         energy = None
         engine_bytes = n_retired = 0
@@ -177,5 +197,6 @@ class Publisher:
                 engine_bytes=engine_bytes,
                 n_retired=n_retired,
                 n_ingested=n_ingested,
+                drift=drift,
             )
         )

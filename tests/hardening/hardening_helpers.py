@@ -37,6 +37,7 @@ class LiveServer:
     host: str
     port: int
     settings: Settings
+    app: Any = None  # the app it serves (its state, for tests that look inside)
 
     @property
     def base_url(self) -> str:
@@ -47,8 +48,9 @@ class LiveServer:
 def live_server(settings: Settings) -> Iterator[LiveServer]:
     """Run ``create_app(settings)`` under uvicorn (h11, lifespan on) in a thread."""
     port = free_port()
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host="127.0.0.1",
         port=port,
         lifespan="on",
@@ -62,7 +64,7 @@ def live_server(settings: Settings) -> Iterator[LiveServer]:
         wait_until(lambda: server.started or not thread.is_alive(), 60, "uvicorn to start")
         if not server.started:
             pytest.fail("uvicorn did not start (see the log)")
-        yield LiveServer("127.0.0.1", port, settings)
+        yield LiveServer("127.0.0.1", port, settings, app)
     finally:
         server.should_exit = True
         thread.join(30)

@@ -60,6 +60,9 @@ CASES = [
     # create kept schemathesis' end of the app's lifespan waiting (seen twice in 10 min
     # hangs, not yet explained).
     if not path.startswith("/models")
+    # GET /events answers a stream that never ends (tests/service/test_events.py tests
+    # it on a real socket; its refusals are fuzzed below without a key).
+    if path != "/events"
 ]
 
 
@@ -105,6 +108,7 @@ KEYED_CASES = [
     for method, op in ops.items()
     if op.get("security")
     for who in ("none", "read")
+    if who == "none" or not path.endswith("/events")  # a read key gets a stream: no end
 ]
 
 

@@ -22,6 +22,7 @@ import redis.asyncio
 from service_helpers import post_npy
 
 from nmbatch.engine.state import ModelState
+from nmbatch.service.identities import Lineage
 from nmbatch.service.main import create_app
 from nmbatch.service.models.manager import SYNC_SECONDS
 from nmbatch.service.state import PublishedModel
@@ -60,7 +61,9 @@ def snapshot_of(version: int, k: int = 3, d: int = 2, seed: int = 0) -> Snapshot
         initialized=True,
         energy=1.0 / version,
     )
-    return Snapshot(PublishedModel.build(version=version, state=state), f"{version}-0")
+    lineage = Lineage.start(version - 1 or None, k)  # as the worker keeps it (5 k bytes)
+    model = PublishedModel.build(version=version, state=state, lineage=lineage)
+    return Snapshot(model, f"{version}-0")
 
 
 def kept_in_redis(client: redis.Redis, model: str) -> list[int]:
@@ -144,7 +147,7 @@ def test_the_kept_versions_enter_the_capacity_plan() -> None:
     plain = plan_capacity(None, 128, 100, memory=memory, with_redis=True)
     planned = plan_capacity(None, 128, 100, memory=memory, with_redis=True, keep=keep)
     fixed = versions_footprint(keep, 100, 128, with_redis=True)
-    assert fixed == (VERSION_CACHE_ENTRIES + 1) * (4 * 100 * 128 + 8 * 100) + 32 * version_bytes(
+    assert fixed == (VERSION_CACHE_ENTRIES + 1) * (4 * 100 * 128 + 13 * 100) + 32 * version_bytes(
         100, 128
     )
     per_vector = (int(0.5 * memory[0]) - fixed) // planned.max_samples
