@@ -54,6 +54,7 @@ from nmbatch.service.redis_errors import redis_error_handler
 from nmbatch.service.routes import (
     assign,
     centroids,
+    clusters,
     dashboard,
     health,
     models,
@@ -66,7 +67,7 @@ from nmbatch.service.tracing import TracingMiddleware
 
 __all__ = ["REQUEST_SOCKET_TIMEOUT", "StartupError", "create_app"]
 
-PER_MODEL_ROUTES = (samples, centroids, assign, stats, versions, dashboard)
+PER_MODEL_ROUTES = (samples, centroids, assign, stats, versions, clusters, dashboard)
 """The routers of one model: mounted for the default model and under ``/models/{name}``."""
 
 
@@ -131,7 +132,8 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
             for route in module.router.routes
         ),
     )
-    for module in (samples, centroids, assign, stats, versions, health, dashboard, models):
+    for module in (samples, centroids, assign, stats, versions, clusters, health, dashboard,
+                   models):  # fmt: skip
         app.include_router(module.router)
     # A model's own routes: the same routers under /models/{name} (the dashboard too:
     # /models/{name}/dashboard, whose page asks for its files and data relative to its
