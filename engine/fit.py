@@ -17,9 +17,18 @@ from typing import TextIO
 import numpy as np
 
 from nmbatch.engine.estimator import NestedMiniBatchKMeans
+from nmbatch.engine.seeding.given import given_centroids
 from nmbatch.engine.state import IterationStats, ModelState
 
-__all__ = ["CSV_SUFFIXES", "FitError", "ProgressLine", "load_matrix", "run_fit", "save_array"]
+__all__ = [
+    "CSV_SUFFIXES",
+    "FitError",
+    "ProgressLine",
+    "fit_init",
+    "load_matrix",
+    "run_fit",
+    "save_array",
+]
 
 CSV_SUFFIXES = (".csv", ".tsv", ".txt")
 
@@ -161,23 +170,40 @@ class ProgressLine:
         self.stream.flush()
 
 
+def fit_init(init: str | Path, k: int | None, d: int) -> tuple[str | np.ndarray, int]:
+    """``--init`` and ``-k`` as the estimator's ``init`` and ``n_clusters``: a method
+    (``-k`` required), or the centroids of a file (``(k, d)``, checked by
+    :func:`~nmbatch.engine.seeding.given.given_centroids`; ``-k`` defaults to its rows and
+    must match them). Raises ``FitError``."""
+    if isinstance(init, str):
+        if k is None:
+            raise FitError("-k is required unless --init is a file of centroids")
+        return init, k
+    C = load_matrix(init)
+    try:
+        return given_centroids(C, k if k is not None else C.shape[0], d, "euclidean"), len(C)
+    except ValueError as exc:
+        raise FitError(f"{init}: {exc}") from None
+
+
 def run_fit(args: argparse.Namespace, stderr: TextIO) -> int:
     """Cluster ``args.input`` with ``NestedMiniBatchKMeans``; write centroids and labels.
 
     ``args`` holds the options of ``nmbatch fit`` (``input``, ``k``, ``centroids``,
-    ``labels``, ``key``, ``algorithm``, ``rho``, ``batch_size``, ``init``, ``max_iter``,
-    ``seed``, ``quiet``). ``--seed S`` gives exactly
-    ``NestedMiniBatchKMeans(random_state=S).fit(X)``. Returns the exit status (0);
+    ``labels``, ``key``, ``algorithm``, ``rho``, ``batch_size``, ``init`` (a method, or
+    a file of centroids: :func:`fit_init`), ``max_iter``, ``seed``, ``quiet``).
+    ``--seed S`` gives exactly ``NestedMiniBatchKMeans(random_state=S).fit(X)``. Returns the exit status (0);
     raises ``FitError`` for a user error.
     """
     X = load_matrix(args.input, args.key)
     n, d = X.shape
+    init, k = fit_init(args.init, args.k, d)
     progress = ProgressLine(stderr, n, enabled=not args.quiet)
     km = NestedMiniBatchKMeans(
-        n_clusters=args.k,
+        n_clusters=k,
         rho=args.rho,
         batch_size=args.batch_size,
-        init=args.init,
+        init=init,
         max_iter=args.max_iter,
         random_state=args.seed,
         algorithm=args.algorithm,
@@ -196,7 +222,7 @@ def run_fit(args: argparse.Namespace, stderr: TextIO) -> int:
     state = "converged" if progress.converged else f"stopped at --max-iter {args.max_iter}"
     progress.close(
         f"{args.algorithm}: {state} after {km.n_iter_} iterations in {seconds:.2f} s; "
-        f"k={args.k}, n={n}, d={d}, batch {km.batch_size_}/{n}, "
+        f"k={k}, n={n}, d={d}, batch {km.batch_size_}/{n}, "
         f"energy (mean squared distance) {km.inertia_ / n:.6g}"
     )
     return 0

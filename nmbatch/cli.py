@@ -53,6 +53,22 @@ def _positive_float(text: str) -> float:
     return value
 
 
+#: The seeding methods of ``nmbatch fit --init`` (the engine's ``SEEDINGS``, without numba).
+INIT_METHODS = ("auto", "k-means++", "k-means++.sub", "k-means||", "afk-mc2", "random", "first")
+
+
+def _init_choice(text: str) -> str | Path:
+    """A seeding method of :data:`INIT_METHODS`, or the path of a centroids file."""
+    if text in INIT_METHODS:
+        return text
+    path = Path(text)
+    if path.suffix.lower() not in (".npy", ".npz", ".csv", ".tsv", ".txt"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a method ({', '.join(INIT_METHODS)}) nor a .npy/.csv file"
+        )
+    return path
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``nmbatch`` with its subcommands."""
     parser = argparse.ArgumentParser(
@@ -102,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("input", type=Path, help="data file: .npy, .npz, .csv, .tsv or .txt")
     fit.add_argument(
-        "-k", "--k", dest="k", type=_positive_int, required=True, help="number of clusters"
-    )
+        "-k", "--k", dest="k", type=_positive_int,
+        help="number of clusters (default with --init FILE: its rows)",
+    )  # fmt: skip
     fit.add_argument(
         "--centroids",
         type=Path,
@@ -136,10 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--init",
-        choices=("auto", "k-means++", "k-means++.sub", "k-means||", "afk-mc2", "random",
-                 "first"),
+        type=_init_choice,
         default="auto",
-        help="initial centroids, as the estimator's init= (default: %(default)s)",
+        metavar="METHOD|FILE",
+        help=f"initial centroids, as the estimator's init=: a method ({', '.join(INIT_METHODS)}) "
+        "or a .npy/.csv file of (k, d) centroids (default: %(default)s)",
     )
     fit.add_argument(
         "--max-iter",
