@@ -192,8 +192,8 @@ def run_fit(args: argparse.Namespace, stderr: TextIO) -> int:
     ``args`` holds the options of ``nmbatch fit`` (``input``, ``k``, ``centroids``,
     ``labels``, ``key``, ``algorithm``, ``rho``, ``batch_size``, ``init`` (a method, or
     a file of centroids: :func:`fit_init`), ``max_iter``, ``seed``, ``quiet``).
-    ``--seed S`` gives exactly ``NestedMiniBatchKMeans(random_state=S).fit(X)``. Returns the exit status (0);
-    raises ``FitError`` for a user error.
+    ``--seed S`` gives exactly ``NestedMiniBatchKMeans(random_state=S).fit(X)``. Returns
+    the exit status (0); raises ``FitError`` for a user error.
     """
     X = load_matrix(args.input, args.key)
     n, d = X.shape

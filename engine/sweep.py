@@ -13,7 +13,10 @@ the rest for each ``k``, and reports per ``k``:
   (Euclidean; cosine distance under cosine), as scikit-learn's ``silhouette_score``;
 - the training energy, iterations and seconds of the fit;
 
-and a recommended ``k`` by the rule :data:`ELBOW_RULE` (:func:`elbow`).
+and a recommended ``k`` by the rule :data:`ELBOW_RULE` (:func:`elbow`). Log-log axes
+make the rule free of the data's scale and of the spacing of the ks: without clusters
+the energy of k-means falls about as a power of ``k`` (``k^(-2/d)``), a straight line
+there, so the rule finds a bend only where the energy drops faster than that.
 :class:`UniformSample` draws a uniform sample of bounded size from rows that arrive in
 chunks (the service's retained samples, read from Redis).
 """
@@ -49,11 +52,11 @@ HOLDOUT = 0.2
 SILHOUETTE_ROWS = 2000
 """Most held-out rows the silhouette is computed on (its cost: ``m^2 d``)."""
 ELBOW_RULE = (
-    "elbow of the held-out energy on a log k axis (Kneedle): with the ks sorted, "
-    "x = ln k and y = the held-out energy scaled to [0, 1] between the first k (1) and "
-    "the last (0); the recommended k is the one farthest below the straight line from "
-    "the first point to the last (the smaller k on a tie); none with fewer than 3 ks or "
-    "an energy that does not fall"
+    "elbow of the held-out energy on log-log axes (Kneedle on ln k and ln E): with the "
+    "ks sorted, x = ln k and y = ln E each scaled to [0, 1] between the first k and the "
+    "last (y: 1 at the first, 0 at the last); the recommended k is the one farthest below "
+    "the straight line from the first point to the last (the smaller k on a tie); none "
+    "with fewer than 3 ks, or an energy that does not fall or is not positive"
 )
 """The rule :func:`elbow` applies, in words (reported with every sweep)."""
 
@@ -138,10 +141,10 @@ def elbow(ks: list[int] | tuple[int, ...], energies: list[float] | np.ndarray) -
     order = np.argsort(np.asarray(ks, dtype=np.int64), kind="stable")
     k = np.asarray(ks, dtype=np.float64)[order]
     e = np.asarray(energies, dtype=np.float64)[order]
-    if k.size < 3 or not np.all(np.isfinite(e)) or not e[0] > e[-1]:
+    if k.size < 3 or not np.all(np.isfinite(e) & (e > 0)) or not e[0] > e[-1]:
         return None
     x = (np.log(k) - math.log(k[0])) / (math.log(k[-1]) - math.log(k[0]))
-    y = (e - e[-1]) / (e[0] - e[-1])
+    y = (np.log(e) - math.log(e[-1])) / (math.log(e[0]) - math.log(e[-1]))
     below = (1.0 - x) - y  # the chord from (0, 1) to (1, 0), minus the curve
     return int(k[int(np.argmax(below))])
 
@@ -210,7 +213,7 @@ def sweep(
         raise ValueError(f"holdout must be in (0, 1), got {holdout}")
     rng = np.random.default_rng(random_state)
     n = A.shape[0]
-    n_held = int(round(holdout * n))
+    n_held = round(holdout * n)
     perm = rng.permutation(n)
     train, held = A[np.sort(perm[n_held:])], A[np.sort(perm[:n_held])]
     if not ks or ks[0] < 1 or ks[-1] > train.shape[0]:

@@ -330,6 +330,19 @@ class Settings(BaseSettings):
         "only on CPU time nothing else wants; on a saturated machine the model stops.",
     )
 
+    # -- choosing k (POST /sweep) ---------------------------------------------------------
+    sweep_max_rows: int = Field(
+        20_000,
+        ge=100,
+        le=10_000_000,
+        description="Most retained samples a sweep fits on (a uniform sample of them; 20% "
+        "held out to score each k).",
+    )
+    sweep_max_ks: int = Field(12, ge=1, le=64, description="Most values of k in one sweep.")
+    sweep_max_k: int = Field(
+        1024, ge=1, le=100_000, description="Largest k a sweep may fit."
+    )
+
     # -- Ray cluster (issue 14) ------------------------------------------------------------
     ray_address: str | None = Field(
         None,

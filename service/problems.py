@@ -192,6 +192,9 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
     errors.SweepRefusedError: DomainProblem(
         422, "k-refused", "k refused", ("model", "setting")
     ),
+    errors.SweepBusyError: DomainProblem(
+        503, "sweep-busy", "Sweep busy", headers={"Retry-After": "5"}
+    ),
     # kept versions
     errors.VersionNotKeptError: DomainProblem(
         404, "version-not-kept", "Version not kept", ("model", "version", "kept")

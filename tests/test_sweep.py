@@ -37,13 +37,19 @@ def test_the_elbow_is_the_point_farthest_below_the_chord_on_a_log_k_axis() -> No
     ks = [2, 4, 8, 16, 32]
     assert elbow(ks, [100.0, 50.0, 10.0, 9.0, 8.0]) == 8
     assert elbow(ks[::-1], [8.0, 9.0, 10.0, 50.0, 100.0]) == 8  # any order
-    # On ln k, x = 0, 1/4, 1/2, 3/4, 1; y = 1 - x exactly on the chord: a tie, the smaller k.
-    assert elbow(ks, [5.0, 4.0, 3.0, 2.0, 1.0]) == 2
+    # A power law (E = k^-1/2: no clusters) is the chord itself: a tie, the smaller k.
+    assert elbow(ks, [k**-0.5 for k in ks]) == 2
     assert elbow(ks, [100.0, 99.0, 98.0, 1.0, 0.5]) == 16
+    # Scale-free: the same curve times any factor has the same elbow.
+    assert elbow(ks, [1e-6, 5e-7, 1e-7, 9e-8, 8e-8]) == 8
+    # By hand: x = 0, 1/4, 1/2, 3/4, 1; y = ln(E / 8) / ln(12.5) = 1, 0.798, 0.160, 0.047, 0;
+    # below the chord (1 - x - y): 0, -0.048, 0.340, 0.203, 0: k = 8.
+    assert elbow(ks, [100.0, 60.0, 12.0, 9.0, 8.0]) == 8
     assert elbow([2, 4], [10.0, 1.0]) is None  # fewer than 3 ks
     assert elbow(ks, [1.0, 2.0, 3.0, 4.0, 5.0]) is None  # no fall
     assert elbow(ks, [1.0, np.nan, 3.0, 4.0, 0.5]) is None
-    assert "ln k" in ELBOW_RULE
+    assert elbow(ks, [1.0, 0.5, 0.25, 0.0, 0.0]) is None  # not positive
+    assert "ln k and ln E" in ELBOW_RULE
 
 
 @pytest.mark.parametrize(("true_k", "ks"), [(6, list(range(2, 13))), (8, [2, 4, 8, 16, 32])])

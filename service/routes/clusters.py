@@ -8,16 +8,17 @@ every user of the model is served, so it needs scope ``admin`` (as ``PUT`` and `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from nmbatch.service.context import read_json_body
+from nmbatch.service.context import ModelDep, read_json_body
 from nmbatch.service.models import ModelManager
 from nmbatch.service.parsing import JSON
 from nmbatch.service.problems import problem_responses
-from nmbatch.service.security import OPTIONAL_KEY, require_admin_key
+from nmbatch.service.security import OPTIONAL_KEY, require_admin_key, require_write_key
+from nmbatch.service.usecases import choosing
 from nmbatch.service.usecases import recluster as reclustering
 
 __all__ = ["router"]
@@ -32,6 +33,39 @@ class ReclusterRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     k: int = Field(ge=1, le=100_000, description="The new number of clusters.")
+
+
+class SweepRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ks: list[Annotated[int, Field(ge=1, le=100_000)]] = Field(
+        min_length=1, max_length=64,
+        description="The values of k to fit (at most NMBATCH_SWEEP_MAX_KS, each at most "
+        "NMBATCH_SWEEP_MAX_K).",
+    )  # fmt: skip
+
+
+class SweepPoint(BaseModel):
+    k: int
+    heldout_energy: float = Field(description="Mean dissimilarity (squared distance; 1 - "
+                                  "cos under cosine) of the held-out samples.")  # fmt: skip
+    train_energy: float
+    silhouette: float | None = Field(description="On at most 2,000 held-out samples.")
+    n_iter: int
+    seconds: float
+
+
+class Sweep(BaseModel):
+    model: str
+    points: list[SweepPoint]
+    recommended_k: int | None = Field(description="By `rule`; None when it finds none.")
+    rule: str
+    n_retained: int = Field(description="Retained samples read (the log and base).")
+    n_train: int = Field(description="Samples each k was fitted on (a uniform sample).")
+    n_heldout: int = Field(description="Samples held out (20%) to score each k.")
+    n_silhouette: int
+    metric: str
+    seconds: float
 
 
 def _name(request: Request) -> tuple[ModelManager, str]:
@@ -63,3 +97,24 @@ async def post_recluster(request: Request) -> dict[str, Any]:
     body = await read_json_body(request, ReclusterRequest, SMALL_BODY_BYTES)
     models, name = _name(request)
     return await reclustering.recluster(models, name, body.k)
+
+
+@router.post(
+    "/sweep",
+    response_model=Sweep,
+    summary="Fit several k on the retained samples and recommend one",
+    description="Body `{\"ks\": [8, 16, 32]}`. Fits each k on a uniform sample of at "
+    "most NMBATCH_SWEEP_MAX_ROWS retained samples (20% held out) and answers, per k, the "
+    "held-out energy, the silhouette (on at most 2,000 held-out samples) and the fit's "
+    "time, with a recommended k and the rule used (the elbow of the held-out energy on a "
+    "log k axis). Synchronous, one sweep at a time per process (503 `sweep-busy` "
+    "otherwise), on one core at low priority; the model's training goes on. Changes "
+    "nothing. 422 `k-refused` (member `setting`) past NMBATCH_SWEEP_MAX_KS or "
+    "NMBATCH_SWEEP_MAX_K, or a k above the samples a fit gets.",
+    openapi_extra=_body(SweepRequest) | OPTIONAL_KEY,
+    dependencies=[Depends(require_write_key)],
+    responses=problem_responses(400, 401, 403, 404, 408, 413, 415, 422, 503),
+)
+async def post_sweep(request: Request, handle: ModelDep) -> dict[str, Any]:
+    body = await read_json_body(request, SweepRequest, SMALL_BODY_BYTES)
+    return await choosing.sweep_model(handle, body.ks)

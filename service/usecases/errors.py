@@ -34,6 +34,7 @@ __all__ = [
     "ModelTooLargeError",
     "NotEnoughSamplesError",
     "StoreFullError",
+    "SweepBusyError",
     "SweepRefusedError",
     "TooManyModelsError",
     "UnknownModelError",
@@ -316,6 +317,15 @@ class SweepRefusedError(DomainError):
         super().__init__(detail)
         self.model = model
         self.setting = setting
+
+
+class SweepBusyError(DomainError):
+    """Another sweep runs in this process (one at a time: each takes a core for seconds);
+    retry shortly."""
+
+    def __init__(self) -> None:
+        super().__init__("another sweep of k runs in this process (one at a time); retry "
+                         "when it is done")  # fmt: skip
 
 
 # -- kept versions -------------------------------------------------------------------
