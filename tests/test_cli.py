@@ -192,6 +192,30 @@ def test_fit_init_from_a_file_is_the_estimators_init_array(
         cli.build_parser().parse_args([*args, "--init", "kmeans"])
 
 
+def test_sweep_recommends_the_number_of_blobs_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.testkit import blobs_around
+
+    X, _ = blobs_around(1, 12.0 * np.vstack([np.eye(4), np.zeros((1, 4))]), 400)
+    np.save(tmp_path / "x.npy", X)
+    out = tmp_path / "sweep.json"
+    args = ["sweep", str(tmp_path / "x.npy"), "--ks", "2,3,4,5,6,8,10", "--threads", "1"]
+    assert cli.main([*args, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "recommended k = 5;" in printed and "<- recommended" in printed
+    doc = json.loads(out.read_text())
+    assert doc["recommended_k"] == 5 and [p["k"] for p in doc["points"]] == [2, 3, 4, 5, 6, 8, 10]
+    assert (doc["n_train"], doc["n_heldout"]) == (1600, 400)
+    assert cli.main([*args, "--max-rows", "1000"]) == 0
+    assert "800 rows fitted, 200 held out" in capsys.readouterr().out
+    assert cli.main([*args[:2], "--ks", "2,2000"]) == 2
+    assert "every k must be in [1, 1600]" in capsys.readouterr().err
+    for bad in ("2,x", "0,3", ""):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args([*args[:2], "--ks", bad])
+
+
 def test_fit_npz_uses_train_by_default(tmp_path: Path, four_blobs: np.ndarray) -> None:
     np.savez(tmp_path / "x.npz", aaa=four_blobs[:50], train=four_blobs)
     C, labels = fit(tmp_path, tmp_path / "x.npz")
