@@ -17,6 +17,7 @@ from nmbatch.service.context import ModelDep, read_json_body
 from nmbatch.service.models import ModelManager
 from nmbatch.service.parsing import JSON
 from nmbatch.service.problems import problem_responses
+from nmbatch.service.schemas import Sweep
 from nmbatch.service.security import OPTIONAL_KEY, require_admin_key, require_write_key
 from nmbatch.service.usecases import choosing
 from nmbatch.service.usecases import recluster as reclustering
@@ -43,29 +44,6 @@ class SweepRequest(BaseModel):
         description="The values of k to fit (at most NMBATCH_SWEEP_MAX_KS, each at most "
         "NMBATCH_SWEEP_MAX_K).",
     )  # fmt: skip
-
-
-class SweepPoint(BaseModel):
-    k: int
-    heldout_energy: float = Field(description="Mean dissimilarity (squared distance; 1 - "
-                                  "cos under cosine) of the held-out samples.")  # fmt: skip
-    train_energy: float
-    silhouette: float | None = Field(description="On at most 2,000 held-out samples.")
-    n_iter: int
-    seconds: float
-
-
-class Sweep(BaseModel):
-    model: str
-    points: list[SweepPoint]
-    recommended_k: int | None = Field(description="By `rule`; None when it finds none.")
-    rule: str
-    n_retained: int = Field(description="Retained samples read (the log and base).")
-    n_train: int = Field(description="Samples each k was fitted on (a uniform sample).")
-    n_heldout: int = Field(description="Samples held out (20%) to score each k.")
-    n_silhouette: int
-    metric: str
-    seconds: float
 
 
 def _name(request: Request) -> tuple[ModelManager, str]:

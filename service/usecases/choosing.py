@@ -124,4 +124,6 @@ async def sweep_model(handle: ModelHandle, ks: list[int]) -> dict[str, Any]:
         _RUNNING.release()
     log.info("model '%s': swept k = %s on %d samples in %.2f s (recommended %s)", handle.name,
              ks, rows.shape[0], result.seconds, result.recommended_k)  # fmt: skip
-    return {"model": handle.name, "n_retained": retained, **result.to_dict()}
+    doc = {"model": handle.name, "n_retained": retained, **result.to_dict()}
+    handle.last_sweep = doc  # the dashboard draws its curve
+    return doc

@@ -26,6 +26,7 @@ def test_the_sweep_on_blobs_with_a_known_k_recommends_it(
     X, _ = blobs_around(11, 12.0 * np.vstack([np.eye(4), np.zeros((1, 4))]), per_blob=600)
     with TestClient(create_app(make_settings(sweep_max_rows=2000))) as client:
         assert post_npy(client, X).status_code == 202
+        assert client.get("/dashboard/data").json()["sweep"] is None
         response = client.post("/sweep", json={"ks": KS[::-1]})
         assert response.status_code == 200, response.text
         doc = response.json()
@@ -35,6 +36,8 @@ def test_the_sweep_on_blobs_with_a_known_k_recommends_it(
         assert (doc["n_train"], doc["n_heldout"], doc["n_silhouette"]) == (1600, 400, 400)
         energies = [p["heldout_energy"] for p in doc["points"]]
         assert energies[0] > energies[-1]
+        # The dashboard draws the last sweep of the model (this process's).
+        assert client.get("/dashboard/data").json()["sweep"] == doc
         # A named model: the same use case under the prefix.
         spec = {"k": 3, "dim": 4, "batch_size": 32, "seed": 2}
         assert client.put("/models/swept", json=spec).status_code == 201
