@@ -105,3 +105,24 @@ def test_the_default_model_is_reclustered_at_the_unprefixed_path_and_keeps_its_n
     with TestClient(create_app(settings)) as client:
         assert centroids_of(client, "").shape == (4, 2)
         assert client.get("/centroids").json()["version"] > last
+
+
+def test_a_second_process_follows_a_recluster_at_its_next_sync(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = make_settings()
+    X = blobs(600, 2, 4, seed=9, separation=20.0)
+    with TestClient(create_app(settings)) as client, TestClient(create_app(settings)) as second:
+        assert client.put("/models/shared", json=SPEC).status_code == 201
+        assert post_npy(client, X, "/models/shared/samples").status_code == 202
+        settled(client, "/models/shared", 3, 600)
+        wait_until(lambda: second.get("/models/shared/centroids").json().get("k") == 3, 30,
+                   "the second app serving the model")  # fmt: skip
+        assert client.post("/models/shared/recluster", json={"k": 4}).status_code == 200
+        settled(client, "/models/shared", 4, 600)
+        # The second app restarts its copy with the new spec (a standby of the worker):
+        # it serves the snapshots of k = 4, and its own settings say so.
+        wait_until(lambda: second.get("/models/shared").json()["settings"]["k"] == 4, 30,
+                   "the second app's sync")  # fmt: skip
+        wait_until(lambda: second.get("/models/shared/centroids").json().get("k") == 4, 30,
+                   "the second app serving k = 4")  # fmt: skip
