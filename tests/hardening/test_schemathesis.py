@@ -14,7 +14,7 @@ answer): a named model's settings that contradict each other (``max_samples`` be
 ``k``, a window without a size, more memory than a model may take); binary bodies
 (``.npy``, raw ``float32``) that are not whole finite rows; a vector of another length
 than a named model's own dimension, or a query vector that is not comma-separated
-numbers.
+numbers; a re-clustering or a sweep with a k the model's settings or samples cannot hold.
 
 Bounded for CI: a few examples per operation, one worker, a fixed seed (about 30 s).
 Key configurations are parametrised (:data:`KEYS`): one ``NMBATCH_API_KEY``, and scoped
@@ -64,6 +64,11 @@ checks.positive_data_acceptance.expected-statuses = {ACCEPTED_OR_UNPROVABLE!r}
 [[operations]]
 include-path = "/models/{{name}}"
 include-method = "PUT"
+checks.positive_data_acceptance.expected-statuses = {ACCEPTED_OR_UNPROVABLE!r}
+
+# A k its settings or its samples cannot hold (k-refused), a sweep of a model with few samples.
+[[operations]]
+include-path-regex = "^(/models/\\{{name\\}})?/(recluster|sweep)$"
 checks.positive_data_acceptance.expected-statuses = {ACCEPTED_OR_UNPROVABLE!r}
 """
 EXAMPLES = 10
