@@ -151,8 +151,11 @@ def elbow(ks: list[int] | tuple[int, ...], energies: list[float] | np.ndarray) -
 
 class UniformSample:
     """A uniform sample of at most ``size`` rows of a stream of chunks (bottom-k: each row
-    draws a uniform key, the ``size`` smallest keys are kept), in memory ``O(size + chunk)``.
+    draws a uniform key, the ``size`` smallest keys are kept).
 
+    Memory: ``size`` rows, their keys and arrival numbers, plus the chunk offered. Work per
+    chunk once full: ``O(size)`` comparisons, and the rows copied are only those that
+    enter the sample (a row of the ``t``-th one seen does with probability ``size / t``).
     ``rng``: a generator or a seed. :meth:`rows` gives the sample in arrival order.
     """
 
@@ -160,30 +163,43 @@ class UniformSample:
         self.size = int(size)
         self.rng = np.random.default_rng(rng)
         self.seen = 0
+        self.count = 0
         self._X: np.ndarray | None = None
-        self._keys = np.empty(0)
-        self._order = np.empty(0, dtype=np.int64)
+        self._keys = np.empty(self.size)
+        self._order = np.empty(self.size, dtype=np.int64)
 
     def offer(self, X: np.ndarray) -> None:
-        """Offer the rows of ``X`` ``(n, d)`` float32 (copied if kept)."""
+        """Offer the rows of ``X`` ``(n, d)`` (copied, as float32, where kept)."""
         n = X.shape[0]
         keys = self.rng.random(n)
-        order = np.arange(self.seen, self.seen + n)
+        order = np.arange(self.seen, self.seen + n, dtype=np.int64)
         self.seen += n
         if self._X is None:
-            self._X = np.empty((0, X.shape[1]), dtype=np.float32)
-        allX = np.concatenate([self._X, X.astype(np.float32, copy=False)])
-        allkeys, allorder = np.concatenate([self._keys, keys]), np.concatenate([self._order, order])
-        if allkeys.size > self.size:
-            keep = np.argpartition(allkeys, self.size - 1)[: self.size]
-            allX, allkeys, allorder = allX[keep], allkeys[keep], allorder[keep]
-        self._X, self._keys, self._order = allX, allkeys, allorder
+            self._X = np.empty((self.size, X.shape[1]), dtype=np.float32)
+        fill = min(self.size - self.count, n)  # not full yet: every row is in the sample
+        if fill:
+            at = slice(self.count, self.count + fill)
+            self._X[at], self._keys[at], self._order[at] = X[:fill], keys[:fill], order[:fill]
+            self.count += fill
+            X, keys, order = X[fill:], keys[fill:], order[fill:]
+        if keys.size == 0 or self.size == 0:
+            return
+        enter = np.flatnonzero(keys < self._keys.max())  # only these can displace a row
+        if enter.size == 0:
+            return
+        pool = np.concatenate([self._keys, keys[enter]])
+        kept = np.argpartition(pool, self.size - 1)[: self.size]
+        incoming = kept[kept >= self.size] - self.size  # positions in `enter`
+        slots = np.setdiff1d(np.arange(self.size), kept[kept < self.size])  # leaving rows
+        rows = enter[incoming]
+        self._X[slots], self._keys[slots], self._order[slots] = X[rows], keys[rows], order[rows]
 
     def rows(self) -> np.ndarray:
         """The sample ``(m, d)`` float32, ``m = min(size, rows offered)``, in arrival order."""
         if self._X is None:
             return np.empty((0, 0), dtype=np.float32)
-        return np.ascontiguousarray(self._X[np.argsort(self._order)])
+        order = np.argsort(self._order[: self.count], kind="stable")
+        return np.ascontiguousarray(self._X[: self.count][order])
 
 
 def sweep(

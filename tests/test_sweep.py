@@ -101,3 +101,33 @@ def test_the_uniform_sample_is_bounded_in_arrival_order_and_uniform() -> None:
     expected = 4000 * 10 / 50
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 90.0, chi2  # 49 degrees of freedom: p < 1e-3 beyond 85
+
+
+def test_given_centroids_are_checked_and_made_unit_under_cosine() -> None:
+    from nmbatch.engine.metric import ZeroRowError
+    from nmbatch.engine.seeding.given import GivenCentroidsError, given_centroids
+
+    C = given_centroids([[3, 4], [0, 2]], 2, 2, "cosine")
+    assert C.dtype == np.float32 and C.flags.c_contiguous
+    np.testing.assert_allclose(C, [[0.6, 0.8], [0.0, 1.0]], rtol=1e-7)
+    np.testing.assert_array_equal(given_centroids(C, 2, None, "euclidean"), C)
+    for bad, what in (([[1.0, 2.0]], "shape"), ([[1.0], [2.0]], "shape"), ([1.0, 2.0], "shape"),
+                      ([[1.0, 2.0], [3.0]], "shape"), ([[np.inf, 0.0], [0.0, 1.0]], "values"),
+                      ([["a", "b"], ["c", "d"]], "values")):  # fmt: skip
+        with pytest.raises(GivenCentroidsError) as refused:
+            given_centroids(bad, 2, 2, "euclidean")
+        assert refused.value.what == what, (bad, str(refused.value))
+    with pytest.raises(ZeroRowError) as zero:
+        given_centroids([[1.0, 0.0], [0.0, 0.0]], 2, 2, "cosine")
+    assert zero.value.row == 1
+
+
+def test_the_uniform_sample_of_a_long_stream_copies_few_rows() -> None:
+    sample = UniformSample(100, rng=1)
+    X = np.arange(200_000, dtype=np.float32).reshape(-1, 1)
+    for start in range(0, X.shape[0], 1000):
+        sample.offer(X[start : start + 1000])
+    rows = sample.rows()[:, 0]
+    assert rows.shape == (100,) and np.all(np.diff(rows) > 0)
+    # Uniform over the stream: about as many from each half.
+    assert 30 <= int((rows < 100_000).sum()) <= 70

@@ -38,14 +38,17 @@ def given_centroids(init: object, k: int, dim: int | None, metric: str) -> np.nd
     :class:`~nmbatch.engine.metric.ZeroRowError` (a zero row under cosine, by index).
     """
     try:
-        C = as_float32_matrix(init, name="init")
-    except ValueError as exc:
-        what = "shape" if "2-D" in str(exc) or "features" in str(exc) else "values"
-        raise GivenCentroidsError(what, str(exc)) from None
-    expected = (int(k), dim if dim is not None else C.shape[1])
-    if C.shape != expected:
+        A = np.asarray(init)
+    except (TypeError, ValueError) as exc:  # ragged lists: no (k, dim) shape
+        raise GivenCentroidsError("shape", f"init is not a (k, dim) matrix: {exc}") from None
+    d = dim if dim is not None else (A.shape[1] if A.ndim == 2 else None)
+    if A.shape != (int(k), d):
+        wanted = f"({int(k)}, {d if d is not None else 'd'})"
         raise GivenCentroidsError(
-            "shape",
-            f"init has shape {C.shape}, but the model needs (k, dim) = {expected}",
+            "shape", f"init has shape {A.shape}, but the model needs (k, dim) = {wanted}"
         )
+    try:
+        C = as_float32_matrix(A, name="init")
+    except ValueError as exc:  # not numbers, not real, not finite, beyond float32
+        raise GivenCentroidsError("values", str(exc)) from None
     return np.array(metric_rows(C, metric, name="init"), dtype=np.float32, order="C")

@@ -96,6 +96,7 @@ def test_an_npy_body_seeds_a_cosine_model_with_its_unit_rows(client: TestClient)
         (SPEC | {"init": GIVEN[:2].tolist()}, "shape", None),
         (SPEC | {"init": [[1.0, 2.0, 3.0]] * 3}, "shape", None),
         (SPEC | {"init": "given"}, "missing", None),
+        (SPEC | {"init": [[1e39, 0.0], [0.0, 1.0], [1.0, 0.0]]}, "values", None),  # > float32
         (SPEC | {"metric": "cosine", "init": [[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]]}, "zero-row", 1),
     ],
 )
