@@ -232,6 +232,8 @@ def sweep(
     n_held = round(holdout * n)
     perm = rng.permutation(n)
     train, held = A[np.sort(perm[n_held:])], A[np.sort(perm[:n_held])]
+    if held.shape[0] == 0:
+        raise ValueError(f"no row held out: {n} rows at holdout = {holdout}; more rows are needed")
     if not ks or ks[0] < 1 or ks[-1] > train.shape[0]:
         raise ValueError(f"every k must be in [1, {train.shape[0]}] (the training rows), "
                          f"got {ks}")  # fmt: skip
@@ -243,16 +245,13 @@ def sweep(
         km = NestedMiniBatchKMeans(n_clusters=k, random_state=seed, metric=metric,
                                    n_threads=n_threads, **params).fit(train)  # fmt: skip
         C = km.cluster_centers_
-        held_energy = (
-            float(dissimilarity(nearest(held, C, n_threads=n_threads)[1], metric).mean())
-            if held.shape[0] else math.nan
-        )  # fmt: skip
-        labels = nearest(sample, C, n_threads=n_threads)[0] if sample.shape[0] else None
+        held_energy = float(dissimilarity(nearest(held, C, n_threads=n_threads)[1], metric).mean())
+        labels = nearest(sample, C, n_threads=n_threads)[0]
         points.append(SweepPoint(
             k=k,
             heldout_energy=held_energy,
             train_energy=float(km.inertia_) / train.shape[0],  # already a dissimilarity
-            silhouette=silhouette(sample, labels, metric) if labels is not None else None,
+            silhouette=silhouette(sample, labels, metric),
             n_iter=int(km.n_iter_),
             seconds=time.perf_counter() - t0,
         ))  # fmt: skip

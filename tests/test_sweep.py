@@ -77,6 +77,8 @@ def test_the_held_out_energy_is_measured_on_rows_the_fit_did_not_see() -> None:
         sweep(X, [501], holdout=0.5)
     with pytest.raises(ValueError, match="holdout"):
         sweep(X, [3], holdout=1.0)
+    with pytest.raises(ValueError, match="no row held out"):
+        sweep(X[:2], [1])
 
 
 def test_the_uniform_sample_is_bounded_in_arrival_order_and_uniform() -> None:

@@ -111,11 +111,13 @@ async def sweep_model(handle: ModelHandle, ks: list[int]) -> dict[str, Any]:
     try:
         seed = s.seed if s.seed is not None else int(np.random.default_rng().integers(2**31))
         rows, retained = await _sample(handle, s.sweep_max_rows, seed)
-        n_train = rows.shape[0] - round(HOLDOUT * rows.shape[0])
-        if ks[-1] > n_train:
+        n_held = round(HOLDOUT * rows.shape[0])
+        n_train = rows.shape[0] - n_held
+        if ks[-1] > n_train or n_held == 0:
             raise SweepRefusedError(
-                handle.name, "ks", f"k = {ks[-1]} is above the {n_train} samples a fit gets "
-                f"({rows.shape[0]} retained, {HOLDOUT:.0%} held out); add samples or lower k"
+                handle.name, "ks", f"k = {ks[-1]} needs more samples than the {n_train} a fit "
+                f"gets ({rows.shape[0]} retained, {HOLDOUT:.0%} held out, at least one); add "
+                "samples or lower k"
             )  # fmt: skip
         fit = functools.partial(sweep, rows, ks, random_state=seed, metric=s.metric,
                                 n_threads=1, batch_size=s.batch_size)  # fmt: skip

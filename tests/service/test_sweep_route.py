@@ -53,14 +53,17 @@ def test_the_sweep_bounds_are_settings_and_refusals_name_them(
     with TestClient(create_app(make_settings(sweep_max_ks=3, sweep_max_k=50))) as client:
         problem = assert_problem(client.post("/sweep", json={"ks": [2]}), 422, "k-refused")
         assert problem["setting"] == "ks"  # no samples yet
-        assert post_npy(client, blobs(40, 2, 2)).status_code == 202
+        assert post_npy(client, np.array([[0.0, 1.0], [2.0, 3.0]], np.float32)).status_code == 202
+        problem = assert_problem(client.post("/sweep", json={"ks": [1]}), 422, "k-refused")
+        assert problem["setting"] == "ks"  # two samples: none to hold out
+        assert post_npy(client, blobs(38, 2, 2)).status_code == 202  # 40 in all
         problem = assert_problem(client.post("/sweep", json={"ks": [2, 3, 4, 5]}), 422,
                                  "k-refused")  # fmt: skip
         assert problem["setting"] == "NMBATCH_SWEEP_MAX_KS"
         problem = assert_problem(client.post("/sweep", json={"ks": [51]}), 422, "k-refused")
         assert problem["setting"] == "NMBATCH_SWEEP_MAX_K"
         problem = assert_problem(client.post("/sweep", json={"ks": [33]}), 422, "k-refused")
-        assert problem["setting"] == "ks" and "32 samples a fit gets" in problem["detail"]
+        assert problem["setting"] == "ks" and "than the 32 a fit gets" in problem["detail"]
         assert client.post("/sweep", json={"ks": []}).status_code == 422
         assert client.post("/sweep", json={"ks": [2], "extra": 1}).status_code == 422
         assert client.post("/sweep", json={"ks": [0]}).status_code == 422
