@@ -423,8 +423,8 @@ class Worker(EngineRecovery):
 
         A seeded model's engine that has published nothing (no snapshot restored) starts
         from its seed instead: the engine's ``restore`` over the first batch, which
-        leaves the centroids as given, published as they are (iteration 0, with the
-        counts and energy of that batch under them) and snapshotted, so kept; the steps
+        leaves the centroids as given, published as they are (iteration 0, the counts of
+        that batch under them, no energy estimate yet) and snapshotted, so kept; the steps
         after move them.
         """
         assert self.engine is not None
