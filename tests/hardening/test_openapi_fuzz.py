@@ -96,8 +96,8 @@ def test_every_generated_request_is_answered_within_the_contract(
 
 # With scoped keys (issue 34, item 10): every keyed operation answers 401 without a key
 # and 403 with a key lacking its scope, within the documented contract. A read key
-# reaches reads and is refused writes and model changes (pins too); no key is refused everything
-# keyed (NMBATCH_API_KEY_READS=true).
+# reaches reads and is refused writes and model changes (pins, re-clusterings and sweeps
+# too); no key is refused everything keyed (NMBATCH_API_KEY_READS=true).
 READ_KEY = "fuzz-read-key-0123456789"
 ADMIN_KEY = "fuzz-admin-key-0123456789"
 KEYED_CASES = [
@@ -137,7 +137,9 @@ def test_keyed_operations_answer_401_and_403_within_the_contract(
         response = case.call_and_validate(checks=CHECKS, headers=headers)
         if who == "none":
             assert response.status_code == 401, (method, path, response.text)
-        elif method in ("PUT", "DELETE") or path.endswith(("/samples", "/pin")):
+        elif method in ("PUT", "DELETE") or path.endswith(
+            ("/samples", "/pin", "/recluster", "/sweep")
+        ):
             assert response.status_code == 403, (method, path, response.text)
         else:
             assert response.status_code not in (401, 403), (method, path, response.text)
