@@ -50,10 +50,15 @@ def test_recluster_with_a_new_k_leaves_the_old_versions_readable(
     before = client.get(f"{prefix}/versions").json()["versions"]
     old = {row["version"]: centroids_of(client, prefix, row["version"]) for row in before}
 
+    pinned = before[-1]["version"]  # pinned: reads keep serving it through the restart
+    assert client.post(f"{prefix}/pin", json={"version": pinned}).status_code == 200
     response = client.post(f"{prefix}/recluster", json={"k": 5})
     assert response.status_code == 200, response.text
     assert response.json()["settings"]["k"] == 5
     assert response.json()["settings"]["init"] == "k-means++"  # the seed had k = 3
+    served = client.get(f"{prefix}/centroids").json()
+    assert (served["version"], served["k"]) == (pinned, 3)
+    assert client.delete(f"{prefix}/pin").status_code == 200
     assert not redis_client.exists(ModelKeys("re").seed)
     stats = settled(client, prefix, 5, 900)
     assert stats["n_samples"] == stats["n_logged"] == 900  # every sample still counted
