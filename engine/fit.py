@@ -10,6 +10,7 @@ It loads numpy and the engine only, never the service.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import TextIO
@@ -17,9 +18,20 @@ from typing import TextIO
 import numpy as np
 
 from nmbatch.engine.estimator import NestedMiniBatchKMeans
+from nmbatch.engine.seeding.given import given_centroids
 from nmbatch.engine.state import IterationStats, ModelState
+from nmbatch.engine.sweep import UniformSample, sweep
 
-__all__ = ["CSV_SUFFIXES", "FitError", "ProgressLine", "load_matrix", "run_fit", "save_array"]
+__all__ = [
+    "CSV_SUFFIXES",
+    "FitError",
+    "ProgressLine",
+    "fit_init",
+    "load_matrix",
+    "run_fit",
+    "run_sweep",
+    "save_array",
+]
 
 CSV_SUFFIXES = (".csv", ".tsv", ".txt")
 
@@ -161,23 +173,40 @@ class ProgressLine:
         self.stream.flush()
 
 
+def fit_init(init: str | Path, k: int | None, d: int) -> tuple[str | np.ndarray, int]:
+    """``--init`` and ``-k`` as the estimator's ``init`` and ``n_clusters``: a method
+    (``-k`` required), or the centroids of a file (``(k, d)``, checked by
+    :func:`~nmbatch.engine.seeding.given.given_centroids`; ``-k`` defaults to its rows and
+    must match them). Raises ``FitError``."""
+    if isinstance(init, str):
+        if k is None:
+            raise FitError("-k is required unless --init is a file of centroids")
+        return init, k
+    C = load_matrix(init)
+    try:
+        return given_centroids(C, k if k is not None else C.shape[0], d, "euclidean"), len(C)
+    except ValueError as exc:
+        raise FitError(f"{init}: {exc}") from None
+
+
 def run_fit(args: argparse.Namespace, stderr: TextIO) -> int:
     """Cluster ``args.input`` with ``NestedMiniBatchKMeans``; write centroids and labels.
 
     ``args`` holds the options of ``nmbatch fit`` (``input``, ``k``, ``centroids``,
-    ``labels``, ``key``, ``algorithm``, ``rho``, ``batch_size``, ``init``, ``max_iter``,
-    ``seed``, ``quiet``). ``--seed S`` gives exactly
-    ``NestedMiniBatchKMeans(random_state=S).fit(X)``. Returns the exit status (0);
-    raises ``FitError`` for a user error.
+    ``labels``, ``key``, ``algorithm``, ``rho``, ``batch_size``, ``init`` (a method, or
+    a file of centroids: :func:`fit_init`), ``max_iter``, ``seed``, ``quiet``).
+    ``--seed S`` gives exactly ``NestedMiniBatchKMeans(random_state=S).fit(X)``. Returns
+    the exit status (0); raises ``FitError`` for a user error.
     """
     X = load_matrix(args.input, args.key)
     n, d = X.shape
+    init, k = fit_init(args.init, args.k, d)
     progress = ProgressLine(stderr, n, enabled=not args.quiet)
     km = NestedMiniBatchKMeans(
-        n_clusters=args.k,
+        n_clusters=k,
         rho=args.rho,
         batch_size=args.batch_size,
-        init=args.init,
+        init=init,
         max_iter=args.max_iter,
         random_state=args.seed,
         algorithm=args.algorithm,
@@ -196,7 +225,40 @@ def run_fit(args: argparse.Namespace, stderr: TextIO) -> int:
     state = "converged" if progress.converged else f"stopped at --max-iter {args.max_iter}"
     progress.close(
         f"{args.algorithm}: {state} after {km.n_iter_} iterations in {seconds:.2f} s; "
-        f"k={args.k}, n={n}, d={d}, batch {km.batch_size_}/{n}, "
+        f"k={k}, n={n}, d={d}, batch {km.batch_size_}/{n}, "
         f"energy (mean squared distance) {km.inertia_ / n:.6g}"
     )
+    return 0
+
+
+def run_sweep(args: argparse.Namespace, stdout: TextIO) -> int:
+    """``nmbatch sweep``: :func:`~nmbatch.engine.sweep.sweep` of ``args.ks`` on the rows
+    of ``args.input`` (a uniform sample of ``args.max_rows`` of them if set); a table on
+    ``stdout``, and the result as JSON in ``args.json`` if set. Returns 0; raises
+    ``FitError`` for a user error."""
+    X = load_matrix(args.input, args.key)
+    if args.max_rows is not None and X.shape[0] > args.max_rows:
+        sample = UniformSample(args.max_rows, rng=args.seed)
+        sample.offer(np.asarray(X, dtype=np.float32))
+        X = sample.rows()
+    try:
+        result = sweep(X, args.ks, random_state=args.seed, metric=args.metric,
+                       n_threads=args.threads, batch_size=args.batch_size)  # fmt: skip
+    except ValueError as exc:
+        raise FitError(f"{args.input}: {exc}") from None
+    stdout.write(f"{'k':>7}  {'held-out energy':>16}  {'train energy':>14}  "
+                 f"{'silhouette':>10}  {'iterations':>10}  {'seconds':>8}\n")  # fmt: skip
+    for p in result.points:
+        mark = "  <- recommended" if p.k == result.recommended_k else ""
+        sil = f"{p.silhouette:10.4f}" if p.silhouette is not None else f"{'-':>10}"
+        stdout.write(f"{p.k:>7}  {p.heldout_energy:16.6g}  {p.train_energy:14.6g}  {sil}  "
+                     f"{p.n_iter:>10}  {p.seconds:8.2f}{mark}\n")  # fmt: skip
+    stdout.write(
+        f"recommended k = {result.recommended_k}; {result.n_train} rows fitted, "
+        f"{result.n_heldout} held out, silhouette on {result.n_silhouette}; "
+        f"{result.seconds:.2f} s\nrule: {result.rule}\n"
+    )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
     return 0

@@ -10,6 +10,9 @@ Subcommands, each run by the package it belongs to:
   ``(k, d)`` and the labels ``(n,)`` of every row (its exact nearest centroid). A
   progress line on stderr shows the iteration, the nested batch size and the energy
   estimate.
+- ``nmbatch sweep`` (``nmbatch.engine.fit``, the math in ``nmbatch.engine.sweep``):
+  fit several ``k`` on a data file, report the held-out energy and silhouette of each,
+  and recommend one.
 - ``nmbatch push FILE`` and ``nmbatch watch`` (``nmbatch_client.cli``): send
   the rows of a ``.npy``/``.csv`` file to a running service, and follow its centroid
   versions and statistics, with the Python client.
@@ -51,6 +54,33 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def _ks(text: str) -> list[int]:
+    """``--ks``: comma-separated positive integers."""
+    try:
+        ks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError(f"every k must be >= 1, got {text!r}")
+    return ks
+
+
+#: The seeding methods of ``nmbatch fit --init`` (the engine's ``SEEDINGS``, without numba).
+INIT_METHODS = ("auto", "k-means++", "k-means++.sub", "k-means||", "afk-mc2", "random", "first")
+
+
+def _init_choice(text: str) -> str | Path:
+    """A seeding method of :data:`INIT_METHODS`, or the path of a centroids file."""
+    if text in INIT_METHODS:
+        return text
+    path = Path(text)
+    if path.suffix.lower() not in (".npy", ".npz", ".csv", ".tsv", ".txt"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a method ({', '.join(INIT_METHODS)}) nor a .npy/.csv file"
+        )
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,8 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("input", type=Path, help="data file: .npy, .npz, .csv, .tsv or .txt")
     fit.add_argument(
-        "-k", "--k", dest="k", type=_positive_int, required=True, help="number of clusters"
-    )
+        "-k", "--k", dest="k", type=_positive_int,
+        help="number of clusters (default with --init FILE: its rows)",
+    )  # fmt: skip
     fit.add_argument(
         "--centroids",
         type=Path,
@@ -136,10 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--init",
-        choices=("auto", "k-means++", "k-means++.sub", "k-means||", "afk-mc2", "random",
-                 "first"),
+        type=_init_choice,
         default="auto",
-        help="initial centroids, as the estimator's init= (default: %(default)s)",
+        metavar="METHOD|FILE",
+        help=f"initial centroids, as the estimator's init=: a method ({', '.join(INIT_METHODS)}) "
+        "or a .npy/.csv file of (k, d) centroids (default: %(default)s)",
     )
     fit.add_argument(
         "--max-iter",
@@ -156,6 +188,40 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "-q", "--quiet", action="store_true", help="no progress line and no summary on stderr"
     )
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="fit several k on a data file and recommend one",
+        description=(
+            "Choose k: fit each k of --ks on 80%% of the rows (drawn uniformly) and report "
+            "the held-out energy of the other 20%%, the silhouette of up to 2,000 of them, "
+            "the fit's time, and a recommended k (the elbow of the held-out energy on "
+            "log-log axes). Input as for `nmbatch fit`."
+        ),
+    )
+    sweep.add_argument("input", type=Path, help="data file: .npy, .npz, .csv, .tsv or .txt")
+    sweep.add_argument(
+        "--ks", type=_ks, required=True, metavar="K,K,...",
+        help="the values of k to fit, comma-separated (e.g. 8,16,32,64,128)",
+    )  # fmt: skip
+    sweep.add_argument("--key", help="array name inside a .npz file")
+    sweep.add_argument(
+        "--metric", choices=("euclidean", "cosine"), default="euclidean",
+        help="euclidean (k-means) or cosine (spherical k-means) (default: %(default)s)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--batch-size", type=_positive_int, default=5000,
+        help="first (nested) batch size of each fit (default: %(default)s)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--max-rows", type=_positive_int,
+        help="fit on a uniform sample of at most this many rows (default: all)",
+    )  # fmt: skip
+    sweep.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    sweep.add_argument(
+        "--threads", type=_positive_int, help="threads of each fit (default: all cores)"
+    )
+    sweep.add_argument("--json", type=Path, help="also write the result as JSON to this file")
 
     from nmbatch_client.cli import add_client_commands  # argparse only
 
@@ -253,10 +319,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nmbatch_client.cli import run_client_command
 
         return run_client_command(args)
-    if args.command == "fit":
-        from nmbatch.engine.fit import FitError, run_fit
+    if args.command in ("fit", "sweep"):
+        from nmbatch.engine.fit import FitError, run_fit, run_sweep
 
         try:
+            if args.command == "sweep":
+                return run_sweep(args, sys.stdout)
             return run_fit(args, sys.stderr)
         except FitError as exc:
             return _error(args.command, exc)

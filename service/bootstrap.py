@@ -31,6 +31,7 @@ import re
 from contextlib import AsyncExitStack
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+import numpy as np
 import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -38,6 +39,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from starlette.concurrency import run_in_threadpool
 
+from nmbatch.engine.seeding.given import given_centroids
 from nmbatch.service.config import Settings
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.metrics import ServiceMetrics
@@ -177,6 +179,8 @@ async def start_model(
         dim = await run_in_threadpool(
             repository.check_meta, settings.k, settings.dim, settings.metric
         )
+        settings = await run_in_threadpool(reclustered_settings, settings, repository)
+        seed, dim = await run_in_threadpool(model_seed, settings, repository, dim)
         snapshot = await run_in_threadpool(repository.read_snapshot)
         if embedded is None and warm_up:  # once per process
             await run_in_threadpool(_warn_without_persistence, sync_client, url)
@@ -200,6 +204,7 @@ async def start_model(
             retention_size, settings, memory=memory, with_redis=embedded is not None
         ),
         redis_url=url,
+        seed=seed,
     )
     try:
         # Takes the lease if free and publishes the snapshot (renumbered above every
@@ -239,6 +244,55 @@ async def start_model(
         except redis.RedisError as exc:
             raise _unusable(url, exc) from None
     return handle
+
+
+def reclustered_settings(settings: Settings, repository: ModelRepository) -> Settings:
+    """``settings`` with the ``k`` a re-clustering gave the model, if one did (the
+    default model's ``NMBATCH_K`` no longer applies then, nor its ``NMBATCH_INIT_FILE``:
+    it seeds ``k-means++``)."""
+    k = repository.reclustered_k()
+    if k is None or k == settings.k:
+        return settings
+    log.warning("model '%s' was re-clustered to k = %d: NMBATCH_K = %d (and "
+                "NMBATCH_INIT_FILE) no longer apply to it", settings.model, k,
+                settings.k)  # fmt: skip
+    init = "k-means++" if settings.init == "given" else settings.init
+    return settings.model_copy(update={"k": k, "init": init, "init_file": None})
+
+
+def model_seed(
+    settings: Settings, repository: ModelRepository, dim: int | None
+) -> tuple[np.ndarray | None, int | None]:
+    """The seed of a seeded model (``init="given"``; ``(k, d)`` float32) and its
+    dimension: the one Redis keeps; for the default model at its first start, the
+    centroids of ``NMBATCH_INIT_FILE`` (checked as ``PUT`` checks ``init``:
+    :func:`~nmbatch.engine.seeding.given.given_centroids`), kept in Redis then, which fix
+    the dimension if nothing did. Raises :class:`ModelConfigError` if there is none, the
+    file is not usable, or it holds other centroids than those the model was seeded with.
+    """
+    if settings.init != "given":
+        return None, dim
+    kept = repository.read_seed()
+    path = settings.init_file
+    if path is None:
+        if kept is None:
+            raise ModelConfigError(f"model '{settings.model}' has init=given but Redis keeps "
+                                   "no seed centroids for it (NMBATCH_INIT_FILE)")  # fmt: skip
+        return kept, dim
+    try:
+        given = given_centroids(np.load(path, allow_pickle=False), settings.k, dim,
+                                settings.metric)  # fmt: skip
+    except (OSError, ValueError) as exc:
+        raise ModelConfigError(f"NMBATCH_INIT_FILE={path}: {exc}") from None
+    if kept is not None and not np.array_equal(kept, given):
+        raise ModelConfigError(
+            f"NMBATCH_INIT_FILE={path} holds other centroids than model "
+            f"'{settings.model}' was seeded with (kept in Redis): restore the file, or use "
+            "another NMBATCH_MODEL for a new model"
+        )
+    if dim is None:  # the seed fixes the dimension, as a first batch would
+        dim = repository.check_meta(settings.k, given.shape[1], settings.metric)
+    return repository.keep_seed(given), dim
 
 
 def _unusable(url: str, exc: redis.RedisError) -> StartupError:

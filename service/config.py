@@ -12,7 +12,7 @@ import ipaddress
 import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -85,8 +85,17 @@ class Settings(BaseSettings):
     seed: int | None = Field(
         None, ge=0, lt=2**63, description="Seed of the store shuffle and the init."
     )
-    init: Literal["k-means++", "first"] = Field(
-        "k-means++", description="Initialisation of the centroids on the first batch."
+    init: Literal["k-means++", "first", "given"] = Field(
+        "k-means++",
+        description="Initialisation of the centroids on the first batch; given: the "
+        "centroids the model was seeded with (NMBATCH_INIT_FILE, or init in PUT "
+        "/models/{name}), published as its first version.",
+    )
+    init_file: Path | None = Field(
+        None,
+        description="A .npy file of (NMBATCH_K, dim) initial centroids for the default "
+        "model (implies NMBATCH_INIT=given): kept in Redis at its first start, so a "
+        "restart seeds it the same way; ignored once a re-clustering changed k.",
     )
     metric: Literal["euclidean", "cosine"] = Field(
         "euclidean",
@@ -348,6 +357,19 @@ class Settings(BaseSettings):
         "only on CPU time nothing else wants; on a saturated machine the model stops.",
     )
 
+    # -- choosing k (POST /sweep) ---------------------------------------------------------
+    sweep_max_rows: int = Field(
+        20_000,
+        ge=100,
+        le=10_000_000,
+        description="Most retained samples a sweep fits on (a uniform sample of them; 20% "
+        "held out to score each k).",
+    )
+    sweep_max_ks: int = Field(12, ge=1, le=64, description="Most values of k in one sweep.")
+    sweep_max_k: int = Field(
+        1024, ge=1, le=100_000, description="Largest k a sweep may fit."
+    )
+
     # -- Ray cluster (issue 14) ------------------------------------------------------------
     ray_address: str | None = Field(
         None,
@@ -367,6 +389,22 @@ class Settings(BaseSettings):
     def has_keys(self) -> bool:
         """True if any API key source is set (NMBATCH_API_KEY, _KEYS or _KEY_FILE)."""
         return any(v is not None for v in (self.api_key, self.api_keys, self.api_key_file))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _init_file_means_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("init_file") and "init" not in data:
+            return {**data, "init": "given"}
+        return data
+
+    @model_validator(mode="after")
+    def _init_file_is_given(self) -> Settings:
+        if self.init_file is not None and self.init != "given":
+            raise ValueError(
+                f"NMBATCH_INIT_FILE seeds the model with its centroids, but NMBATCH_INIT = "
+                f"{self.init}: unset one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _no_open_service_on_the_network(self) -> Settings:

@@ -136,7 +136,8 @@ async def read_json_body(request: Request, schema: type[M], max_bytes: int) -> M
     at most ``max_bytes`` (or ``NMBATCH_MAX_BODY_BYTES`` if lower; 413 above, refused
     from ``Content-Length`` before anything is read), within
     ``NMBATCH_BODY_TIMEOUT_SECONDS`` (408). JSON only (415 otherwise); parsed and checked
-    by pydantic in one step: bad JSON, unknown members, non-finite numbers (``NaN``,
+    by pydantic in one step (off the event loop above 16 KiB, as :func:`parse_body`):
+    bad JSON, unknown members, non-finite numbers (``NaN``,
     ``Infinity``, ``1e999``) and out-of-range values are a 422 problem naming them.
     """
     settings = request.app.state.settings
@@ -149,7 +150,9 @@ async def read_json_body(request: Request, schema: type[M], max_bytes: int) -> M
     body = await read_body(request, min(max_bytes, settings.max_body_bytes),
                            settings.body_timeout_seconds)  # fmt: skip
     try:
-        return schema.model_validate_json(bytes(body))
+        if len(body) <= _INLINE_JSON_BYTES:
+            return schema.model_validate_json(bytes(body))
+        return await run_in_threadpool(schema.model_validate_json, bytes(body))
     except ValidationError as exc:
         raise RequestValidationError(
             [e | {"loc": ("body", *e["loc"])} for e in exc.errors(include_input=False)]

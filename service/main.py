@@ -54,6 +54,7 @@ from nmbatch.service.redis_errors import redis_error_handler
 from nmbatch.service.routes import (
     assign,
     centroids,
+    clusters,
     dashboard,
     events,
     health,
@@ -68,7 +69,7 @@ from nmbatch.service.usecases.events import StreamSlots
 
 __all__ = ["REQUEST_SOCKET_TIMEOUT", "StartupError", "create_app"]
 
-PER_MODEL_ROUTES = (samples, centroids, assign, stats, versions, events, dashboard)
+PER_MODEL_ROUTES = (samples, centroids, assign, stats, versions, events, clusters, dashboard)
 """The routers of one model: mounted for the default model and under ``/models/{name}``."""
 
 
@@ -135,7 +136,8 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
         ),
     )
     for module in (
-        samples, centroids, assign, stats, versions, events, health, dashboard, models,
+        samples, centroids, assign, stats, versions, events, clusters, health, dashboard,
+        models,
     ):  # fmt: skip
         app.include_router(module.router)
     # A model's own routes: the same routers under /models/{name} (the dashboard too:

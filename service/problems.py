@@ -188,6 +188,16 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
     errors.InvalidModelEntryError: DomainProblem(
         409, "invalid-model-entry", "Invalid model entry", ("model",)
     ),
+    # seeding, re-clustering, choosing k
+    errors.InvalidInitError: DomainProblem(
+        422, "invalid-init", "Invalid initial centroids", ("model", "fault", "row")
+    ),
+    errors.SweepRefusedError: DomainProblem(
+        422, "k-refused", "k refused", ("model", "setting")
+    ),
+    errors.SweepBusyError: DomainProblem(
+        503, "sweep-busy", "Sweep busy", headers={"Retry-After": "5"}
+    ),
     # kept versions
     errors.VersionNotKeptError: DomainProblem(
         404, "version-not-kept", "Version not kept", ("model", "version", "kept")

@@ -24,6 +24,8 @@ __all__ = [
     "Readiness",
     "SamplesAccepted",
     "Stats",
+    "Sweep",
+    "SweepPoint",
     "VectorsIn",
     "Versions",
     "vectors_schema",
@@ -357,3 +359,30 @@ class Pin(BaseModel):
     model: str
     pinned: int | None = Field(description="The pinned version (None: reads follow the newest).")
     served: int | None = Field(description="The version reads serve now (None: none yet).")
+
+
+class SweepPoint(BaseModel):
+    """One k of a sweep."""
+
+    k: int
+    heldout_energy: float = Field(description="Mean dissimilarity (squared distance; 1 - "
+                                  "cos under cosine) of the held-out samples.")  # fmt: skip
+    train_energy: float
+    silhouette: float | None = Field(description="On at most 2,000 held-out samples.")
+    n_iter: int
+    seconds: float
+
+
+class Sweep(BaseModel):
+    """The answer of ``POST /sweep``: per k, the scores; the recommended k and its rule."""
+
+    model: str
+    points: list[SweepPoint]
+    recommended_k: int | None = Field(description="By `rule`; None when it finds none.")
+    rule: str
+    n_retained: int = Field(description="Retained samples read (the log and base).")
+    n_train: int = Field(description="Samples each k was fitted on (a uniform sample).")
+    n_heldout: int = Field(description="Samples held out (20%) to score each k.")
+    n_silhouette: int
+    metric: str
+    seconds: float

@@ -165,6 +165,57 @@ def test_fit_matches_the_estimator_with_the_same_seed(
     np.testing.assert_array_equal(labels, km.labels_)
 
 
+def test_fit_init_from_a_file_is_the_estimators_init_array(
+    tmp_path: Path, four_blobs: np.ndarray, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nmbatch.engine import NestedMiniBatchKMeans
+
+    np.save(tmp_path / "x.npy", four_blobs)
+    given = four_blobs[[0, 10, 20, 30]] + np.float32(0.5)
+    np.save(tmp_path / "init.npy", given)
+    np.savetxt(tmp_path / "init.csv", given, delimiter=",")
+    km = NestedMiniBatchKMeans(4, batch_size=100, init=given, random_state=3).fit(four_blobs)
+    for init in ("init.npy", "init.csv"):
+        C, labels = fit(tmp_path, tmp_path / "x.npy", "--init", str(tmp_path / init))
+        np.testing.assert_array_equal(C, km.cluster_centers_)
+        np.testing.assert_array_equal(labels, km.labels_)
+    # -k defaults to the file's rows; another -k, or -k missing without a file, is an error.
+    out = tmp_path / "c.npy"
+    args = ["fit", str(tmp_path / "x.npy"), "--centroids", str(out), "-q"]
+    assert cli.main([*args, "--init", str(tmp_path / "init.npy")]) == 0
+    assert np.load(out).shape == (4, 3)
+    assert cli.main([*args, "--init", str(tmp_path / "init.npy"), "-k", "3"]) == 2
+    assert "init has shape (4, 3), but the model needs (k, dim) = (3, 3)" in capsys.readouterr().err
+    assert cli.main(args) == 2
+    assert "-k is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([*args, "--init", "kmeans"])
+
+
+def test_sweep_recommends_the_number_of_blobs_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.testkit import blobs_around
+
+    X, _ = blobs_around(1, 12.0 * np.vstack([np.eye(4), np.zeros((1, 4))]), 400)
+    np.save(tmp_path / "x.npy", X)
+    out = tmp_path / "sweep.json"
+    args = ["sweep", str(tmp_path / "x.npy"), "--ks", "2,3,4,5,6,8,10", "--threads", "1"]
+    assert cli.main([*args, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "recommended k = 5;" in printed and "<- recommended" in printed
+    doc = json.loads(out.read_text())
+    assert doc["recommended_k"] == 5 and [p["k"] for p in doc["points"]] == [2, 3, 4, 5, 6, 8, 10]
+    assert (doc["n_train"], doc["n_heldout"]) == (1600, 400)
+    assert cli.main([*args, "--max-rows", "1000"]) == 0
+    assert "800 rows fitted, 200 held out" in capsys.readouterr().out
+    assert cli.main([*args[:2], "--ks", "2,2000"]) == 2
+    assert "every k must be in [1, 1600]" in capsys.readouterr().err
+    for bad in ("2,x", "0,3", ""):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args([*args[:2], "--ks", bad])
+
+
 def test_fit_npz_uses_train_by_default(tmp_path: Path, four_blobs: np.ndarray) -> None:
     np.savez(tmp_path / "x.npz", aaa=four_blobs[:50], train=four_blobs)
     C, labels = fit(tmp_path, tmp_path / "x.npz")

@@ -39,12 +39,13 @@ class EngineConfig:
     lower_priority`); ``swap`` turns on nmbatch's cluster swaps
     (``nmbatch.engine.algorithms.swap``), which the service asks for with the
     retentions that follow a moving stream; ``metric``: ``"euclidean"`` or ``"cosine"``
-    (spherical k-means: unit rows and centroids, :mod:`nmbatch.engine.metric`).
+    (spherical k-means: unit rows and centroids, :mod:`nmbatch.engine.metric`);
+    ``init``: a seeding method or the ``(k, dim)`` float32 starting centroids.
     """
 
     dim: int
     k: int
-    init: str
+    init: str | np.ndarray
     rho: float
     batch_size: int
     seed: int | None

@@ -1,4 +1,4 @@
-/* nmbatch dashboard: polls the JSON API every 2 s and draws six panels.
+/* nmbatch dashboard: polls the JSON API every 2 s and draws seven panels.
  *
  * Reads only GET dashboard/data, which answers 200 in every state of the service and
  * carries the readiness, the /stats and /centroids documents or the problems those routes
@@ -11,6 +11,7 @@
  * size history whole from /stats' doublings; the ingestion rate and the centroid trails
  * are what this page has seen since it opened.
  * The 2-D map is a PCA of the centroids computed in the browser (pca.js), not on the server.
+ * The k panel draws the last POST sweep the server answered (held-out energy by k).
  * Exposed for tests: window.NmbDashboard = {pca2, tinyThreshold, state, poll, charts}.
  */
 (function () {
@@ -28,7 +29,7 @@
     centroidsProblem: null, statsProblem: null, ready: null, polling: false,
     lastOk: null, unreachable: null, failed: null, needKey: false,
     ingest: { t: [], rate: [], n: [] }, prevIngest: null,
-    energy: new Map(), trail: [], axes: null, timer: null,
+    energy: new Map(), trail: [], axes: null, timer: null, sweep: null,
   };
 
   const { pca2, tinyThreshold, dot } = window.NmbPca; // pca.js
@@ -105,6 +106,7 @@
     if (data.stats) { state.stats = data.stats; recordIngestion(data.stats); }
     state.centroidsProblem = data.centroids_problem;
     if (data.centroids) takeCentroids(data.centroids);
+    state.sweep = data.sweep || null;
     for (const point of data.energy_history) state.energy.set(point.version, point.energy);
     const old = [...state.energy.keys()].sort((a, b) => a - b).slice(0, -ENERGY_POINTS);
     for (const v of old) state.energy.delete(v);
@@ -216,6 +218,7 @@
       ? name + `role ${s.role} · retention ${s.retention}` + (c ? ` · k ${c.k} · d ${c.dim}` : "") : "";
     document.getElementById("updated").textContent = state.lastOk ? "updated " + clock(state.lastOk) : "";
     if (s) renderStats(s);
+    renderSweep(state.sweep);
     renderHealth(state.health, s);
     renderClusters();
     renderMap();
@@ -244,6 +247,26 @@
     charts.energy.setData([versions, versions.map((v) => state.energy.get(v))]);
     placeholder("chart-energy", versions.length ? null : "No energy yet: it comes with the first iteration.");
     placeholder("chart-batch", s.b ? null : "No batch yet: the first iteration needs k samples.");
+  }
+
+  function renderSweep(sweep) { // the last POST sweep: held-out energy by k, the elbow marked
+    if (!sweep) {
+      charts.sweep.setData([[], [], []]);
+      fig("fig-sweep-k", "–", null);
+      fig("fig-sweep-rows", "–", null);
+      fig("fig-sweep-seconds", "–", null);
+      placeholder("chart-sweep", 'No sweep yet: POST sweep {"ks": [8, 16, 32, 64]} draws the curve here.');
+      return;
+    }
+    const ks = sweep.points.map((p) => p.k);
+    const energy = sweep.points.map((p) => p.heldout_energy);
+    const marks = sweep.points.map((p) => (p.k === sweep.recommended_k ? p.heldout_energy : null));
+    charts.sweep.setData([ks, energy, marks]);
+    const k = sweep.recommended_k;
+    fig("fig-sweep-k", k === null ? "none" : int(k), k);
+    fig("fig-sweep-rows", int(sweep.n_train), sweep.n_train);
+    fig("fig-sweep-seconds", sweep.seconds.toFixed(2) + " s", sweep.seconds);
+    placeholder("chart-sweep", null);
   }
 
   function batchSeries(s) { // b over iterations as steps, doublings as points
@@ -440,8 +463,20 @@
     }, [[], []]);
   }
 
+  function setUpSweepChart() {
+    const blue = "#2563eb", red = "#dc2626";
+    charts.sweep = chart("chart-sweep", {
+      scales: { x: { time: false, distr: 3, log: 2 }, y: { distr: 3, log: 10 } },
+      series: [{ label: "k" },
+        { label: "held-out energy", stroke: blue, width: 2, points: { show: true, size: 5 } },
+        { label: "recommended", stroke: red, width: 0, paths: () => null, points: { show: true, size: 9, fill: red } }],
+      axes: [{ label: "k (log scale)" }, { label: "held-out energy (log)", size: 60 }],
+    }, [[], [], []]);
+  }
+
   function start() {
     setUpCharts();
+    setUpSweepChart();
     document.getElementById("key-form").addEventListener("submit", useKey);
     document.getElementById("key-button").addEventListener("click", forgetKey);
     document.addEventListener("visibilitychange", () => { if (!document.hidden) poll(); });

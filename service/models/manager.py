@@ -225,6 +225,8 @@ class ModelManager:
         except BaseException:
             await self._abandon(name, stack, default)
             raise
+        if default:  # its k may be the one a re-clustering set (bootstrap)
+            spec = spec_of(handle.settings)
         running = RunningModel(spec, handle, stack, default, generation)
         self.running[name] = running
         return running
@@ -262,6 +264,23 @@ class ModelManager:
             self.metrics.remove_model(name)  # its series leave /metrics
         self.redis_needs.pop(name, None)
         return running is not None
+
+    async def restart(self, name: str, spec: ModelSpec | None) -> RunningModel:
+        """Stop model ``name`` and start it again (call with the lock held): a named one
+        with ``spec``, the default one with the service's settings, its ``k`` the one a
+        re-clustering set (:func:`~nmbatch.service.bootstrap.reclustered_settings`). The
+        engine replays the retained log, as at a restart."""
+        running = self.running.pop(name, None)
+        if running is not None:
+            await running.stack.aclose()  # last snapshot, lease released, engine ended
+        if spec is not None:
+            self.metrics.remove_model(name)
+            self.redis_needs.pop(name, None)
+            return await self.start_named(name, spec)
+        return await self._launch(
+            self.settings, spec_of(self.settings),
+            self.metrics.for_model(name), self.memory, default=True,
+        )  # fmt: skip
 
     async def sync(self) -> None:
         """Serve the pins Redis holds; start the registered models not running here; stop
@@ -313,18 +332,20 @@ class ModelManager:
             return None
 
     async def _restart_replaced(self, registered: dict[str, ModelSpec]) -> None:
-        """Stop (without purging) the named models running here whose generation is no
-        longer theirs: deleted and created again by another process; the loop in
-        :meth:`sync` starts the new one."""
+        """Stop (without purging) the named models running here whose generation or spec
+        is no longer theirs: deleted and created again, or re-clustered, by another
+        process; the loop in :meth:`sync` starts the new one."""
         names = [n for n, m in self.running.items() if not m.default and n in registered]
         for name, current in zip(names, await self.registry.generations(names), strict=True):
             running = self.running.get(name)
-            if running is None or current is None or current == running.generation:
+            if running is None or current is None:
                 continue
+            if current == running.generation and registered[name].model_dump() == running.spec:
+                continue  # neither created again nor re-clustered (another k) elsewhere
             async with self.lock:
                 if self.running.get(name) is running:
                     await self.stop(name)
-            log.info("model '%s' was deleted and created again elsewhere: restarted", name)
+            log.info("model '%s' was created again or re-clustered elsewhere: restarted", name)
 
     async def _sync_loop(self, seconds: float) -> None:
         while True:
@@ -397,6 +418,11 @@ class ModelManager:
         model = self.running.get(name)
         if model is not None:
             return model
+        if name == self.default_name:  # restarting (a re-clustering): wait for it
+            async with self.lock:
+                model = self.running.get(name)
+            if model is not None:
+                return model
         try:
             spec = await self.registry.get(name)
         except ValueError as exc:

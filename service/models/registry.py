@@ -33,6 +33,7 @@ import secrets
 import time
 from typing import Any
 
+import numpy as np
 import orjson
 import redis.asyncio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -46,6 +47,7 @@ from nmbatch.service.storage.capacity import (
     versions_footprint,
 )
 from nmbatch.service.storage.keys import ModelKeys
+from nmbatch.service.storage.seed import encode_seed, seed_bytes
 
 __all__ = [
     "CENTROID_BYTES",
@@ -171,10 +173,12 @@ def _sample_bytes(spec: ModelSpec, with_redis: bool) -> int:
 
 
 def _fixed_bytes(spec: ModelSpec, keep: tuple[int, int], with_redis: bool) -> int:
-    """Bytes that do not grow with the samples: centroids, and the versions of ``keep``
-    (``NMBATCH_KEEP_VERSIONS``, ``NMBATCH_KEEP_VERSIONS_BYTES``; :func:`versions_footprint`)."""
+    """Bytes that do not grow with the samples: centroids, the versions of ``keep``
+    (``NMBATCH_KEEP_VERSIONS``, ``NMBATCH_KEEP_VERSIONS_BYTES``; :func:`versions_footprint`),
+    and the seed's centroids in Redis of a seeded model (``init="given"``: ``4 k d``)."""
     versions = versions_footprint(keep, spec.k, spec.dim, with_redis=with_redis)
-    return CENTROID_BYTES * spec.k * spec.dim + versions
+    seed = seed_bytes(spec.k, spec.dim) if spec.init == "given" and with_redis else 0
+    return CENTROID_BYTES * spec.k * spec.dim + versions + seed
 
 
 def required_bytes(
@@ -195,8 +199,9 @@ def fitting_samples(
 
 # Creates the model's entry unless it exists, the registry is full, the name is a default
 # model or holds data nobody registered, in one step; sets its new generation.
-# KEYS: registry, owners, defaults, the model's generation, meta, log, snapshot.
-# ARGV: name, spec JSON, most models, owner (this service), generation token.
+# KEYS: registry, owners, defaults, the model's generation, meta, log, snapshot, seed.
+# ARGV: name, spec JSON, most models, owner (this service), generation token, the seed's
+# centroids (raw float32; '' for none), its k, its dim.
 # Returns {1, spec} created, {0, existing spec} exists (this service's, or ownerless),
 # {-1, count} full, {-2, ''} a default model, {-3, ''} another service's, {-4, ''} data.
 _CREATE = """
@@ -213,6 +218,10 @@ if count >= tonumber(ARGV[3]) then return {-1, tostring(count)} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
 redis.call('SET', KEYS[4], ARGV[5])
+redis.call('DEL', KEYS[8])
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[8], 'k', ARGV[7], 'dim', ARGV[8], 'x', ARGV[6])
+end
 return {1, ARGV[2]}
 """
 
@@ -238,6 +247,22 @@ redis.call('SET', KEYS[1], ARGV[2], 'NX')
 return redis.call('GET', KEYS[1])
 """
 
+# A model re-clustered with another k, in one step: its spec (a named model's entry, only
+# while it is the one read: ARGV[2]), the meta's k and reclustered_at, the snapshot and the
+# seed deleted (a worker still on the old k then writes no snapshot: write_snapshot checks
+# the meta's k under its watch of the snapshot). Samples, log, versions and pin are kept.
+# KEYS: registry, meta, snapshot, seed. ARGV: name ('' for a default model), the spec JSON
+# read, the new spec JSON, the new k, the time. Returns 1 done, 0 the entry changed since.
+_RECLUSTER = """
+if ARGV[1] ~= '' then
+  if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+end
+redis.call('HSET', KEYS[2], 'k', ARGV[4], 'reclustered_at', ARGV[5])
+redis.call('DEL', KEYS[3], KEYS[4])
+return 1
+"""
+
 CREATED, EXISTS, FULL, DEFAULT_MODEL, NOT_OWNED, ORPHAN_DATA = 1, 0, -1, -2, -3, -4
 """Outcomes of :meth:`ModelRegistry.create` (and, the two refusals, of ``remove``)."""
 
@@ -255,6 +280,7 @@ class ModelRegistry:
         self._create = client.register_script(_CREATE)
         self._remove = client.register_script(_REMOVE)
         self._claim = client.register_script(_CLAIM)
+        self._recluster = client.register_script(_RECLUSTER)
 
     async def entries(self) -> tuple[dict[str, ModelSpec], dict[str, str]]:
         """Every registered model's spec by name, and, apart, the entries that do not
@@ -290,8 +316,12 @@ class ModelRegistry:
         through another service)."""
         await self.client.hsetnx(DEFAULTS_KEY, name, repr(time.time()))
 
-    async def create(self, name: str, spec: ModelSpec, max_models: int) -> tuple[int, Any]:
-        """Register ``name`` unless it exists or ``max_models`` are registered.
+    async def create(
+        self, name: str, spec: ModelSpec, max_models: int, seed: np.ndarray | None = None
+    ) -> tuple[int, Any]:
+        """Register ``name`` unless it exists or ``max_models`` are registered; with
+        ``seed`` (``(k, d)`` float32, for ``init="given"``), keep it as the model's seed
+        (:mod:`~nmbatch.service.storage.seed`) in the same step.
 
         Returns ``(CREATED, spec)``, ``(EXISTS, existing spec)`` (a :class:`ModelSpec`,
         or None if unreadable), ``(FULL, number registered)``, or ``(DEFAULT_MODEL |
@@ -299,10 +329,12 @@ class ModelRegistry:
         """
         keys = ModelKeys(name)
         body = orjson.dumps(spec.model_dump())
+        fields = encode_seed(seed) if seed is not None else {"x": b"", "k": 0, "dim": 0}
         status, value = await self._create(
             keys=[REGISTRY_KEY, OWNERS_KEY, DEFAULTS_KEY, keys.generation, keys.meta,
-                  keys.log, keys.snapshot],
-            args=[name, body, max_models, self.owner, secrets.token_hex(16)],
+                  keys.log, keys.snapshot, keys.seed],
+            args=[name, body, max_models, self.owner, secrets.token_hex(16),
+                  fields["x"], fields["k"], fields["dim"]],
         )  # fmt: skip
         status = int(status)
         if status == CREATED:
@@ -326,6 +358,28 @@ class ModelRegistry:
                 args=[name, self.owner],
             )
         )
+
+    async def recluster(
+        self, name: str, k: int, *, current: ModelSpec | None, new: ModelSpec | None
+    ) -> bool:
+        """Change model ``name``'s ``k`` in one step (see ``_RECLUSTER``): a named model's
+        entry from ``current`` to ``new`` (False, nothing changed, if the entry is no
+        longer ``current``); a default model (both None) only in its meta."""
+        keys = ModelKeys(name)
+        named = current is not None and new is not None
+        done = await self._recluster(
+            keys=[REGISTRY_KEY, keys.meta, keys.snapshot, keys.seed],
+            args=[name if named else "",
+                  orjson.dumps(current.model_dump()) if named else b"",
+                  orjson.dumps(new.model_dump()) if named else b"",
+                  k, repr(time.time())],
+        )  # fmt: skip
+        return bool(int(done))
+
+    async def seed(self, name: str) -> bytes | None:
+        """The raw ``float32`` centroids model ``name`` was seeded with, or None."""
+        value = await self.client.hget(ModelKeys(name).seed, "x")
+        return bytes(value) if value is not None else None
 
     async def claim_generation(self, name: str, *, named: bool) -> str | None:
         """The generation token of model ``name`` (set now if it has none); None if it is

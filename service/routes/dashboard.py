@@ -16,7 +16,9 @@ document holds:
 - the energy history (:attr:`ModelBoard.energy_history`: the last 500 versions' energy
   as ``/stats`` showed it, kept in memory by this process), from ``energy_since``;
 - what only the metrics hold: the ``/assign`` latency quantiles, the error counts, Redis
-  availability as the worker sees it and the server's memory.
+  availability as the worker sees it and the server's memory;
+- the last ``POST /sweep`` this process answered for the model (its curve of held-out
+  energy by k, with the recommended k).
 
 The 2-D map's PCA of the centroids runs in the browser.
 
@@ -46,7 +48,7 @@ from nmbatch.service.context import ModelDep, etag_matches
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.problems import Problem, ProblemError, problem_document, problem_responses
 from nmbatch.service.redis_errors import redis_problem
-from nmbatch.service.schemas import Centroids, Readiness, Stats
+from nmbatch.service.schemas import Centroids, Readiness, Stats, Sweep
 from nmbatch.service.security import OPTIONAL_KEY, require_read_key
 from nmbatch.service.usecases import reads, serving
 from nmbatch.service.usecases.errors import DomainError
@@ -175,6 +177,10 @@ class DashboardData(BaseModel):
     engine_restarts: int = Field(description="Times the worker rebuilt its engine process.")
     server_rss_bytes: int | None = Field(
         description="Resident memory of this server process (None where /proc is absent)."
+    )
+    sweep: Sweep | None = Field(
+        description="The last POST /sweep this process answered for the model (None: none "
+        "since it started): the held-out energy by k, drawn as a curve."
     )
 
 
@@ -328,6 +334,7 @@ async def dashboard_data(
         "redis_unavailable": _counter_total(metrics.redis_errors),
         "engine_restarts": _counter_total(handle.metrics.engine_restarts),
         "server_rss_bytes": _rss_bytes(),
+        "sweep": handle.last_sweep,
     }
     # The centroids go in as /centroids serialised them (not parsed again).
     body = orjson.dumps(doc)[:-1] + b',"centroids":' + (centroids or b"null") + b"}"

@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from nmbatch.service.context import Name, read_json_body
+from nmbatch.service.context import Name, parse_body, read_json_body
 from nmbatch.service.models import ModelManager, ModelSpec
-from nmbatch.service.parsing import JSON
+from nmbatch.service.parsing import JSON, NPY, media_type, read_body
 from nmbatch.service.problems import ProblemError, problem_responses
 from nmbatch.service.security import OPTIONAL_KEY, require_admin_key, require_read_key
 from nmbatch.service.usecases import catalog
@@ -57,20 +58,66 @@ def _manager(request: Request) -> ModelManager:
     return request.app.state.models
 
 
-SPEC_MAX_BYTES = 16 * 1024
-"""Largest ``PUT /models/{name}`` body (413 above): a spec is a few hundred bytes."""
+SPEC_MAX_BYTES = 1 << 20
+"""Largest JSON ``PUT /models/{name}`` body (413 above): a spec is a few hundred bytes,
+its ``init`` as a list of lists up to some 50,000 numbers; larger centroids travel as an
+npy body (bounded by ``NMBATCH_MAX_BODY_BYTES``, parsed in place)."""
+
+_SPEC_FIELDS = {n: (f.annotation, f) for n, f in ModelSpec.model_fields.items() if n != "init"}
+ModelRequest = create_model(  # ModelSpec, with init also a (k, dim) list of lists
+    "ModelRequest",
+    __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
+    init=(
+        ModelSpec.model_fields["init"].annotation | list[list[float]],
+        Field("k-means++", description="A seeding method, or the initial centroids "
+              "(k lists of dim numbers; the model's init is then 'given')."),
+    ),
+    **_SPEC_FIELDS,  # type: ignore[call-overload]
+)
 
 
-async def read_spec(request: Request) -> ModelSpec:
-    """The :class:`ModelSpec` of a ``PUT /models/{name}`` body, read after the key check
-    (:func:`~nmbatch.service.context.read_json_body`, at most :data:`SPEC_MAX_BYTES`)."""
-    return await read_json_body(request, ModelSpec, SPEC_MAX_BYTES)
+def _spec(values: dict[str, Any], where: str) -> ModelSpec:
+    """:class:`ModelSpec` of ``values``, its refusal a 422 naming the fields under
+    ``where`` (``body`` or ``query``)."""
+    try:
+        return ModelSpec.model_validate(values)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [e | {"loc": (where, *e["loc"])} for e in exc.errors(include_input=False)]
+        ) from None
+
+
+async def read_spec(request: Request) -> tuple[ModelSpec, object]:
+    """The :class:`ModelSpec` of a ``PUT /models/{name}`` request and its initial
+    centroids (None: none), read after the key check.
+
+    JSON (:func:`~nmbatch.service.context.read_json_body`, at most
+    :data:`SPEC_MAX_BYTES`): the spec, ``init`` a method or the centroids as a list of
+    lists. ``application/x-npy``: the centroids ``(k, dim)`` as the body (the capped,
+    timed reader of ``POST /samples``), ``k`` and ``dim`` their shape, the other fields
+    as query parameters (``?metric=cosine&seed=7``).
+    """
+    settings = request.app.state.settings
+    if media_type(request.headers.get("content-type")) != NPY:
+        body = await read_json_body(request, ModelRequest, SPEC_MAX_BYTES)
+        values = body.model_dump()
+        init = values["init"] if isinstance(values["init"], list) else None
+        if init is not None:
+            values["init"] = "given"
+        return _spec(values, "body"), init
+    raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
+    C = await parse_body(raw, NPY, dim=None, max_vectors=100_000, max_dim=settings.max_dim)
+    values = {"k": C.shape[0], "dim": C.shape[1], **request.query_params, "init": "given"}
+    return _spec(values, "query"), C
 
 
 SPEC_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "content": {JSON: {"schema": ModelSpec.model_json_schema()}},
+        "content": {
+            JSON: {"schema": ModelRequest.model_json_schema()},
+            NPY: {"schema": {"type": "string", "format": "binary"}},
+        },
     }
 }
 """``openapi_extra`` of ``PUT /models/{name}``: the body FastAPI no longer reads itself."""
@@ -107,8 +154,13 @@ TOO_LARGE = (
     response_model=ModelInfo,
     summary="Create a named model (or find it with the same settings)",
     description="201 when created (its worker starts at once), 200 when it exists with "
-    "the same settings, 409 when they differ. Nothing is stored when refused. The body is "
-    "read only once the key is checked, at most 16 KiB.",
+    "the same settings (and initial centroids), 409 when they differ. Nothing is stored "
+    "when refused. The body is read only once the key is checked: JSON at most 1 MiB, "
+    "`init` a seeding method or the initial centroids (k lists of dim numbers); or the "
+    "centroids as an `application/x-npy` body (k, dim from its shape; the other settings "
+    "as query parameters), at most NMBATCH_MAX_BODY_BYTES. A seeded model publishes the "
+    "given centroids as its first version. 422 `invalid-init` (member `fault`: shape, "
+    "values, zero-row, missing) when they cannot seed it.",
     openapi_extra=SPEC_BODY | OPTIONAL_KEY,
     dependencies=[Depends(require_admin_key)],
     responses={
@@ -120,8 +172,8 @@ TOO_LARGE = (
     },
 )
 async def put_model(request: Request, response: Response, name: Name) -> dict[str, Any]:
-    spec = await read_spec(request)
-    created, document = await catalog.create_model(_manager(request), name, spec)
+    spec, init = await read_spec(request)
+    created, document = await catalog.create_model(_manager(request), name, spec, init)
     response.status_code = 201 if created else 200
     return document
 

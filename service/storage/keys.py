@@ -12,7 +12,9 @@ Keys (``{model}`` is ``NMBATCH_MODEL``, so several models share one Redis):
     step together with the counter ``n_samples`` of the meta hash: all of it or nothing
     (:mod:`service.storage.log`).
 ``nmbatch:{model}:meta`` (hash)
-    ``k`` and ``dim`` of the model (a setting that contradicts them stops start-up),
+    ``k`` and ``dim`` of the model (a setting that contradicts them stops start-up;
+    ``reclustered_at``, once a re-clustering changed ``k``: then its ``k`` is the model's,
+    whatever the setting says),
     ``n_samples`` (rows ever appended to the log; trimming and compaction do not lower
     it), ``created_at``; ``versions_reserved`` and ``versions_reserved_by``
     (:mod:`service.storage.lease`). Once a compaction has
@@ -51,6 +53,10 @@ Keys (``{model}`` is ``NMBATCH_MODEL``, so several models share one Redis):
     The model's events (:mod:`service.storage.events`): fields ``type`` and ``data``
     (JSON), at most ``NMBATCH_EVENTS_KEEP`` entries (``MAXLEN ~``); the entry id is the
     event's id of ``GET /events``.
+``nmbatch:{model}:seed`` (hash)
+    The centroids the model was seeded with, if it was (``k``, ``dim``, ``x``: raw
+    ``float32``; :mod:`service.storage.seed`): written with its registry entry (a named
+    model) or at its first start (``NMBATCH_INIT_FILE``), deleted by a re-clustering.
 ``nmbatch:{model}:lock`` (string, with expiry)
     The worker lease: ``{token}:{run id}:{client id}``, set with ``SET NX PX``
     (:mod:`service.storage.lease`).
@@ -121,6 +127,10 @@ class ModelKeys:
     @property
     def events(self) -> str:
         return self.prefix + "events"
+
+    @property
+    def seed(self) -> str:
+        return self.prefix + "seed"
 
     @property
     def lock(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import redis
 
 from nmbatch.engine.rows import SourceRows
@@ -16,6 +17,7 @@ from nmbatch.service.storage.errors import LeaseLostError, ModelConfigError
 from nmbatch.service.storage.handoff import LocalEntries
 from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.storage.lease import held_by, reserve_versions, reserved_versions
+from nmbatch.service.storage.seed import decode_seed, encode_seed
 from nmbatch.service.storage.snapshot import Snapshot
 from nmbatch.service.storage.versions import plan_keep, queue_keep
 
@@ -42,7 +44,9 @@ class ModelRepository:
         so whoever sees its ``k`` sees its metric; a model recorded before the metric
         existed has none and is Euclidean (its log holds the rows as they came). Returns the
         model's dimension if known (from the setting or Redis), else None. Raises
-        :class:`ModelConfigError` naming the conflict when a setting differs.
+        :class:`ModelConfigError` naming the conflict when a setting differs; a ``k``
+        that a re-clustering set (``reclustered_at`` in the meta) is the model's whatever
+        ``k`` says (:meth:`reclustered_k`).
         """
         key = self.keys.meta
         if not self.client.hexists(key, "k"):
@@ -53,9 +57,13 @@ class ModelRepository:
                 pipe.execute()
         if dim is not None:
             self.client.hsetnx(key, "dim", dim)
-        stored_k, stored_dim, stored_metric = self.client.hmget(key, ["k", "dim", "metric"])
+        stored_k, stored_dim, stored_metric, reclustered = self.client.hmget(
+            key, ["k", "dim", "metric", "reclustered_at"]
+        )
         stored_metric = as_str(stored_metric) if stored_metric is not None else "euclidean"
         where = f"Redis model '{self.keys.model}' (key {key})"
+        if reclustered is not None:
+            k = int(stored_k)  # a re-clustering chose it: the setting's k no longer applies
         if int(stored_k) != k:
             raise ModelConfigError(
                 f"NMBATCH_K={k} but {where} was created with k={int(stored_k)}: use "
@@ -79,6 +87,28 @@ class ModelRepository:
                 f"its meta record (k={int(stored_k)}, dim={stored_dim and int(stored_dim)})"
             )
         return int(stored_dim) if stored_dim is not None else None
+
+    def reclustered_k(self) -> int | None:
+        """The model's ``k`` if a re-clustering set it (it then overrides the setting's),
+        else None."""
+        k, reclustered = self.client.hmget(self.keys.meta, ["k", "reclustered_at"])
+        return int(k) if reclustered is not None and k is not None else None
+
+    def read_seed(self) -> np.ndarray | None:
+        """The centroids the model was seeded with (``(k, d)`` float32), or None."""
+        return decode_seed(self.client.hgetall(self.keys.seed))
+
+    def keep_seed(self, centroids: np.ndarray) -> np.ndarray:
+        """Keep ``centroids`` as the model's seed unless it has one; returns the one kept
+        (``centroids``, or the seed Redis held)."""
+        fields = encode_seed(centroids)
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(self.keys.seed, "x", fields["x"])
+            pipe.hsetnx(self.keys.seed, "k", fields["k"])
+            pipe.hsetnx(self.keys.seed, "dim", fields["dim"])
+            pipe.execute()
+        kept = self.read_seed()
+        return kept if kept is not None else centroids
 
     def dim(self) -> int | None:
         """The model's dimension, once fixed."""
@@ -160,7 +190,10 @@ class ModelRepository:
         that lease is held, checked in the same transaction; otherwise
         :class:`LeaseLostError` is raised. In the same transaction the version is kept,
         and the oldest unpinned versions beyond ``keep`` forgotten
-        (:mod:`~nmbatch.service.storage.versions`). Returns True when written.
+        (:mod:`~nmbatch.service.storage.versions`). Returns True when written; False
+        when Redis holds a newer snapshot, or the model's ``k`` is no longer the
+        snapshot's (re-clustered meanwhile: the script that changes ``k`` deletes the
+        snapshot, so the watch sees it).
         """
         key = self.keys.snapshot
         watched = [key, self.keys.versions, self.keys.pin]
@@ -176,7 +209,10 @@ class ModelRepository:
                         pipe.unwatch()
                         raise LeaseLostError("the worker lease is held by another process")
                     stored = pipe.hget(key, "version")
-                    if stored is not None and int(stored) >= snapshot.model.version:
+                    model_k = pipe.hget(self.keys.meta, "k")
+                    if (stored is not None and int(stored) >= snapshot.model.version) or (
+                        model_k is not None and int(model_k) != snapshot.model.state.k
+                    ):
                         pipe.unwatch()
                         return False
                     added, forget = plan_keep(pipe, self.keys, snapshot.model.version, keep)

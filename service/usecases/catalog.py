@@ -16,6 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
+
+from nmbatch.engine.metric import ZeroRowError
+from nmbatch.engine.seeding.given import GivenCentroidsError, given_centroids
 from nmbatch.service.models.manager import ModelManager, RunningModel, StartupError
 from nmbatch.service.models.registry import (
     CREATED,
@@ -31,6 +35,7 @@ from nmbatch.service.usecases.errors import (
     DefaultModelError,
     DimensionTooLargeError,
     DomainError,
+    InvalidInitError,
     ModelCannotStartError,
     ModelConflictError,
     ModelNotOwnedError,
@@ -38,7 +43,7 @@ from nmbatch.service.usecases.errors import (
     UnknownModelError,
 )
 
-__all__ = ["create_model", "delete_model", "describe_model", "list_models"]
+__all__ = ["create_model", "delete_model", "describe_model", "list_models", "seed_of"]
 
 log = logging.getLogger("service")
 
@@ -105,19 +110,43 @@ async def list_models(models: ModelManager) -> list[dict[str, Any]]:
     return [out[0], *sorted(out[1:], key=lambda doc: doc["name"])]
 
 
+def seed_of(name: str, spec: ModelSpec, init: object) -> np.ndarray:
+    """The centroids ``init`` (a ``(k, dim)`` matrix: a list of lists, an array) as model
+    ``name`` of ``spec`` starts from (:func:`~nmbatch.engine.seeding.given.given_centroids`:
+    ``float32``, finite, unit rows under cosine). Raises :class:`InvalidInitError` naming
+    the fault."""
+    try:
+        return given_centroids(init, spec.k, spec.dim, spec.metric)
+    except ZeroRowError as exc:
+        raise InvalidInitError(name, "zero-row", str(exc), row=exc.row) from None
+    except GivenCentroidsError as exc:
+        raise InvalidInitError(name, exc.what, str(exc)) from None
+
+
 async def create_model(
-    models: ModelManager, name: str, spec: ModelSpec
+    models: ModelManager, name: str, spec: ModelSpec, init: object = None
 ) -> tuple[bool, dict[str, Any]]:
     """Create model ``name`` with ``spec``, or find it with the same spec.
+
+    ``init``: the initial centroids (``(k, dim)``; with ``spec.init == "given"``), checked
+    by :func:`seed_of` before anything is written and kept with the model's entry in one
+    step; the same spec with other centroids is a conflict.
 
     Returns ``(created, document)``. Raises :class:`ModelConflictError` (another
     spec), :class:`ModelNotOwnedError` (another service's default model or model, or
     Redis holds data under the name that no registered model owns),
     :class:`ModelCannotStartError` (it cannot start here), :class:`TooManyModelsError`,
     :class:`ModelTooLargeError`, :class:`DimensionTooLargeError`,
-    :class:`UnsupportedMetricError` (a cosine model on the Ray engine).
+    :class:`UnsupportedMetricError` (a cosine model on the Ray engine),
+    :class:`InvalidInitError` (centroids missing, or not usable).
     """
     settings = models.settings
+    seed = None
+    if spec.init == "given" or init is not None:
+        if init is None or spec.init != "given":
+            raise InvalidInitError(name, "missing", "init=given and the centroids go together "
+                                   "(init as a list of lists, or an npy body)")  # fmt: skip
+        seed = seed_of(name, spec, init)
     if name == models.default_name:
         current = spec_of(settings)
         if current != spec.model_dump():
@@ -128,12 +157,14 @@ async def create_model(
     models.check_engine(name, spec)  # UnsupportedMetricError before anything is written
     models.capacity(name, spec)  # ModelTooLargeError before anything is written
     async with models.lock:
-        status, value = await models.registry.create(name, spec, settings.max_models)
+        status, value = await models.registry.create(name, spec, settings.max_models, seed)
         if status == FULL:
             raise TooManyModelsError(value, settings.max_models)
         if status in (DEFAULT_MODEL, NOT_OWNED, ORPHAN_DATA):
             raise _not_owned(name, status)
-        if status != CREATED and value != spec:
+        if status != CREATED and (value != spec or (
+            seed is not None and await models.registry.seed(name) != seed.astype("<f4").tobytes()
+        )):  # fmt: skip
             raise ModelConflictError(name, value.model_dump() if value is not None else None)
         try:
             await models.start_named(name, spec)

@@ -24,6 +24,7 @@ __all__ = [
     "DimensionTooLargeError",
     "DomainError",
     "IdempotencyKeyReusedError",
+    "InvalidInitError",
     "InvalidModelEntryError",
     "LogBacklogError",
     "ModelCannotStartError",
@@ -33,6 +34,8 @@ __all__ = [
     "ModelTooLargeError",
     "NotEnoughSamplesError",
     "StoreFullError",
+    "SweepBusyError",
+    "SweepRefusedError",
     "TooManyEventStreamsError",
     "TooManyModelsError",
     "UnknownModelError",
@@ -309,6 +312,39 @@ class DefaultModelError(DomainError):
             "deleted through the API"
         )
         self.model = model
+
+
+# -- seeding, re-clustering, choosing k -------------------------------------------------
+class InvalidInitError(DomainError):
+    """The initial centroids given for model ``model`` cannot seed it: ``fault`` names
+    what is wrong (``shape``: not ``(k, dim)``; ``values``: not finite, not numbers;
+    ``zero-row``: a zero row under cosine, ``row`` its index; ``missing``: ``init=given``
+    without centroids; ``unsupported``: the model cannot take them). Nothing is created."""
+
+    def __init__(self, model: str, fault: str, detail: str, row: int | None = None) -> None:
+        super().__init__(f"init of model '{model}': {detail}; nothing was created")
+        self.model = model
+        self.fault = fault
+        self.row = row
+
+
+class SweepRefusedError(DomainError):
+    """A re-clustering or a sweep of model ``model`` cannot run: ``setting`` names the
+    bound or the setting in the way (``ks``, ``k``, ``max_samples`` ...); nothing changed."""
+
+    def __init__(self, model: str, setting: str, detail: str) -> None:
+        super().__init__(detail)
+        self.model = model
+        self.setting = setting
+
+
+class SweepBusyError(DomainError):
+    """Another sweep runs in this process (one at a time: each takes a core for seconds);
+    retry shortly."""
+
+    def __init__(self) -> None:
+        super().__init__("another sweep of k runs in this process (one at a time); retry "
+                         "when it is done")  # fmt: skip
 
 
 # -- kept versions -------------------------------------------------------------------

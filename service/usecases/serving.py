@@ -21,7 +21,7 @@ import io
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import orjson
@@ -168,6 +168,7 @@ class ModelHandle:
         self.dim = dim
         self.kept = AsyncKeptVersions(sample_log.client, settings.model)
         self.events = AsyncEventFeed(sample_log.client, settings.model)
+        self.last_sweep: dict[str, Any] | None = None  # POST /sweep's last answer here
 
     @property
     def name(self) -> str:

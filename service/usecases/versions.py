@@ -72,6 +72,8 @@ def _changed(row: dict[str, Any], previous: dict[str, Any] | None) -> str:
     if (row["iteration"], row["n_samples"]) == (previous["iteration"], previous["n_samples"]):
         return f"the centroids of version {previous['version']}, published again (a restart)"
     parts = []
+    if row["k"] != previous["k"]:
+        parts.append(f"re-clustered: k {previous['k']} -> {row['k']}")
     ran = row["iteration"] - previous["iteration"]
     if ran != 0:
         parts.append(f"{ran:,} iterations" if ran > 0 else "a new engine (iterations restarted)")

@@ -8,6 +8,8 @@ starts and before a named one is created, so the refusal is never a crash later)
 
 from __future__ import annotations
 
+import numpy as np
+
 from nmbatch.engine.algorithms.swap import swap_wanted
 from nmbatch.engine.hosting import EngineConfig, EngineHost, EngineProcess, LocalEngine
 from nmbatch.service.config import Settings
@@ -33,10 +35,16 @@ def engine_refusal(settings: Settings) -> str | None:
 
 
 def build_engine(
-    settings: Settings, dim: int, *, nice: int, redis_url: str | None
+    settings: Settings,
+    dim: int,
+    *,
+    nice: int,
+    redis_url: str | None,
+    seed: np.ndarray | None = None,
 ) -> tuple[EngineHost, bool]:
     """The engine of a model of dimension ``dim`` (``nice``: the child's priority), and
-    whether it is fed log entries by reference.
+    whether it is fed log entries by reference. ``seed``: the ``(k, dim)`` float32
+    centroids of a seeded model (``init="given"``), its ``init``.
 
     - ``NMBATCH_RAY_ADDRESS`` unset: the single-machine engine, in a child process
       (``worker_process``) or in the worker thread;
@@ -45,7 +53,10 @@ def build_engine(
       ``redis_url``, the worker's rows go to them through Ray's object store.
     """
     s = settings
-    config = EngineConfig(dim, s.k, s.init, s.rho, s.batch_size, s.seed,
+    if s.init == "given" and seed is None:
+        raise ValueError(f"model '{s.model}' has init=given but no seed centroids")
+    init = seed if s.init == "given" else s.init
+    config = EngineConfig(dim, s.k, init, s.rho, s.batch_size, s.seed,
                           threads=s.worker_threads, nice=nice,
                           idle=s.engine_sched_idle and s.worker_process,
                           swap=swap_wanted("auto", s.retention, n_clusters=s.k,

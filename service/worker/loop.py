@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from nmbatch.engine.hosting import EngineHost, EngineProcessError, iterate, settled
 from nmbatch.engine.state import ModelState
 from nmbatch.engine.threads import kernel_threads
@@ -75,6 +77,9 @@ class Worker(EngineRecovery):
     retention_size : callable or None
         The retention policy's size for a dimension (:func:`~nmbatch.service.worker.
         retention.retention_size`); None: ``NMBATCH_MAX_SAMPLES``.
+    seed : ndarray or None
+        ``(k, d)`` float32: the centroids a seeded model (``init="given"``) starts from;
+        its engine publishes them first, as they are (:meth:`_step`).
 
     Attributes
     ----------
@@ -98,8 +103,10 @@ class Worker(EngineRecovery):
         engine_nice: int = 0,
         retention_size: Callable[[int], int | None] | None = None,
         redis_url: str | None = None,
+        seed: np.ndarray | None = None,
     ) -> None:
         self.settings = settings
+        self.seed = seed  # a seeded model's given centroids, (k, d) float32
         self.redis_url = redis_url  # for the shards of a Ray engine, which read the log
         self._by_reference = False  # the engine is fed log entries by reference
         self.repository = repository
@@ -317,7 +324,8 @@ class Worker(EngineRecovery):
         self._close_engine()
         self.phase = Phase.STARTING_ENGINE
         engine, self._by_reference = build_engine(s, self.dim, nice=self.engine_nice,
-                                                  redis_url=self.redis_url)  # fmt: skip
+                                                  redis_url=self.redis_url,
+                                                  seed=self.seed)  # fmt: skip
         self.engine = engine
         retained = self.retention_size(self.dim)
         self.retention = LogRetention(s, retained, self.retained_log,
@@ -387,16 +395,22 @@ class Worker(EngineRecovery):
                     idle_logged = True
                 self.wake.wait(max(0.0, poll - (time.monotonic() - last_pull)))
             if time.monotonic() - self._last_snapshot >= self.settings.snapshot_seconds:
-                try:
-                    with span("nmbatch.worker.snapshot", self.settings.model):
-                        self._write_snapshot()
-                    self.signals.flush()
-                    log_bytes = self.backoff.call(self.retained_log.log_bytes)
-                    self.metrics.log_bytes.set(log_bytes if log_bytes is not None else -1)
-                except RedisAwayError:
-                    pass
-                except LeaseLostError:
-                    self.lease.check()
+                self._snapshot(measure=True)
+
+    def _snapshot(self, *, measure: bool = False) -> None:
+        """:meth:`_write_snapshot` (and, with ``measure``, the log's bytes in the
+        metrics); Redis away: the next cadence tries again."""
+        try:
+            with span("nmbatch.worker.snapshot", self.settings.model):
+                self._write_snapshot()
+            self.signals.flush()
+            if measure:
+                log_bytes = self.backoff.call(self.retained_log.log_bytes)
+                self.metrics.log_bytes.set(log_bytes if log_bytes is not None else -1)
+        except RedisAwayError:
+            pass
+        except LeaseLostError:
+            self.lease.check()
 
     def _retain(self) -> None:
         """After a round of reads: the count of samples ever accepted, and the retention's
@@ -414,8 +428,19 @@ class Worker(EngineRecovery):
         self.metrics.log_trimmed.inc(retention.trimmed_entries - trimmed)
 
     def _step(self) -> None:
-        """One iteration (the streaming driver's step), counted and published."""
+        """One iteration (the streaming driver's step), counted and published.
+
+        A seeded model's engine that has published nothing (no snapshot restored) starts
+        from its seed instead: the engine's ``restore`` over the first batch, which
+        leaves the centroids as given, published as they are (iteration 0, the counts of
+        that batch under them, no energy estimate yet) and snapshotted, so kept; the steps
+        after move them.
+        """
         assert self.engine is not None
+        if self.seed is not None and not self.engine.state.initialized:
+            self._publish(self.engine.restore(self.seed, self.settings.batch_size, 0))
+            self._snapshot()  # kept at once: the given centroids stay readable (?version=)
+            return
         iterate(self.engine, self._count_and_publish)
 
     def _count_and_publish(self, state: ModelState) -> None:

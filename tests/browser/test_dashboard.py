@@ -35,7 +35,7 @@ from tests.testkit import blobs, npy_bytes, wait_until
 REPO = Path(__file__).resolve().parents[2]
 DATA = "/dashboard/data"
 K, DIM, N = 3, 8, 3000
-PANELS = ("ingestion", "batch", "energy", "clusters", "map", "health")
+PANELS = ("ingestion", "batch", "energy", "sweep", "clusters", "map", "health")
 
 
 def post_samples(base: str, X: np.ndarray, key: str | None = None) -> None:
@@ -96,6 +96,7 @@ def test_the_dashboard_shows_the_model_as_the_api_does(
     # Before the first centroids: the panels say why they are empty.
     page.page.wait_for_selector("#status[data-state='waiting']", timeout=20_000)
     assert "No centroids yet" in page.page.inner_text("#panel-map")
+    assert "No sweep yet" in page.page.inner_text("#panel-sweep")
     assert "k = 3 are needed" in page.page.inner_text("#panel-clusters")
     assert page.errors == [], page.errors
     X = blobs(N, DIM, K, seed=3, separation=12.0)
@@ -107,6 +108,14 @@ def test_the_dashboard_shows_the_model_as_the_api_does(
     assert page.errors == [], page.errors
     for vector in X[:20]:  # some /assign answers for the latency figures
         httpx.get(f"{service.base}/assign", params={"vector": ",".join(map(str, vector))})
+    # A sweep of k: the page draws its held-out energy by k, the recommended k marked.
+    sweep = httpx.post(f"{service.base}/sweep", json={"ks": [2, 3, 4, 6, 8]}, timeout=120).json()
+    assert sweep["recommended_k"] == K, sweep
+    page.page.wait_for_function(
+        "k => document.querySelector('#fig-sweep-k').dataset.value === String(k)",
+        arg=K,
+        timeout=20_000,
+    )
     page.page.wait_for_function(
         "v => document.querySelector('#fig-version').dataset.value === String(v)",
         arg=centroids["version"],
@@ -127,6 +136,12 @@ def test_the_dashboard_shows_the_model_as_the_api_does(
         assert panel.locator(".placeholder").count() == 0, name
     for chart in ("ingestion", "batch", "energy"):
         assert page.page.locator(f"#chart-{chart} canvas").count() >= 1, chart
+    assert page.page.evaluate("NmbDashboard.charts.sweep.data[0]") == [2, 3, 4, 6, 8]
+    drawn = page.page.evaluate("NmbDashboard.charts.sweep.data[1]")
+    assert drawn == pytest.approx([p["heldout_energy"] for p in sweep["points"]], rel=1e-12)
+    marks = page.page.evaluate("NmbDashboard.charts.sweep.data[2]")
+    assert [m is not None for m in marks] == [k == K for k in (2, 3, 4, 6, 8)]
+    assert value(page, "fig-sweep-rows") == str(sweep["n_train"])
     assert page.page.evaluate("NmbDashboard.state.energy.size") > 1
     assert page.page.evaluate("NmbDashboard.state.ingest.t.length") >= 2
     assert page.page.get_attribute("#status", "data-state") == "ok"
