@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from types import FrameType
 
 import uvicorn
 from pydantic import ValidationError
@@ -20,6 +21,18 @@ SWITCH_INTERVAL = 0.0005
 ENV_FILE = ".env"
 """File of ``NMBATCH_*`` settings the server reads from its current directory, under the
 environment's own variables (pydantic-settings' dotenv source; absent: none)."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which first tells the open event streams (``GET /events``) to
+    end: uvicorn's graceful shutdown waits for every open response, and a stream that
+    never ends would be cancelled after ``timeout_graceful_shutdown`` with an error."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        slots = getattr(self.config.app.state, "event_streams", None)
+        if slots is not None:
+            slots.close()
+        super().handle_exit(sig, frame)
 
 
 def main() -> int:
@@ -64,7 +77,7 @@ def main() -> int:
         lifespan="on",
         timeout_graceful_shutdown=10,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the
     # handler that was installed before it. This one ignores it, so a stop requested by
     # a signal ends with exit code 0 once the lifespan (last snapshot, Redis) is done.

@@ -76,7 +76,7 @@ async def _lines(handle: ModelHandle, start: str, slots: events.StreamSlots) -> 
     slots.open += 1  # here, not in the route: a body never iterated never counts
     try:
         yield f": events of model {handle.name}\n\n"
-        async for event in events.stream(handle, start, heartbeat):
+        async for event in events.stream(handle, start, heartbeat, slots):
             if event is None:
                 yield ": heartbeat\n\n"
             else:

@@ -22,7 +22,9 @@ from nmbatch.service.storage.events import Event
 from nmbatch.service.usecases.errors import TooManyEventStreamsError
 from nmbatch.service.usecases.serving import ModelHandle
 
-__all__ = ["StreamSlots", "start", "stream"]
+__all__ = ["CLOSE_TICK", "StreamSlots", "start", "stream"]
+
+CLOSE_TICK = 0.5  # seconds a stream waits at most between looks at StreamSlots.closing
 
 
 class StreamSlots:
@@ -33,6 +35,12 @@ class StreamSlots:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
+        self.closing = False  # the server is stopping: every stream ends at its next tick
+
+    def close(self) -> None:
+        """The server is stopping (SIGINT/SIGTERM): the open streams end within
+        :data:`CLOSE_TICK` seconds, before uvicorn's graceful shutdown would cancel them."""
+        self.closing = True
 
     def check(self) -> None:
         """:class:`TooManyEventStreamsError` if ``limit`` streams are open."""
@@ -52,17 +60,25 @@ async def start(handle: ModelHandle, last_id: str | None) -> str:
 
 
 async def stream(
-    handle: ModelHandle, last_id: str, heartbeat: float
+    handle: ModelHandle, last_id: str, heartbeat: float, slots: StreamSlots
 ) -> AsyncIterator[Event | None]:
-    """The events after ``last_id``, oldest first, forever; None after ``heartbeat``
-    seconds without one."""
+    """The events after ``last_id``, oldest first, until the server stops
+    (``slots.closing``); None after ``heartbeat`` seconds without one. Waits in ticks of
+    at most :data:`CLOSE_TICK` seconds, so a stopping server's streams end promptly."""
     feed = handle.events
-    while True:
+    quiet = 0.0
+    while not slots.closing:
         events = await feed.read_after(last_id)
         if events:
             for event in events:
                 yield event
             last_id = events[-1][0]
+            quiet = 0.0
             continue
-        if not await feed.wait_after(last_id, heartbeat):
+        tick = min(CLOSE_TICK, max(heartbeat - quiet, 0.0))
+        if await feed.wait_after(last_id, tick):
+            continue
+        quiet += tick
+        if quiet >= heartbeat:
+            quiet = 0.0
             yield None

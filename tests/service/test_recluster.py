@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import redis
 from service_helpers import post_npy
-from test_seeding import GIVEN, SPEC, centroids_of
+from test_seeded_models import GIVEN, SPEC, centroids_of
 
 from nmbatch.service.main import create_app
 from nmbatch.service.storage import ModelKeys
