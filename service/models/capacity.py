@@ -6,10 +6,12 @@ batch fixes it: logged, shown in ``nmbatch_max_samples``, and the embedded Redis
 ``maxmemory`` set to cover every model of the app (:attr:`ModelCapacity.redis_needs`,
 shared by them), its ``Idempotency-Key`` records included (at most
 ``NMBATCH_IDEMPOTENCY_MAX_KEYS`` of
-:data:`~nmbatch.service.storage.capacity.IDEMPOTENCY_RECORD_BYTES` each) and its kept
+:data:`~nmbatch.service.storage.capacity.IDEMPOTENCY_RECORD_BYTES` each), its kept
 versions (at most :func:`~nmbatch.service.storage.capacity.versions_bound` of
 :func:`~nmbatch.service.storage.capacity.version_bytes` each; the memory they take is
-taken off the samples' share, :func:`~nmbatch.service.storage.capacity.plan_capacity`).
+taken off the samples' share, :func:`~nmbatch.service.storage.capacity.plan_capacity`),
+its events stream (:func:`~nmbatch.service.storage.capacity.events_bytes` of
+``NMBATCH_EVENTS_KEEP``) and the centroids it was seeded with (``init="given"``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from nmbatch.service.storage.capacity import (
     REDIS_FIXED_BYTES,
     REDIS_SAMPLES,
     Capacity,
+    events_bytes,
     plan_capacity,
     redis_maxmemory,
     version_bytes,
     versions_bound,
 )
+from nmbatch.service.storage.seed import seed_bytes
 
 __all__ = ["ModelCapacity"]
 
@@ -105,12 +109,14 @@ class ModelCapacity:
             if s.retention == "reservoir":
                 in_redis += MIN_COMPACTION
             needs = self.redis_needs
-            # Its samples, its Idempotency-Key records (at most idempotency_max_keys), and
-            # its kept versions (at most their bound).
+            # Its samples, its Idempotency-Key records (at most idempotency_max_keys), its
+            # kept versions (at most their bound), its events and its seed.
             needs[s.model] = (
                 redis_maxmemory(in_redis, dim) - REDIS_FIXED_BYTES
                 + s.idempotency_max_keys * IDEMPOTENCY_RECORD_BYTES
                 + versions_bound(*keep, s.k, dim) * version_bytes(s.k, dim)
+                + events_bytes(s.events_keep)
+                + (seed_bytes(s.k, dim) if s.init == "given" else 0)
             )
             maxmemory = await self.embedded.limit_memory(
                 self.sample_log.client, sum(needs.values()) + REDIS_FIXED_BYTES, REDIS_FIXED_BYTES

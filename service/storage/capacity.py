@@ -45,6 +45,8 @@ from nmbatch.service.storage.codec import CHUNK_BYTES
 
 __all__ = [
     "ENGINE_SAMPLE_BYTES",
+    "EVENTS_TRIM_SLACK",
+    "EVENT_RECORD_BYTES",
     "IDEMPOTENCY_RECORD_BYTES",
     "MEMORY_FRACTION",
     "MIN_COMPACTION",
@@ -61,6 +63,7 @@ __all__ = [
     "cached_versions_bytes",
     "default_max_samples",
     "engine_bytes_per_vector",
+    "events_bytes",
     "memory_limit",
     "plan_capacity",
     "redis_bytes_per_vector",
@@ -150,6 +153,21 @@ VERSION_CACHE_ENTRIES = 4
 pinned one (the least recently read is dropped first)."""
 
 CapacitySource = Literal["setting", "memory"]
+
+
+EVENT_RECORD_BYTES = 1400
+"""Redis bytes of one event of a model's events stream at its largest (``EVENT_MAX_BYTES``
+of data, its id, its two field names): measured 1,290 on average over 1,000 of them
+(``tests/service/test_events_capacity.py`` checks the bound on the Redis it runs)."""
+EVENTS_TRIM_SLACK = 100
+"""Entries ``XADD ... MAXLEN ~`` may leave above ``NMBATCH_EVENTS_KEEP``: Redis trims whole
+stream nodes, at most ``stream-node-max-entries`` (100 by default) entries each."""
+
+
+def events_bytes(keep: int) -> int:
+    """Most Redis bytes a model's events stream takes with ``NMBATCH_EVENTS_KEEP`` =
+    ``keep`` (0: no events written)."""
+    return 0 if keep <= 0 else (keep + EVENTS_TRIM_SLACK) * EVENT_RECORD_BYTES
 
 
 def engine_bytes_per_vector(d: int, k: int) -> int:

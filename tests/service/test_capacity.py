@@ -22,6 +22,7 @@ from nmbatch.service.storage.capacity import (
     REDIS_FIXED_BYTES,
     default_max_samples,
     engine_bytes_per_vector,
+    events_bytes,
     memory_limit,
     plan_capacity,
     redis_bytes_per_vector,
@@ -274,7 +275,10 @@ def test_the_embedded_redis_gets_maxmemory_for_the_capacity_and_noeviction(
         bound = versions_bound(settings.keep_versions, settings.keep_versions_bytes, k, d)
         versions = bound * version_bytes(k, d)
         assert bound == settings.keep_versions and versions > 0
-        expected = redis_maxmemory(capacity, d) + records + versions
+        # And its events stream (at most NMBATCH_EVENTS_KEEP, and the trim's slack).
+        events = events_bytes(settings.events_keep)
+        assert events > 0
+        expected = redis_maxmemory(capacity, d) + records + versions + events
         assert maxmemory == expected > used + REDIS_FIXED_BYTES
         stats = client.get("/stats").json()
         assert stats["redis_maxmemory"] == maxmemory and stats["redis_used_memory"] > 0
