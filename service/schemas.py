@@ -79,6 +79,12 @@ class SamplesAccepted(BaseModel):
 
     accepted: int = Field(description="Vectors accepted from this request.")
     n_samples: int = Field(description="Total samples in the model's log afterwards.")
+    ids: list[str] = Field(
+        default_factory=list,
+        description="Each accepted sample's id, in the order of the vectors: the ids sent "
+        "(integers as decimal strings), else those the service assigned (`<log entry "
+        "id>-<row>`). Empty for the replay of a request stored before ids existed.",
+    )
 
 
 class Centroids(BaseModel):

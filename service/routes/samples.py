@@ -62,9 +62,13 @@ IdempotencyKey = Annotated[
     summary="Add samples",
     description=(
         "Validates the vectors (and their sample weights, if sent: the JSON member "
-        "`weights`, or an `application/x-npz` body of `X` and `weights`) and appends them "
-        "to the Redis sample log; answers once they are stored there. A rejected request "
-        "stores nothing; a request that would take the model past its capacity "
+        "`weights`, or an `application/x-npz` body of `X` and `weights`) and their ids "
+        "(the JSON member `ids`: one per vector, strings of 1 to 128 characters of "
+        "letters, digits and `._:~@+=-`, or 64-bit integers; distinct, and unique per "
+        "model: an id already stored is a 409 `duplicate-sample-id` problem), and appends "
+        "them to the Redis sample log; answers once they are stored there, with every "
+        "sample's id (those sent, else those assigned: `<log entry id>-<row>`). A rejected "
+        "request stores nothing; a request that would take the model past its capacity "
         "(NMBATCH_MAX_SAMPLES) is refused whole with 507."
     ),
     openapi_extra=VECTORS_BODY | OPTIONAL_KEY,
@@ -94,7 +98,7 @@ async def post_samples(
     settings = handle.settings
     try:
         body = await read_body(request, settings.max_body_bytes, settings.body_timeout_seconds)
-        X, weights = await parse_body(  # binary bodies on the loop, JSON in the thread pool
+        X, weights, ids = await parse_body(  # binary bodies on the loop, JSON in the thread pool
             body,
             request.headers.get("content-type", ""),
             parser=parse_samples,
@@ -103,10 +107,11 @@ async def post_samples(
             max_dim=settings.max_dim,
         )
         del body
-        outcome = await serving.ingest(handle, X, idempotency_key, weights)
+        outcome = await serving.ingest(handle, X, idempotency_key, weights, ids)
     except (ProblemError, DomainError) as exc:  # counted by the problem's slug
         handle.metrics.samples_rejected.labels(problem_of(exc).slug).inc()
         raise
     if not outcome.stored:
         response.headers["Idempotent-Replayed"] = "true"
-    return SamplesAccepted(accepted=outcome.accepted, n_samples=outcome.n_samples)
+    return SamplesAccepted(accepted=outcome.accepted, n_samples=outcome.n_samples,
+                           ids=outcome.ids)  # fmt: skip

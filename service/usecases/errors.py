@@ -23,6 +23,7 @@ __all__ = [
     "DefaultModelError",
     "DimensionTooLargeError",
     "DomainError",
+    "DuplicateSampleIdError",
     "IdempotencyKeyReusedError",
     "InvalidModelEntryError",
     "LogBacklogError",
@@ -95,6 +96,19 @@ class WeightsUnsupportedError(DomainError):
 
 class IdempotencyKeyReusedError(DomainError):
     """The ``Idempotency-Key`` already stored a request with other vectors."""
+
+
+class DuplicateSampleIdError(DomainError):
+    """Sample id ``sample_id`` of the request is already a sample id of model ``model``
+    (ids are unique per model); nothing of the request is stored."""
+
+    def __init__(self, model: str, sample_id: str) -> None:
+        super().__init__(
+            f"sample id {sample_id!r} is already a sample of model '{model}' (ids are unique "
+            "per model); nothing of this request was stored"
+        )
+        self.model = model
+        self.sample_id = sample_id
 
 
 class StoreFullError(DomainError):

@@ -39,6 +39,7 @@ from nmbatch.service.storage.versions import AsyncKeptVersions
 from nmbatch.service.usecases.errors import (
     CentroidsPendingError,
     DomainError,
+    DuplicateSampleIdError,
     IdempotencyKeyReusedError,
     LogBacklogError,
     ModelDeletedError,
@@ -211,9 +212,12 @@ async def ingest(
     X: np.ndarray,
     idempotency_key: str | None = None,
     weights: np.ndarray | None = None,
+    ids: list[str] | None = None,
 ) -> AppendOutcome:
     """Append ``X`` (``(m, d)`` float32, validated) to the log, once per ``idempotency_key``,
-    with its sample ``weights`` (``(m,)`` float64, checked; None: every vector weighs 1).
+    with its sample ``weights`` (``(m,)`` float64, checked; None: every vector weighs 1)
+    and its sample ``ids`` (``m`` distinct strings, checked; None: the log assigns them,
+    and the outcome lists them).
 
     :meth:`AsyncSampleLog.append` within the model's capacity (planned here when this
     batch fixes the dimension); storage's refusals become domain errors: a batch of
@@ -223,7 +227,9 @@ async def ingest(
     with a retention other than ``all`` the embedded Redis's refusal is
     :class:`LogBacklogError`: the log is trimmed as rows retire, so it is a moment's
     backlog, not a full store; a model deleted since the request picked it
-    :class:`ModelDeletedError` (checked in the script that appends). Stored samples are
+    :class:`ModelDeletedError` (checked in the script that appends), an id already a
+    sample of the model :class:`DuplicateSampleIdError` (checked in the same script, so of
+    two concurrent requests naming one id only one stores it). Stored samples are
     counted and the worker notified.
 
     Under ``metric="cosine"`` the rows are normalised first (:func:`metric_vectors`), so
@@ -257,6 +263,7 @@ async def ingest(
             hand_over=handle.worker.role == WORKER_ROLE,
             offload=off_loop,
             weights=weights,
+            ids=ids,
         )
     except storage.WrongDimensionError as exc:
         handle.dim = exc.expected
@@ -265,6 +272,8 @@ async def ingest(
         raise ModelDeletedError(settings.model) from None
     except storage.IdempotencyKeyReusedError as exc:
         raise IdempotencyKeyReusedError(str(exc)) from None
+    except storage.DuplicateSampleIdError as exc:
+        raise DuplicateSampleIdError(settings.model, exc.sample_id) from None
     except storage.StoreFullError as exc:
         raise _store_full(handle, exc, int(X.shape[0])) from None
     if outcome.stored:

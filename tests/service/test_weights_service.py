@@ -382,7 +382,7 @@ def test_a_weighted_parse_costs_a_bounded_multiple_of_its_body(kind: str) -> Non
     parse_samples(body, content_type, dim=None, max_vectors=10**6, max_dim=4096)  # first use
     tracemalloc.start()
     try:
-        X, w = parse_samples(body, content_type, dim=None, max_vectors=10**6, max_dim=4096)
+        X, w, _ = parse_samples(body, content_type, dim=None, max_vectors=10**6, max_dim=4096)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
