@@ -24,7 +24,7 @@ import re
 
 from nmbatch.service.problems import ProblemError
 
-__all__ = ["ASSIGNED_FORM", "IDS", "ID_MAX_BYTES", "ID_PATTERN", "json_ids"]
+__all__ = ["ASSIGNED_FORM", "IDS", "ID_MAX_BYTES", "ID_PATTERN", "any_id", "check_id", "json_ids"]
 
 IDS = "ids"
 """The name of the ids, a JSON member."""
@@ -89,6 +89,14 @@ def check_id(value: object, row: int | None = None) -> str:
         raise _invalid(f"the id{where} ({value!r}) has the form of the ids the service "
                        "assigns (<ms>-<seq>-<row>): choose another", **extra)  # fmt: skip
     return value
+
+
+def any_id(value: object, row: int | None = None) -> str:
+    """A sample id naming a stored sample (``GET``/``DELETE /samples/{id}``, ``POST
+    /samples/delete``): an assigned one, or one a client may send (:func:`check_id`)."""
+    if isinstance(value, str) and ASSIGNED_FORM.match(value):
+        return value
+    return check_id(value, row)
 
 
 def _invalid(detail: str, **members: object) -> ProblemError:

@@ -87,6 +87,42 @@ class SamplesAccepted(BaseModel):
     )
 
 
+class SampleInfo(BaseModel):
+    """Where one sample stands (``GET /samples/{id}``)."""
+
+    id: str = Field(description="The sample's id.")
+    cluster: int = Field(description="Index of the centroid its row is nearest to now.")
+    distance: float = Field(
+        description="Euclidean distance to it (under metric=cosine, of the unit row)."
+    )
+    similarity: float | None = Field(
+        None, description="Only under metric=cosine: 1 - distance^2 / 2."
+    )
+    retained: bool = Field(
+        description="True: the sample is among the model's samples (a sample the "
+        "retention retired, or a deleted one, is a 404)."
+    )
+    version: int = Field(description="The version served when it was answered.")
+
+
+class DeleteSamples(BaseModel):
+    """Body of ``POST /samples/delete``."""
+
+    ids: list[str | int] = Field(
+        min_length=1, max_length=10_000, description="The ids to delete (at most 10,000)."
+    )
+
+
+class SamplesDeleted(BaseModel):
+    """Answer of ``POST /samples/delete``."""
+
+    deleted: list[str] = Field(description="The ids deleted by this request.")
+    not_found: list[str] = Field(
+        description="The ids of no sample of the model (never stored, deleted before, or "
+        "retired and trimmed)."
+    )
+
+
 class Centroids(BaseModel):
     """The published centroids and what describes them."""
 

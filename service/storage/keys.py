@@ -69,6 +69,10 @@ Keys (``{model}`` is ``NMBATCH_MODEL``, so several models share one Redis):
     the log entry and row that hold the sample), written by the script that appends the
     rows, which refuses a request naming an id already there. Ids the log assigns
     (``"<entry id>-<row>"``) are not stored: they name their entry and row themselves.
+``nmbatch:{model}:deleted`` (hash)
+    The tombstones of deleted samples (:mod:`service.storage.deletions`): field
+    ``"<entry id> <row>"``, value the sample's stream id in the engine; consulted on every
+    replay, so no restart counts a deleted row again.
 ``nmbatch:{model}:generation`` (string)
     A random token naming this incarnation of the model: set when ``PUT /models/{name}``
     creates it (the default model's when it first starts), deleted by ``DELETE`` in the
@@ -149,6 +153,11 @@ class ModelKeys:
     def sample_ids(self) -> str:
         """The id map of the samples clients named: ``nmbatch:{model}:ids``."""
         return self.prefix + "ids"
+
+    @property
+    def deleted(self) -> str:
+        """The tombstones of deleted samples: ``nmbatch:{model}:deleted``."""
+        return self.prefix + "deleted"
 
     def base(self, generation: int) -> str:
         """Key of the retained samples of compaction ``generation``: ``...:base:{g}``."""

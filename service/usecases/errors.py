@@ -33,10 +33,12 @@ __all__ = [
     "ModelNotOwnedError",
     "ModelTooLargeError",
     "NotEnoughSamplesError",
+    "SamplesUnavailableError",
     "StoreFullError",
     "TooManyEventStreamsError",
     "TooManyModelsError",
     "UnknownModelError",
+    "UnknownSampleError",
     "UnsupportedMetricError",
     "VersionNotKeptError",
     "WeightsUnsupportedError",
@@ -96,6 +98,30 @@ class WeightsUnsupportedError(DomainError):
 
 class IdempotencyKeyReusedError(DomainError):
     """The ``Idempotency-Key`` already stored a request with other vectors."""
+
+
+class UnknownSampleError(DomainError):
+    """No sample of model ``model`` has id ``sample_id`` (never stored, deleted, or gone
+    from the model and its log)."""
+
+    def __init__(self, model: str, sample_id: str) -> None:
+        super().__init__(
+            f"model '{model}' has no sample {sample_id!r} (never stored, deleted, or retired "
+            "by the retention and trimmed from the log)"
+        )
+        self.model = model
+        self.sample_id = sample_id
+
+
+class SamplesUnavailableError(DomainError):
+    """Requests about single samples (lookup, deletion) of model ``model`` cannot be
+    served now: its worker runs in another process, is starting or replaying, or Redis is
+    away. Nothing was deleted unless the detail says so; retry shortly."""
+
+    def __init__(self, model: str, why: str) -> None:
+        super().__init__(f"samples of model '{model}' cannot be looked up or deleted now: "
+                         f"{why}; retry shortly")  # fmt: skip
+        self.model = model
 
 
 class DuplicateSampleIdError(DomainError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Protocol, TypeVar
 
@@ -28,12 +29,14 @@ import orjson
 from anyio.to_thread import run_sync
 
 from nmbatch.engine.metric import ZeroRowError, metric_rows
+from nmbatch.engine.state import SampleLookup
 from nmbatch.service import storage
 from nmbatch.service.config import Settings
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard, PublishedModel
 from nmbatch.service.storage import AppendOutcome, AsyncSampleLog
 from nmbatch.service.storage.capacity import Capacity
+from nmbatch.service.storage.deletions import SampleRef
 from nmbatch.service.storage.events import AsyncEventFeed
 from nmbatch.service.storage.versions import AsyncKeptVersions
 from nmbatch.service.usecases.errors import (
@@ -107,6 +110,14 @@ class WorkerPort(Protocol):
 
     def notify(self) -> None:
         """New samples are in the log: wake the worker."""
+
+    def lookup(self, refs: list[SampleRef]) -> Future[tuple[np.ndarray, SampleLookup]]:
+        """Where the samples of ``refs`` stand (the worker's ``SampleDesk.lookup``):
+        ``(known, lookup)``, ``known`` ``(m,)`` bool, the engine's lookup of the known."""
+
+    def forget(self, refs: list[SampleRef]) -> Future[np.ndarray]:
+        """Delete the samples of ``refs`` exactly, tombstones first (the worker's
+        ``SampleDesk.forget``): ``(m,)`` bool, True where this call deleted one."""
 
 
 class CapacityPlanner(Protocol):
