@@ -127,6 +127,27 @@ _WORKER = (
 )
 
 
+@router.post(
+    "/samples/delete",
+    response_model=SamplesDeleted,
+    summary="Delete samples",
+    description=(
+        'Deletes many samples as `DELETE /samples/{id}` does one: `{"ids": [...]}`, at '
+        "most 10,000 distinct ids; answers which were deleted and which not found."
+    ),
+    openapi_extra=OPTIONAL_KEY,
+    dependencies=[Depends(require_write_key)],
+    responses=problem_responses(401, 413, 422, 503, described={503: _WORKER}),
+)
+async def post_delete_samples(request: Request, handle: ModelDep) -> SamplesDeleted:
+    body = await read_json_body(request, DeleteSamples, _DELETE_BODY_BYTES)
+    ids = [any_id(value, row) for row, value in enumerate(body.ids)]
+    if len(set(ids)) != len(ids):
+        raise ProblemError(422, "invalid-ids", "the ids must be distinct")
+    deleted, not_found = await samples.delete_samples(handle, ids)
+    return SamplesDeleted(deleted=deleted, not_found=not_found)
+
+
 @router.get(
     "/samples/{sample_id}",
     response_model=SampleInfo,
@@ -164,27 +185,6 @@ async def delete_sample(handle: ModelDep, sample_id: SampleId) -> Response:
     if not deleted:
         raise UnknownSampleError(handle.name, checked)
     return Response(status_code=204)
-
-
-@router.post(
-    "/samples/delete",
-    response_model=SamplesDeleted,
-    summary="Delete samples",
-    description=(
-        'Deletes many samples as `DELETE /samples/{id}` does one: `{"ids": [...]}`, at '
-        "most 10,000 distinct ids; answers which were deleted and which not found."
-    ),
-    openapi_extra=OPTIONAL_KEY,
-    dependencies=[Depends(require_write_key)],
-    responses=problem_responses(401, 413, 422, 503, described={503: _WORKER}),
-)
-async def post_delete_samples(request: Request, handle: ModelDep) -> SamplesDeleted:
-    body = await read_json_body(request, DeleteSamples, _DELETE_BODY_BYTES)
-    ids = [any_id(value, row) for row, value in enumerate(body.ids)]
-    if len(set(ids)) != len(ids):
-        raise ProblemError(422, "invalid-ids", "the ids must be distinct")
-    deleted, not_found = await samples.delete_samples(handle, ids)
-    return SamplesDeleted(deleted=deleted, not_found=not_found)
 
 
 def _path_id(handle: ModelDep, sample_id: str) -> str:

@@ -176,5 +176,6 @@ def test_concurrent_requests_store_one_id_once(redis_url: str, model_name: str) 
     stored, n = asyncio.run(race())
     sync = redis.Redis.from_url(redis_url)
     ids = id_map(sync, model_name)
-    assert stored >= 14 and n == 3 * stored == len(ids) == log_rows(sync, model_name)
+    # A stored request blocks at most 5 (its neighbours): at least 40 / 5 are stored.
+    assert stored >= 8 and n == 3 * stored == len(ids) == log_rows(sync, model_name)
     sync.close()
