@@ -177,6 +177,8 @@ class LogRetention:
                 full[np.setdiff1d(np.arange(full.shape[0]), holes)] = slots
                 slots = full
             self.policy.load_state(base.policy, slots)
+            for entry, first, n in base.policy.get("entries", []):
+                self._firsts[entry] = (int(first), int(n))
             self._forget(engine, self.tombstones[1])  # deleted since the base was written
         log.info("base %d of the log: %d retained samples up to entry %s", base.generation,
                  base.n_rows, base.last_id)  # fmt: skip
@@ -309,6 +311,18 @@ class LogRetention:
             del self._firsts[oldest]
         return removed
 
+    def _holding(self, ids: np.ndarray) -> dict[str, tuple[int, int]]:
+        """The entries of :attr:`_firsts` that hold a sample of stream ids ``ids``
+        (``(m,)`` int64), in log order."""
+        if not self._firsts or not ids.shape[0]:
+            return {}
+        entries = list(self._firsts.items())
+        starts = np.asarray([first for _, (first, _) in entries], dtype=np.int64)
+        ends = starts + np.asarray([n for _, (_, n) in entries], dtype=np.int64)
+        at = np.searchsorted(starts, ids, side="right") - 1
+        inside = (at >= 0) & (ids < ends[np.maximum(at, 0)])
+        return dict(entries[i] for i in np.unique(at[inside]).tolist())
+
     def compaction_due(self) -> bool:
         """True when a reservoir has taken enough samples since its base to compact."""
         if not isinstance(self.policy, ReservoirRetention):
@@ -324,6 +338,10 @@ class LogRetention:
         slots = filled[filled >= 0].copy()  # a deleted sample's slot is empty (-1)
         state = policy.state_dict()
         state["holes"] = np.flatnonzero(filled < 0).tolist()  # restored by load_base
+        # The entries still holding a kept row, with their first stream ids: the ids of
+        # the base's samples resolve to stream ids after a restart too.
+        self._firsts = self._holding(slots)
+        state["entries"] = [[entry, first, n] for entry, (first, n) in self._firsts.items()]
         # The rows come from the engine a pipeline trip at a time (16 MiB), never the
         # whole reservoir in one message: each copy holds the GIL the event loop needs.
         weights = engine.weights_of if self.weighted else None  # unweighted: entries as ever

@@ -10,7 +10,7 @@ centroids are the means of the remaining rows nearest them, the counts theirs), 
 deleted ids answer 404, their client ids are free again, and a restart of the app, with
 the tombstones consulted on the replay, brings none of them back; a reservoir's
 deleted samples stay out through compactions and a restart (the slots they emptied
-kept).
+kept), and the samples of the reloaded base are found, and deleted, by id.
 """
 
 from __future__ import annotations
@@ -200,6 +200,15 @@ def test_a_reservoir_keeps_deleted_samples_out_through_compactions_and_a_restart
         assert np.array_equal(restored, now)
         for i in doomed[:5]:
             assert_problem(client.get(f"/samples/{ids[i]}"), 404, "unknown-sample")
+        # The base's samples are found by id after the restart, and deleted exactly.
+        in_base = [i for i in now.tolist() if i < 600][:20]
+        assert in_base
+        for i in in_base[:5]:
+            assert client.get(f"/samples/{ids[i]}").status_code == 200
+        answer = client.post("/samples/delete", json={"ids": [ids[i] for i in in_base]})
+        assert sorted(answer.json()["deleted"]) == sorted(ids[i] for i in in_base)
+        left = np.setdiff1d(now, in_base)
+        assert np.array_equal(np.sort(engine_of(client)._algo.store.ids()), left)
 
 
 def engine_of(client: TestClient) -> Any:
