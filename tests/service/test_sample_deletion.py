@@ -15,15 +15,22 @@ kept), and the samples of the reloaded base are found, and deleted, by id.
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import redis
 
+from nmbatch import Client
+from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.main import create_app
 from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.worker import retention as worker_retention
+from nmbatch_client.errors import NotFoundError
+from tests.faults.fault_helpers import ServiceProcess
 from tests.testkit import SettingsFactory, TestClient, assert_problem, blobs, wait_until
 
 D, K = 4, 3
@@ -227,3 +234,32 @@ def settled(client: TestClient, ingested: int) -> None:
 
     wait_until(ready, 60, f"converged with {ingested} ingested")
     engine_of(client)
+
+
+def test_the_python_client_looks_up_and_deletes_samples(
+    tmp_path: Path, redis_server: EmbeddedRedis, redis_client: redis.Redis
+) -> None:
+    """``Client.sample`` and ``Client.delete_samples`` against a service process: the
+    answers of the routes, a deleted id a :class:`NotFoundError`."""
+    X = blobs(60, D, K, seed=27)
+    model = f"client-ids-{uuid.uuid4().hex[:8]}"
+    proc = ServiceProcess(tmp_path, model, redis_url=redis_server.url, model=model, k=K,
+                          batch_size=64, worker_threads=1, poll_seconds=0.05).start()  # fmt: skip
+    try:
+        proc.ready(60)
+        with Client(proc.base) as client:
+            client.push(X[:30])  # assigned ids
+            answer = httpx.post(f"{proc.base}/samples",
+                                json={"vectors": X[30:].tolist(), "ids": list(range(30))})
+            assert answer.status_code == 202
+            C = client.wait_for(converged=True, min_samples=60).centroids
+            found = client.sample(5)
+            deleted = client.delete_samples([5, "6", "missing"])
+            with pytest.raises(NotFoundError):
+                client.sample("5")
+        d2 = ((np.asarray(C, dtype=np.float64) - X[35].astype(np.float32)) ** 2).sum(1)
+        assert found["cluster"] == int(d2.argmin())
+        assert deleted == {"deleted": ["5", "6"], "not_found": ["missing"]}
+        assert redis_client.hlen(ModelKeys(model).deleted) == 2
+    finally:
+        proc.close()
