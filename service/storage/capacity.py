@@ -126,7 +126,11 @@ key name holds the key's sha256, its fields a fingerprint and two integers, so i
 does not depend on the client's key) and its member of the index. Measured with
 redis-server 7.0.15 (``MEMORY USAGE`` of 1,000 records and their index, model name of
 64 characters, the longest): 495 bytes; the rest covers the expiry entry and the
-allocator's rounding."""
+allocator's rounding. A record also names its request's log entries (their ids, 16 to
+20 bytes each, one per MiB of rows: the ids it assigned are answered again on a retry),
+which adds up to about 1.3 KB to the record of a request at the largest body
+(``NMBATCH_MAX_BODY_BYTES``, 64 MiB) and 20 bytes to one of less than a MiB: not
+measured, and not in this figure."""
 
 MIN_COMPACTION = 100_000
 """Fewest samples accepted since the last base before a reservoir is compacted again (a
