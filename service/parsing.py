@@ -11,8 +11,8 @@ Accepted bodies:
 - ``POST /samples`` only (:func:`parse_samples`): the vectors' sample weights, the JSON
   member ``"weights"`` beside ``"vectors"``, or an ``application/x-npz`` body (what
   ``np.savez(f, X=X, weights=w)`` writes; :mod:`nmbatch.service.npy`), checked by
-  :mod:`nmbatch.service.weights`; and their ids, the JSON member ``"ids"``
-  (:mod:`nmbatch.service.sampleids`).
+  :mod:`nmbatch.service.weights`; and their ids, the JSON member ``"ids"`` or the
+  ``.npz`` member ``ids`` (:mod:`nmbatch.service.sampleids`).
 
 Rejected, with a problem naming the fault: malformed bodies (400), other content types
 (415), too many vectors (413), and with 422 booleans, strings, nulls, object or complex
@@ -66,7 +66,7 @@ from nmbatch.service.npy import (
     wrong_dim,
 )
 from nmbatch.service.problems import ProblemError
-from nmbatch.service.sampleids import IDS, json_ids
+from nmbatch.service.sampleids import IDS, json_ids, npy_ids
 from nmbatch.service.weights import WEIGHTS, json_weights, npy_weights
 
 __all__ = [
@@ -246,6 +246,8 @@ def _parse(
     X = _checked_matrix(raw, dim=dim, max_vectors=max_vectors, max_dim=limit_dim)
     n = X.shape[0]
     ids = json_ids(members[IDS], n) if IDS in members else None
+    if IDS in npz:
+        ids = npy_ids(npz[IDS], n)
     if WEIGHTS in npz:
         return X, npy_weights(npz[WEIGHTS], n), ids
     if WEIGHTS in members:

@@ -11,7 +11,10 @@ checked where they are stored, with the append (:mod:`nmbatch.service.storage.lo
 (:func:`~nmbatch.service.storage.log.assigned_ids`); a client id of that form
 (:data:`ASSIGNED_FORM`) is refused, so an assigned id never names a client's sample.
 
-Ids are JSON only: an ``.npy``/``.npz`` body has no ids (its samples get assigned ones).
+An ``application/x-npz`` body carries them as its member ``ids`` (:func:`npy_ids`): a
+1-D array of ``int64`` (or another integer type) or of unicode strings (``np.str_``, at
+most 128 characters), what ``np.savez(f, X=X, ids=ids)`` writes; the same checks apply.
+``.npy`` and raw bodies carry no ids (their samples get assigned ones).
 
 Memory: the list is checked by type in one pass over the decoded members (each string at
 most :data:`ID_MAX_BYTES` bytes: the body's size bounds them); the ids are kept as one
@@ -22,9 +25,11 @@ from __future__ import annotations
 
 import re
 
+from nmbatch.service.npy import npy_array
 from nmbatch.service.problems import ProblemError
 
-__all__ = ["ASSIGNED_FORM", "IDS", "ID_MAX_BYTES", "ID_PATTERN", "any_id", "check_id", "json_ids"]
+__all__ = ["ASSIGNED_FORM", "IDS", "ID_MAX_BYTES", "ID_PATTERN", "any_id", "check_id", "json_ids",
+           "npy_ids"]
 
 IDS = "ids"
 """The name of the ids, a JSON member."""
@@ -64,6 +69,26 @@ def json_ids(raw: object, n: int) -> list[str]:
                                f"{seen[value]}: ids must be distinct", row=row)  # fmt: skip
             seen[value] = row
     return ids
+
+
+def npy_ids(member: bytes, n: int) -> list[str]:
+    """The ``ids`` member of an ``.npz`` body of ``n`` vectors (``.npy`` bytes of a 1-D
+    integer or unicode array) as :func:`json_ids` returns them; its header is checked
+    before the data is touched (strings of at most :data:`ID_MAX_BYTES` characters)."""
+
+    def check(shape: tuple[int, ...]) -> None:
+        if len(shape) != 1:
+            raise _invalid(f"ids must be a 1-D array of {n} ids, got shape {shape}")
+        if shape[0] != n:
+            raise _invalid(f"{shape[0]} ids for {n} vectors: send one id per vector",
+                           expected=n, got=int(shape[0]))  # fmt: skip
+
+    ids = npy_array(member, check, name=IDS, text=True)
+    if ids.dtype.kind == "U" and ids.dtype.itemsize > 4 * ID_MAX_BYTES:
+        raise _invalid(f"ids of dtype {ids.dtype} may be longer than {ID_MAX_BYTES} characters")
+    if ids.dtype.kind not in "Uiu":
+        raise _invalid(f"ids must be integers or unicode strings, got dtype {ids.dtype}")
+    return json_ids(ids.tolist(), n)
 
 
 def check_id(value: object, row: int | None = None) -> str:

@@ -13,6 +13,7 @@ requests naming one id store it once.
 from __future__ import annotations
 
 import asyncio
+import io
 from typing import Any
 
 import numpy as np
@@ -179,3 +180,46 @@ def test_concurrent_requests_store_one_id_once(redis_url: str, model_name: str) 
     # A stored request blocks at most 5 (its neighbours): at least 40 / 5 are stored.
     assert stored >= 8 and n == 3 * stored == len(ids) == log_rows(sync, model_name)
     sync.close()
+
+
+def npz_bytes(**arrays: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+NPZ = {"content-type": "application/x-npz"}
+
+
+def test_npz_bodies_carry_ids_as_integers_or_strings(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    X = blobs(20, D, K, seed=4).astype(np.float32)
+    with TestClient(create_app(make_settings(k=K, dim=D))) as client:
+        numbers = np.arange(100, 110, dtype=np.int64)
+        answer = client.post("/samples", content=npz_bytes(X=X[:10], ids=numbers), headers=NPZ)
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["ids"] == [str(i) for i in numbers]
+        words = np.array([f"w{i}" for i in range(10)])  # unicode, <U3
+        weights = np.full(10, 2.0)
+        answer = client.post("/samples", content=npz_bytes(X=X[10:], weights=weights, ids=words),
+                             headers=NPZ)  # fmt: skip
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["ids"] == words.tolist()
+        stored = id_map(redis_client, model_name)
+        entry, row = stored["w3"]
+        assert np.array_equal(row_of(redis_client, model_name, entry, row), X[13])
+        bad = [  # (ids member, slug)
+            (np.arange(9, dtype=np.int64), "invalid-ids"),  # short
+            (np.zeros(10, dtype=np.int64), "invalid-ids"),  # not distinct
+            (np.linspace(0, 1, 10), "invalid-ids"),  # floats
+            (np.array(["ok"] * 9 + ["x" * 129]), "invalid-ids"),  # too long a dtype
+            (np.array([f"a b{i}" for i in range(10)]), "invalid-ids"),
+            (np.arange(10)[:, None], "invalid-ids"),  # 2-D
+            (np.ones(10, dtype=bool), "non-numeric"),
+            (np.array([f"w{i}" for i in range(10)]), "duplicate-sample-id"),  # stored already
+        ]
+        for ids, slug in bad:
+            answer = client.post("/samples", content=npz_bytes(X=X[:10], ids=ids), headers=NPZ)
+            assert_problem(answer, 409 if slug == "duplicate-sample-id" else 422, slug)
+        assert log_rows(redis_client, model_name) == 20
