@@ -65,7 +65,8 @@ IdempotencyKey = Annotated[
     description=(
         "Validates the vectors (and their sample weights, if sent: the JSON member "
         "`weights`, or an `application/x-npz` body of `X` and `weights`) and their ids "
-        "(the JSON member `ids`: one per vector, strings of 1 to 128 characters of "
+        "(the JSON member `ids`, or the `.npz` member `ids`: one per vector, strings of 1 "
+        "to 128 characters of "
         "letters, digits and `._:~@+=-`, or 64-bit integers; distinct, and unique per "
         "model: an id already stored is a 409 `duplicate-sample-id` problem), and appends "
         "them to the Redis sample log; answers once they are stored there, with every "

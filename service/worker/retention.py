@@ -39,7 +39,7 @@ remembered for every entry offered since the replay began) plus its row.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -140,8 +140,9 @@ class LogRetention:
         self.trimmed_entries = 0
         self.compactions = 0
         # Entry id -> (its first stream id, its rows), for every entry offered since the
-        # replay began (in log order; window and age drop the trimmed ones).
-        self._firsts: dict[str, tuple[int, int]] = {}
+        # replay began (in log order; window and age drop the trimmed ones from the front:
+        # an OrderedDict, whose first item is found at once however many were dropped).
+        self._firsts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         # The tombstones (storage.deletions.Tombstones.read): rows by entry, stream ids.
         self.tombstones: tuple[dict[str, np.ndarray], np.ndarray] = ({}, NO_IDS)
 
@@ -304,24 +305,25 @@ class LogRetention:
         removed = self.storage.trim_log(min_id)
         self.trimmed_entries += removed
         bound = id_key(min_id)
-        while self._firsts:  # the trimmed entries' ids are forgotten too (log order)
-            oldest = next(iter(self._firsts))
+        firsts = self._firsts
+        while firsts:  # the trimmed entries' ids are forgotten too (log order)
+            oldest = next(iter(firsts))
             if id_key(oldest) >= bound:
                 break
-            del self._firsts[oldest]
+            firsts.popitem(last=False)
         return removed
 
-    def _holding(self, ids: np.ndarray) -> dict[str, tuple[int, int]]:
+    def _holding(self, ids: np.ndarray) -> OrderedDict[str, tuple[int, int]]:
         """The entries of :attr:`_firsts` that hold a sample of stream ids ``ids``
         (``(m,)`` int64), in log order."""
         if not self._firsts or not ids.shape[0]:
-            return {}
+            return OrderedDict()
         entries = list(self._firsts.items())
         starts = np.asarray([first for _, (first, _) in entries], dtype=np.int64)
         ends = starts + np.asarray([n for _, (_, n) in entries], dtype=np.int64)
         at = np.searchsorted(starts, ids, side="right") - 1
         inside = (at >= 0) & (ids < ends[np.maximum(at, 0)])
-        return dict(entries[i] for i in np.unique(at[inside]).tolist())
+        return OrderedDict(entries[i] for i in np.unique(at[inside]).tolist())
 
     def compaction_due(self) -> bool:
         """True when a reservoir has taken enough samples since its base to compact."""
