@@ -263,3 +263,24 @@ def test_the_python_client_looks_up_and_deletes_samples(
         assert redis_client.hlen(ModelKeys(model).deleted) == 2
     finally:
         proc.close()
+
+
+def test_a_process_that_is_not_the_worker_answers_503_and_deletes_nothing(
+    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
+) -> None:
+    """Two apps on one model: the second stands by (the first holds the lease), so its
+    sample requests are ``503 samples-unavailable`` with ``Retry-After``, and nothing is
+    tombstoned; the worker's own answers are unchanged."""
+    X = blobs(60, D, K, seed=28)
+    settings = make_settings(k=K, dim=D)
+    with TestClient(create_app(settings)) as first:
+        first.post("/samples", json={"vectors": X.tolist(), "ids": list(range(60))})
+        converged(first, "", 60)
+        with TestClient(create_app(settings)) as second:
+            assert second.app.state.models.default.worker.role == "standby"
+            for answer in (second.get("/samples/3"), second.delete("/samples/3"),
+                           second.post("/samples/delete", json={"ids": [3]})):  # fmt: skip
+                problem = assert_problem(answer, 503, "samples-unavailable")
+                assert answer.headers["Retry-After"] == "1" and problem["model"] == model_name
+            assert redis_client.exists(ModelKeys(model_name).deleted) == 0
+        assert first.get("/samples/3").status_code == 200
