@@ -223,3 +223,28 @@ def test_npz_bodies_carry_ids_as_integers_or_strings(
             answer = client.post("/samples", content=npz_bytes(X=X[:10], ids=ids), headers=NPZ)
             assert_problem(answer, 409 if slug == "duplicate-sample-id" else 422, slug)
         assert log_rows(redis_client, model_name) == 20
+
+
+@pytest.mark.parametrize("kind", ["integers", "strings"])
+def test_a_parse_with_ids_costs_a_bounded_multiple_of_its_body(kind: str) -> None:
+    """docs/operations/limits.md: a parse takes at most 40 bytes per body byte, also with
+    ids (the worst case: one coordinate and a short id per vector; measured 21-23)."""
+    import tracemalloc
+
+    import orjson
+
+    from nmbatch.service.parsing import parse_samples
+
+    n = 50_000
+    ids: list[Any] = list(range(n)) if kind == "integers" else [f"a{i}" for i in range(n)]
+    body = bytearray(orjson.dumps({"vectors": [[i % 10] for i in range(n)], "ids": ids}))
+    parse_samples(body, "application/json", dim=None, max_vectors=10**6, max_dim=4096)
+    tracemalloc.start()
+    try:
+        X, _, parsed = parse_samples(body, "application/json", dim=None, max_vectors=10**6,
+                                     max_dim=4096)  # fmt: skip
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert parsed == [str(i) for i in ids] and X.shape == (n, 1)
+    assert peak <= 40 * len(body), peak / len(body)
