@@ -48,18 +48,21 @@ Body = bytes | bytearray | memoryview
 
 NPY_HEADER_MAX = 16 * 1024
 """Most bytes read for a ``.npy`` preamble and header (numpy refuses headers over 10,000)."""
-NPZ_MEMBERS = ("X", "weights")
-"""The members an ``.npz`` body of samples may hold (``X.npy`` required)."""
+NPZ_MEMBERS = ("X", "weights", "ids")
+"""The members an ``.npz`` body of samples may hold (``X.npy`` required; ``weights`` and
+``ids`` optional)."""
 
 _EOCD = b"PK\x05\x06"  # a zip archive's end-of-central-directory record
 _EOCD_SIZE = 22  # its size without the archive's comment (at most 65,535 bytes)
-_DIRECTORY_MAX = 1024  # bytes of directory: two members' entries, with zip64 fields, fit
+_DIRECTORY_MAX = 1536  # bytes of directory: three members' entries, with zip64 fields, fit
 
 
 def npy_array(
     body: Body,
     check_shape: Callable[[tuple[int, ...]], None] | None = None,
     name: str = "vectors",
+    *,
+    text: bool = False,
 ) -> np.ndarray:
     """The array of a ``.npy`` body, of any shape, used in place (read-only when ``body``
     is ``bytes``); its header checked before the data is touched: a real numeric dtype
@@ -78,7 +81,8 @@ def npy_array(
         raise ProblemError(
             400, "malformed-body", f"the body is not a valid .npy array: {exc}"[:500]
         ) from None
-    check_dtype(dtype, name)  # object dtypes (pickles) stop here, before any data is touched
+    if not (text and dtype.kind == "U"):  # text: unicode strings allowed too (sample ids)
+        check_dtype(dtype, name)  # object dtypes (pickles) stop here, before any data is touched
     if check_shape is not None:
         check_shape(shape)
     if min(shape, default=0) < 0:
@@ -140,8 +144,8 @@ def npz_members(body: Body) -> dict[str, bytes]:
             if unknown or len(set(names)) != len(names):
                 raise ProblemError(
                     422, "unknown-member",
-                    f"the .npz archive holds {sorted(names)}; it may hold X and weights, once "
-                    "each (np.savez(f, X=X, weights=w))",
+                    f"the .npz archive holds {sorted(names)}; it may hold X, weights and ids, "
+                    "once each (np.savez(f, X=X, weights=w, ids=ids))",
                 )  # fmt: skip
             if "X" not in names:
                 raise ProblemError(

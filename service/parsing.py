@@ -11,7 +11,8 @@ Accepted bodies:
 - ``POST /samples`` only (:func:`parse_samples`): the vectors' sample weights, the JSON
   member ``"weights"`` beside ``"vectors"``, or an ``application/x-npz`` body (what
   ``np.savez(f, X=X, weights=w)`` writes; :mod:`nmbatch.service.npy`), checked by
-  :mod:`nmbatch.service.weights`.
+  :mod:`nmbatch.service.weights`; and their ids, the JSON member ``"ids"`` or the
+  ``.npz`` member ``ids`` (:mod:`nmbatch.service.sampleids`).
 
 Rejected, with a problem naming the fault: malformed bodies (400), other content types
 (415), too many vectors (413), and with 422 booleans, strings, nulls, object or complex
@@ -65,6 +66,7 @@ from nmbatch.service.npy import (
     wrong_dim,
 )
 from nmbatch.service.problems import ProblemError
+from nmbatch.service.sampleids import IDS, json_ids, npy_ids
 from nmbatch.service.weights import WEIGHTS, json_weights, npy_weights
 
 __all__ = [
@@ -199,11 +201,13 @@ def parse_samples(
     dim: int | None,
     max_vectors: int,
     max_dim: int | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray | None, list[str] | None]:
     """:func:`parse_vectors` of a ``POST /samples`` body (one of
-    :data:`SAMPLE_BODY_TYPES`), with the vectors' sample weights: ``(X, weights)``,
-    ``X`` as :func:`parse_vectors` returns it and ``weights`` ``(n,)`` float64, finite,
-    ``>= 0``, or None when the body has none (or all are 1)."""
+    :data:`SAMPLE_BODY_TYPES`), with the vectors' sample weights and ids:
+    ``(X, weights, ids)``, ``X`` as :func:`parse_vectors` returns it, ``weights`` ``(n,)``
+    float64, finite, ``>= 0``, or None when the body has none (or all are 1), ``ids``
+    ``n`` distinct strings (:func:`~nmbatch.service.sampleids.json_ids`; JSON bodies
+    only) or None."""
     return _parse(body, content_type, dim, max_vectors, max_dim, weighted=True)
 
 
@@ -215,14 +219,14 @@ def _parse(
     max_dim: int | None,
     *,
     weighted: bool,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """The vectors of a body, and (``weighted``: a samples body) its weights."""
+) -> tuple[np.ndarray, np.ndarray | None, list[str] | None]:
+    """The vectors of a body, and (``weighted``: a samples body) its weights and ids."""
     kind = media_type(content_type)
     limit_dim = max_dim if dim is None else None
-    raw_weights: list[object] | None = None
+    members: dict[str, object] = {}
     npz: dict[str, bytes] = {}
     if kind == JSON:
-        raw, raw_weights = _json_vectors(body, max_vectors, limit_dim, weighted)
+        raw, members = _json_vectors(body, max_vectors, limit_dim, weighted)
     elif kind == NPY:
         raw = npy_matrix(body, max_vectors, dim, limit_dim)
     elif kind == OCTET:
@@ -240,11 +244,15 @@ def _parse(
             accepted=list(accepted),
         )
     X = _checked_matrix(raw, dim=dim, max_vectors=max_vectors, max_dim=limit_dim)
+    n = X.shape[0]
+    ids = json_ids(members[IDS], n) if IDS in members else None
+    if IDS in npz:
+        ids = npy_ids(npz[IDS], n)
     if WEIGHTS in npz:
-        return X, npy_weights(npz[WEIGHTS], X.shape[0])
-    if raw_weights is not None:
-        return X, json_weights(raw_weights[0], X.shape[0])
-    return X, None
+        return X, npy_weights(npz[WEIGHTS], n), ids
+    if WEIGHTS in members:
+        return X, json_weights(members[WEIGHTS], n), ids
+    return X, None, ids
 
 
 def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
@@ -269,9 +277,9 @@ def parse_query_vector(text: str, *, dim: int | None) -> np.ndarray:
 # -- decoders: body -> array of any dtype/shape ------------------------------------------
 def _json_vectors(
     body: Body, max_vectors: int, max_dim: int | None, weighted: bool = False
-) -> tuple[np.ndarray, list[object] | None]:
-    """The vectors of a JSON body, and (``weighted``) its ``weights`` member as sent, in a
-    one-element list (None if absent)."""
+) -> tuple[np.ndarray, dict[str, object]]:
+    """The vectors of a JSON body, and (``weighted``) its ``weights`` and ``ids`` members
+    as sent, by name (absent ones left out)."""
     # The common form, read without Python floats and without holding the GIL; any
     # other body (or a number not converted exactly there) takes the orjson path. That
     # form has one object, one string and a "[" per vector (its row count is checked
@@ -283,11 +291,11 @@ def _json_vectors(
         and fast.shape[0] <= max_vectors
         and (max_dim is None or fast.shape[1] <= max_dim)
     ):
-        return fast, None
+        return fast, {}
     # The orjson path. Each vector needs its own "[": far more of them means too many
     # vectors (or nesting no matrix has), found without building one Python object.
     brackets = body.count(b"[")
-    if brackets > max_vectors + 1 + weighted:
+    if brackets > max_vectors + 1 + 2 * weighted:
         raise ProblemError(
             413,
             "too-many-vectors",
@@ -306,8 +314,8 @@ def _json_vectors(
             f"the JSON body opens {objects} objects; it must be one object "
             '{"vectors": [[...], ...]} of numbers',
         )
-    quotes = body.count(b'"')
-    if quotes > 2 * MAX_JSON_STRINGS:
+    quotes = body.count(b'"')  # a samples body may also name each vector (ids)
+    if quotes > 2 * MAX_JSON_STRINGS + 2 * max_vectors * weighted:
         raise ProblemError(
             422,
             "non-numeric",
@@ -327,7 +335,7 @@ def _json_vectors(
         raise ProblemError(
             422, "not-a-matrix", 'the JSON body must be an object {"vectors": [[...], ...]}'
         )
-    unknown = sorted(set(document) - ({"vectors", WEIGHTS} if weighted else {"vectors"}))
+    unknown = sorted(set(document) - ({"vectors", WEIGHTS, IDS} if weighted else {"vectors"}))
     if unknown:
         raise ProblemError(422, "unknown-member", f"unknown member(s) {unknown} in the JSON body")
     vectors = document["vectors"]
@@ -343,8 +351,8 @@ def _json_vectors(
     # a fixed-width string array of 4 * longest * count bytes.
     _check_rows(vectors)
     # Now only equal-length lists of int and float: 8 bytes per number.
-    # The member as sent, in a list: a "weights": null is a member too (refused).
-    return np.array(vectors), [document[WEIGHTS]] if WEIGHTS in document else None
+    # The members as sent: a "weights": null is a member too (refused).
+    return np.array(vectors), {name: document[name] for name in (WEIGHTS, IDS) if name in document}
 
 
 _NUMBERS = frozenset((int, float))

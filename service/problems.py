@@ -140,6 +140,15 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
     errors.IdempotencyKeyReusedError: DomainProblem(
         409, "idempotency-key-reused", "Idempotency-Key reused"
     ),
+    errors.DuplicateSampleIdError: DomainProblem(
+        409, "duplicate-sample-id", "Duplicate sample id", ("model", "sample_id")
+    ),
+    errors.UnknownSampleError: DomainProblem(
+        404, "unknown-sample", "Unknown sample", ("model", "sample_id")
+    ),
+    errors.SamplesUnavailableError: DomainProblem(
+        503, "samples-unavailable", "Samples unavailable", ("model",), _RETRY_SHORTLY
+    ),
     errors.StoreFullError: DomainProblem(
         507, "store-full", "Store full", ("setting", "max_samples", "n_samples", "rejected")
     ),

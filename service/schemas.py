@@ -81,6 +81,48 @@ class SamplesAccepted(BaseModel):
 
     accepted: int = Field(description="Vectors accepted from this request.")
     n_samples: int = Field(description="Total samples in the model's log afterwards.")
+    ids: list[str] = Field(
+        default_factory=list,
+        description="Each accepted sample's id, in the order of the vectors: the ids sent "
+        "(integers as decimal strings), else those the service assigned (`<log entry "
+        "id>-<row>`). Empty for the replay of a request stored before ids existed.",
+    )
+
+
+class SampleInfo(BaseModel):
+    """Where one sample stands (``GET /samples/{id}``)."""
+
+    id: str = Field(description="The sample's id.")
+    cluster: int = Field(description="Index of the centroid its row is nearest to now.")
+    distance: float = Field(
+        description="Euclidean distance to it (under metric=cosine, of the unit row)."
+    )
+    similarity: float | None = Field(
+        None, description="Only under metric=cosine: 1 - distance^2 / 2."
+    )
+    retained: bool = Field(
+        description="True: the sample is among the model's samples (a sample the "
+        "retention retired, or a deleted one, is a 404)."
+    )
+    version: int = Field(description="The version served when it was answered.")
+
+
+class DeleteSamples(BaseModel):
+    """Body of ``POST /samples/delete``."""
+
+    ids: list[str | int] = Field(
+        min_length=1, max_length=10_000, description="The ids to delete (at most 10,000)."
+    )
+
+
+class SamplesDeleted(BaseModel):
+    """Answer of ``POST /samples/delete``."""
+
+    deleted: list[str] = Field(description="The ids deleted by this request.")
+    not_found: list[str] = Field(
+        description="The ids of no sample of the model (never stored, deleted before, or "
+        "retired and trimmed)."
+    )
 
 
 class Centroids(BaseModel):

@@ -36,7 +36,9 @@ from nmbatch_client.operations import (
     Sleep,
     assign_operation,
     centroids_operation,
+    delete_samples_operation,
     push_operation,
+    sample_operation,
     stats_operation,
     versions_operation,
     wait_operation,
@@ -176,6 +178,17 @@ class Client:
     def stats(self) -> dict[str, Any]:
         """``GET /stats``: phase, version, ``b``, ``N``, energy, doublings, memory ..."""
         return self._run(stats_operation())
+
+    def sample(self, sample_id: str | int) -> dict[str, Any]:
+        """``GET /samples/{id}``: the sample's ``cluster`` now, its ``distance`` (and
+        ``similarity`` under cosine), ``retained``, ``version``. :class:`NotFoundError`
+        for an id the model does not hold (never stored, deleted, retired)."""
+        return self._run(sample_operation(sample_id))
+
+    def delete_samples(self, sample_ids: Sequence[str | int]) -> dict[str, Any]:
+        """Delete samples by id, exactly (``POST /samples/delete``, 1 to 10,000 distinct
+        ids): ``{"deleted": [...], "not_found": [...]}``."""
+        return self._run(delete_samples_operation(sample_ids))
 
     def versions(self) -> dict[str, Any]:
         """``GET /versions``: the kept versions, oldest first, each with its

@@ -19,11 +19,13 @@ session when a ``413`` names a smaller ``limit`` (nothing of a refused request i
 from __future__ import annotations
 
 import io
+import json
 import time
 import uuid
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import numpy as np
 
@@ -49,7 +51,9 @@ __all__ = [
     "Sleep",
     "assign_operation",
     "centroids_operation",
+    "delete_samples_operation",
     "push_operation",
+    "sample_operation",
     "stats_operation",
     "wait_operation",
 ]
@@ -353,6 +357,26 @@ def centroids_operation(
 def stats_operation() -> Operation[dict[str, Any]]:
     """``GET /stats``: the document as a dict."""
     answer = yield Call("GET", "/stats", {"accept": "application/json"})
+    assert answer is not None
+    return answer.json()
+
+
+def sample_operation(sample_id: str | int) -> Operation[dict[str, Any]]:
+    """``GET /samples/{id}``: where one sample stands (``cluster``, ``distance``,
+    ``similarity`` under cosine, ``retained``, ``version``) as a dict."""
+    path = "/samples/" + quote(str(sample_id), safe="")
+    answer = yield Call("GET", path, {"accept": "application/json"})
+    assert answer is not None
+    return answer.json()
+
+
+def delete_samples_operation(sample_ids: Sequence[str | int]) -> Operation[dict[str, Any]]:
+    """``POST /samples/delete`` of ``sample_ids`` (1 to 10,000 distinct ids): the answer
+    ``{"deleted": [...], "not_found": [...]}`` as a dict. A retry after a lost answer
+    finds the ids deleted by the first attempt among ``not_found``."""
+    body = json.dumps({"ids": list(sample_ids)}).encode()
+    headers = {"content-type": "application/json", "accept": "application/json"}
+    answer = yield Call("POST", "/samples/delete", headers, body)
     assert answer is not None
     return answer.json()
 

@@ -23,6 +23,7 @@ from nmbatch.service.storage.codec import (
     next_id,
 )
 from nmbatch.service.storage.errors import (
+    DuplicateSampleIdError,
     IdempotencyKeyReusedError,
     LeaseLostError,
     ModelConfigError,
@@ -47,6 +48,7 @@ __all__ = [
     "AsyncSampleLog",
     "Base",
     "BaseChangedError",
+    "DuplicateSampleIdError",
     "IdempotencyKeyReusedError",
     "LeaseLostError",
     "LocalEntries",

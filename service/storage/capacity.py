@@ -55,6 +55,8 @@ __all__ = [
     "REDIS_MARGIN",
     "REDIS_ROW_FACTOR",
     "REDIS_SAMPLES",
+    "SAMPLE_ID_BYTES",
+    "TOMBSTONE_BYTES",
     "VERSION_CACHE_ENTRIES",
     "VERSION_RECORD_BYTES",
     "VERSION_ROUNDING",
@@ -111,6 +113,15 @@ REDIS_MARGIN = 1.25
 REDIS_FIXED_BYTES = 64 << 20
 """Memory of the embedded Redis that does not depend on the samples: the server itself,
 snapshots, client buffers (idempotency records: :data:`IDEMPOTENCY_RECORD_BYTES`)."""
+SAMPLE_ID_BYTES = 240
+"""Bytes of Redis per sample id a client sent (the id map ``nmbatch:{model}:ids``: field
+of up to 128 bytes, value ``"<entry id> <row>"``, the hash's overhead). Measured with
+redis-server 7 (``used_memory`` before and after appending 100,000 rows of d = 16 in
+requests of 10,000, with and without ids): 106 bytes per id of 16 characters, 233 per id
+of 128. Assigned ids cost nothing (they are not stored)."""
+TOMBSTONE_BYTES = 96
+"""Bytes of Redis per deleted sample (its tombstone in ``nmbatch:{model}:deleted``):
+measured 83 (100,000 tombstones written in scripts of 10,000)."""
 IDEMPOTENCY_RECORD_BYTES = 640
 """Bytes of Redis per ``Idempotency-Key`` record kept (a model keeps at most
 ``NMBATCH_IDEMPOTENCY_MAX_KEYS``; :mod:`nmbatch.service.storage.log`): the record (its
@@ -118,7 +129,11 @@ key name holds the key's sha256, its fields a fingerprint and two integers, so i
 does not depend on the client's key) and its member of the index. Measured with
 redis-server 7.0.15 (``MEMORY USAGE`` of 1,000 records and their index, model name of
 64 characters, the longest): 495 bytes; the rest covers the expiry entry and the
-allocator's rounding."""
+allocator's rounding. A record also names its request's log entries (their ids, 16 to
+20 bytes each, one per MiB of rows: the ids it assigned are answered again on a retry),
+which adds up to about 1.3 KB to the record of a request at the largest body
+(``NMBATCH_MAX_BODY_BYTES``, 64 MiB) and 20 bytes to one of less than a MiB: not
+measured, and not in this figure."""
 
 MIN_COMPACTION = 100_000
 """Fewest samples accepted since the last base before a reservoir is compacted again (a
@@ -230,8 +245,11 @@ def versions_footprint(keep: tuple[int, int], k: int, d: int, *, with_redis: boo
 
 
 def redis_maxmemory(max_samples: int, d: int) -> int:
-    """``maxmemory`` of a Redis holding ``max_samples`` samples of dimension ``d``."""
-    expected = max_samples * redis_bytes_per_vector(d)
+    """``maxmemory`` of a Redis holding ``max_samples`` samples of dimension ``d``, each
+    with a client id and a tombstone at most (:data:`SAMPLE_ID_BYTES`,
+    :data:`TOMBSTONE_BYTES`: room Redis keeps for them, which the capacity, sized for
+    the rows, does not take from the samples)."""
+    expected = max_samples * (redis_bytes_per_vector(d) + SAMPLE_ID_BYTES + TOMBSTONE_BYTES)
     return math.ceil(expected * REDIS_MARGIN) + REDIS_FIXED_BYTES
 
 

@@ -124,9 +124,11 @@ def next_id(stream_id: str) -> str:
     return f"{ms}-{seq + 1}"
 
 
-def fingerprint(X: np.ndarray, weights: np.ndarray | None = None) -> str:
-    """SHA-256 of the shape and ``float32`` values of ``X`` (``(n, d)``), and of the
-    ``float64`` ``weights`` (``(n,)``) if any, as hex.
+def fingerprint(
+    X: np.ndarray, weights: np.ndarray | None = None, ids: list[str] | None = None
+) -> str:
+    """SHA-256 of the shape and ``float32`` values of ``X`` (``(n, d)``), of the
+    ``float64`` ``weights`` (``(n,)``) if any, and of the sample ``ids`` if any, as hex.
 
     Rows that parse to the same ``float32`` matrix have one fingerprint, whatever the
     encoding they came in (JSON or ``.npy``); unweighted, it is what it always was, and
@@ -138,4 +140,6 @@ def fingerprint(X: np.ndarray, weights: np.ndarray | None = None) -> str:
     if weights is not None:
         digest.update(b"w:")
         digest.update(memoryview(np.ascontiguousarray(weights, dtype="<f8")).cast("B"))
+    if ids is not None:  # ids hold no space (service.sampleids): joined unambiguously
+        digest.update(b"ids:" + " ".join(ids).encode())
     return digest.hexdigest()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import redis
 
 __all__ = [
+    "DuplicateSampleIdError",
     "IdempotencyKeyReusedError",
     "LeaseLostError",
     "ModelConfigError",
@@ -49,6 +50,20 @@ class WrongDimensionError(ValueError):
         )
         self.expected = expected
         self.got = got
+
+
+class DuplicateSampleIdError(ValueError):
+    """A sample id of the request is already a sample id of the model; nothing stored.
+
+    Attributes
+    ----------
+    sample_id : str
+        The first such id of the request.
+    """
+
+    def __init__(self, sample_id: str) -> None:
+        super().__init__(f"sample id {sample_id!r} is already in the model")
+        self.sample_id = sample_id
 
 
 class IdempotencyKeyReusedError(ValueError):

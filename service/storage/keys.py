@@ -69,6 +69,16 @@ Keys (``{model}`` is ``NMBATCH_MODEL``, so several models share one Redis):
     ``sha256``): at most ``NMBATCH_IDEMPOTENCY_MAX_KEYS`` are kept, the oldest forgotten
     first (record deleted with its member) when a new one would pass the bound, in the
     same script that stores the new one (:mod:`service.storage.log`).
+``nmbatch:{model}:ids`` (hash)
+    The sample ids clients sent with ``POST /samples`` (field: the id, at most
+    :data:`~nmbatch.service.sampleids.ID_MAX_BYTES` bytes; value: ``"<entry id> <row>"``,
+    the log entry and row that hold the sample), written by the script that appends the
+    rows, which refuses a request naming an id already there. Ids the log assigns
+    (``"<entry id>-<row>"``) are not stored: they name their entry and row themselves.
+``nmbatch:{model}:deleted`` (hash)
+    The tombstones of deleted samples (:mod:`service.storage.deletions`): field
+    ``"<entry id> <row>"``, value the sample's stream id in the engine; consulted on every
+    replay, so no restart counts a deleted row again.
 ``nmbatch:{model}:generation`` (string)
     A random token naming this incarnation of the model: set when ``PUT /models/{name}``
     creates it (the default model's when it first starts), deleted by ``DELETE`` in the
@@ -148,6 +158,16 @@ class ModelKeys:
     def idempotency_prefix(self) -> str:
         """Prefix of the records: ``{prefix}idempotency:`` + the key's ``sha256``."""
         return self.prefix + "idempotency:"
+
+    @property
+    def sample_ids(self) -> str:
+        """The id map of the samples clients named: ``nmbatch:{model}:ids``."""
+        return self.prefix + "ids"
+
+    @property
+    def deleted(self) -> str:
+        """The tombstones of deleted samples: ``nmbatch:{model}:deleted``."""
+        return self.prefix + "deleted"
 
     def base(self, generation: int) -> str:
         """Key of the retained samples of compaction ``generation``: ``...:base:{g}``."""

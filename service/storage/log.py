@@ -55,6 +55,7 @@ import redis.asyncio
 
 from nmbatch.service.storage.codec import as_str, encode_chunks, fingerprint
 from nmbatch.service.storage.errors import (
+    DuplicateSampleIdError,
     IdempotencyKeyReusedError,
     ModelGoneError,
     StoreFullError,
@@ -63,6 +64,7 @@ from nmbatch.service.storage.errors import (
 )
 from nmbatch.service.storage.handoff import LocalEntries
 from nmbatch.service.storage.keys import ModelKeys, idempotency_digest
+from nmbatch.service.storage.scripts import APPEND_ONCE, FIX_DIM, GUARD
 
 __all__ = [
     "APPEND_ONCE",
@@ -72,6 +74,7 @@ __all__ = [
     "AppendOutcome",
     "AsyncSampleLog",
     "Offload",
+    "assigned_ids",
     "inline",
 ]
 
@@ -87,107 +90,6 @@ DEFAULT_MAX_KEYS = 100_000
 (``NMBATCH_IDEMPOTENCY_MAX_KEYS``'s default)."""
 
 _COPY_WEIGHT = 16  # a plain copy costs about 1/16 of the numpy work an Offload counts
-
-GUARD = """
--- Last command of the MULTI/EXEC of a plain append, after the request's XADDs.
--- KEYS[1] sample log (stream), KEYS[2] meta (hash), KEYS[3] generation (string)
--- ARGV[1] capacity (0: none), ARGV[2] rows in the request, ARGV[3] its log entries,
--- ARGV[4] the model's generation ('': not checked).
-local function take_back()
-  local added = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', ARGV[3])
-  for _, entry in ipairs(added) do
-    redis.call('XDEL', KEYS[1], entry[1])
-  end
-end
-if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[4] then
-  take_back()
-  if redis.call('XLEN', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
-    redis.call('DEL', KEYS[1])
-  end
-  return {-1, 0}
-end
-local held = tonumber(redis.call('HGET', KEYS[2], 'n_samples') or '0')
-local capacity = tonumber(ARGV[1])
-if capacity > 0 and held + tonumber(ARGV[2]) > capacity then
-  take_back()
-  return {0, held}
-end
-return {1, redis.call('HINCRBY', KEYS[2], 'n_samples', ARGV[2])}
-"""
-"""The capacity and generation check of the plain path: counts the request's rows, or
-takes its entries (the last ones of the stream: nothing runs between the commands of
-one MULTI/EXEC) out again when they pass the capacity or the model was deleted (a log
-the request created is deleted again). Returns ``{1, n_samples after}``,
-``{0, n_samples held}`` (capacity) or ``{-1, 0}`` (deleted). Sent with ``EVAL`` (a
-``NOSCRIPT`` inside the transaction would leave the entries uncounted). The rows go to
-``XADD`` directly, not through a script: Lua copies every argument it gets, which makes
-Redis's work per sample several times larger."""
-
-APPEND_ONCE = """
--- KEYS[1] idempotency record (hash), KEYS[2] sample log (stream), KEYS[3] meta (hash),
--- KEYS[4] generation (string), KEYS[5] index of the records (sorted set)
--- ARGV[1] fingerprint, ARGV[2] expiry in ms, ARGV[3] rows in the request,
--- ARGV[4] capacity (0: none), ARGV[5] generation ('': not checked), ARGV[6] now in ms,
--- ARGV[7] most records kept, ARGV[8] prefix of the records' keys, ARGV[9] this record's
--- member (the key's sha256),
--- then (n, d, x, w) of every log entry, as service.storage.codec.encode_chunks makes them
--- (w '': no weights, the entry gets no w field).
-if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
-  return {-2, ARGV[1], 0, 0}
-end
-local stored = redis.call('HMGET', KEYS[1], 'fingerprint', 'accepted', 'n_samples')
-if stored[1] then
-  return {0, stored[1], stored[2], stored[3]}
-end
-local held = tonumber(redis.call('HGET', KEYS[3], 'n_samples') or '0')
-local capacity = tonumber(ARGV[4])
-if capacity > 0 and held + tonumber(ARGV[3]) > capacity then
-  return {-1, ARGV[1], 0, held}
-end
-for i = 10, #ARGV, 4 do
-  if ARGV[i + 3] == '' then
-    redis.call('XADD', KEYS[2], '*', 'n', ARGV[i], 'd', ARGV[i + 1], 'x', ARGV[i + 2])
-  else
-    redis.call('XADD', KEYS[2], '*', 'n', ARGV[i], 'd', ARGV[i + 1], 'x', ARGV[i + 2],
-      'w', ARGV[i + 3])
-  end
-end
-local total = redis.call('HINCRBY', KEYS[3], 'n_samples', ARGV[3])
-redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'accepted', ARGV[3], 'n_samples', total)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
--- The bound: forget expired members, then the oldest records past the most kept (a
--- lowered bound is reached over a few appends, at most 1,000 records each).
-local now = tonumber(ARGV[6])
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - tonumber(ARGV[2]))
-redis.call('ZADD', KEYS[5], now, ARGV[9])
-local excess = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[7])
-if excess > 0 then
-  local oldest = redis.call('ZPOPMIN', KEYS[5], math.min(excess, 1000))
-  for i = 1, #oldest, 2 do
-    redis.call('DEL', ARGV[8] .. oldest[i])
-  end
-end
-redis.call('PEXPIRE', KEYS[5], ARGV[2])
-return {1, ARGV[1], ARGV[3], total}
-"""
-"""Store a request once per ``Idempotency-Key``: ``{1, ...}`` stored, ``{0, ...}`` the
-record of an earlier request, ``{-1, fingerprint, 0, n_samples held}`` refused (capacity),
-``{-2, ...}`` refused (the model was deleted). Records are bounded by count (``ARGV[7]``,
-oldest first) and each by a fixed size (hashed key, fingerprint, two integers), so by
-bytes too (:data:`~nmbatch.service.storage.capacity.IDEMPOTENCY_RECORD_BYTES`). The
-records it deletes are named from the index's members, not passed as keys: the service
-runs on one Redis (no cluster), where a script may touch any key."""
-
-FIX_DIM = """
--- KEYS[1] meta (hash), KEYS[2] generation (string)
--- ARGV[1] dimension, ARGV[2] generation ('': not checked).
-if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
-redis.call('HSETNX', KEYS[1], 'dim', ARGV[1])
-return tonumber(redis.call('HGET', KEYS[1], 'dim'))
-"""
-"""Fix the model's dimension unless fixed (and unless the model was deleted: ``-1``);
-returns the dimension Redis holds."""
-
 
 async def inline(values: int, fn: Callable[..., T], *args: object) -> T:
     """The :data:`Offload` that runs ``fn(*args)`` right here."""
@@ -207,20 +109,37 @@ class AppendOutcome:
         Vectors accepted by the (first) request.
     n_samples : int
         Total samples in the log right after the (first) request was stored.
+    ids : list of str
+        The (first) request's sample ids, one per row: those it sent, else those the log
+        assigned (:func:`assigned_ids`).
     """
 
     stored: bool
     accepted: int
     n_samples: int
+    ids: list[str]
 
 
-def _script_args(X: np.ndarray, weights: np.ndarray | None) -> tuple[str, list[bytes | int]]:
-    """Fingerprint and flat :data:`APPEND_ONCE` arguments (n, d, x, w per log entry) of
-    ``X`` and its ``weights``."""
+def assigned_ids(entry_ids: list[str], rows: list[int]) -> list[str]:
+    """The sample ids the log assigns to the rows of entries ``entry_ids`` holding
+    ``rows[i]`` rows each: ``"<entry id>-<row>"`` (``"1732870000000-0-17"``), unique
+    per model since stream entry ids are (:mod:`nmbatch.service.sampleids` refuses ids
+    of that form from clients)."""
+    return [f"{entry}-{r}" for entry, n in zip(entry_ids, rows, strict=True) for r in range(n)]
+
+
+def _script_args(
+    X: np.ndarray, weights: np.ndarray | None, ids: list[str] | None
+) -> tuple[str, list[int], list[bytes | int]]:
+    """Fingerprint (with the ``ids``), the rows of each log entry and the flat
+    :data:`APPEND_ONCE` arguments (n, d, x, w per log entry) of ``X`` and its
+    ``weights``."""
     args: list[bytes | int] = []
+    rows: list[int] = []
     for fields in encode_chunks(X, weights):
+        rows.append(int(fields["n"]))
         args += [fields["n"], fields["d"], fields["x"], fields.get("w", b"")]
-    return fingerprint(X, weights), args
+    return fingerprint(X, weights, ids), rows, args
 
 
 class AsyncSampleLog:
@@ -275,6 +194,7 @@ class AsyncSampleLog:
         hand_over: bool = False,
         offload: Offload = inline,
         weights: np.ndarray | None = None,
+        ids: list[str] | None = None,
     ) -> AppendOutcome:
         """Append ``X`` (``(m, d)`` float32, validated, not modified afterwards) to the log.
 
@@ -303,16 +223,24 @@ class AsyncSampleLog:
             The rows' sample weights (checked: finite, ``>= 0``), stored with them (the
             entries' ``w``, :mod:`~nmbatch.service.storage.codec`) and part of the
             idempotency fingerprint; None: every row weighs 1 (entries as ever).
+        ids : list of str or None
+            The rows' sample ids (checked: one per row, distinct, of the client's form,
+            :mod:`nmbatch.service.sampleids`); stored in the model's id map
+            (:attr:`~nmbatch.service.storage.keys.ModelKeys.sample_ids`) by the script
+            that appends, which refuses the whole request with
+            :class:`DuplicateSampleIdError` if one is already there. Part of the
+            idempotency fingerprint. None: the log assigns them (:func:`assigned_ids`).
         """
         m = int(X.shape[0])
         if dim is None:
             await self.fix_dim(int(X.shape[1]))
         capacity = 0 if max_samples is None else int(max_samples)
-        if idempotency_key is not None:
-            if key_seconds is None:
+        if idempotency_key is not None or ids is not None:
+            if idempotency_key is not None and key_seconds is None:
                 raise ValueError("key_seconds is needed with an idempotency_key")
             return await self._append_once(
-                X, weights, idempotency_key, key_seconds, max_keys, capacity, offload
+                X, weights, ids, idempotency_key, key_seconds or 1.0, max_keys, capacity,
+                offload,
             )
         if capacity:
             # Refused before any XADD when the count already shows it: the guard below
@@ -340,55 +268,66 @@ class AsyncSampleLog:
             raise self._gone()
         if not stored:
             raise StoreFullError(capacity, n_samples, m)
+        entry_ids = [as_str(raw) for raw in reply[:-1]]
+        rows = [int(fields["n"]) for fields in entries]
         if hand_over and self.local is not None:
-            ids = [as_str(raw) for raw in reply[:-1]]
             parts, weighed, start = [], [], 0
-            for fields in entries:
-                n = int(fields["n"])
+            for n in rows:
                 parts.append(X[start : start + n])
                 weighed.append(None if weights is None else weights[start : start + n])
                 start += n
-            self.local.put(ids, parts, weighed)
-        return AppendOutcome(stored=True, accepted=m, n_samples=n_samples)
+            self.local.put(entry_ids, parts, weighed)
+        return AppendOutcome(stored=True, accepted=m, n_samples=n_samples,
+                             ids=assigned_ids(entry_ids, rows))  # fmt: skip
 
     async def _append_once(
         self,
         X: np.ndarray,
         weights: np.ndarray | None,
-        idempotency_key: str,
+        ids: list[str] | None,
+        idempotency_key: str | None,
         key_seconds: float,
         max_keys: int,
         capacity: int,
         offload: Offload,
     ) -> AppendOutcome:
-        """:data:`APPEND_ONCE` of ``X`` (and its ``weights``) under ``idempotency_key``."""
+        """:data:`APPEND_ONCE` of ``X`` (its ``weights``, its sample ``ids``), under
+        ``idempotency_key`` if any."""
         m = int(X.shape[0])
-        mine, args = await offload(X.size, _script_args, X, weights)
+        mine, rows, args = await offload(X.size, _script_args, X, weights, ids)
         ttl_ms = max(1, round(key_seconds * 1000))
+        sent = ids or []
         try:
-            digest = idempotency_digest(idempotency_key)
+            digest = "" if idempotency_key is None else idempotency_digest(idempotency_key)
             keys = self.keys
             reply = await self._once_script(
                 keys=[keys.idempotency_prefix + digest, keys.log, keys.meta, keys.generation,
-                      keys.idempotency_index],
+                      keys.idempotency_index, keys.sample_ids],
                 args=[mine, ttl_ms, m, capacity, self._token, int(time.time() * 1000),
-                      int(max_keys), keys.idempotency_prefix, digest, *args],
+                      int(max_keys), keys.idempotency_prefix, digest, len(sent), *sent,
+                      *args],
             )  # fmt: skip
         except redis.ResponseError as exc:
             if not redis_oom(exc):
                 raise
             raise StoreFullError(capacity, await self.n_samples(), m, redis_oom=True) from None
         status, theirs = int(reply[0]), as_str(reply[1])
+        if status == -3:
+            raise DuplicateSampleIdError(as_str(reply[2]))
         if status == -2:
             raise self._gone()
-        if status < 0:
+        if status == -1:
             raise StoreFullError(capacity, int(reply[3]), m)
         if status == 0 and theirs != mine:
             raise IdempotencyKeyReusedError(
                 "this Idempotency-Key was used for a request with other vectors; use a new "
                 "key for new samples"
             )
-        return AppendOutcome(stored=bool(status), accepted=int(reply[2]), n_samples=int(reply[3]))
+        entry_ids = as_str(reply[4]).split() if len(reply) > 4 else []
+        if ids is None and len(entry_ids) == len(rows):
+            ids = assigned_ids(entry_ids, rows)
+        return AppendOutcome(stored=bool(status), accepted=int(reply[2]),
+                             n_samples=int(reply[3]), ids=list(ids or []))  # fmt: skip
 
     async def fix_dim(self, d: int) -> None:
         """Set the model's dimension to ``d`` unless set; raise if it is another one.

@@ -23,6 +23,7 @@ __all__ = [
     "DefaultModelError",
     "DimensionTooLargeError",
     "DomainError",
+    "DuplicateSampleIdError",
     "IdempotencyKeyReusedError",
     "InvalidInitError",
     "InvalidModelEntryError",
@@ -33,12 +34,14 @@ __all__ = [
     "ModelNotOwnedError",
     "ModelTooLargeError",
     "NotEnoughSamplesError",
+    "SamplesUnavailableError",
     "StoreFullError",
     "SweepBusyError",
     "SweepRefusedError",
     "TooManyEventStreamsError",
     "TooManyModelsError",
     "UnknownModelError",
+    "UnknownSampleError",
     "UnsupportedMetricError",
     "VersionNotKeptError",
     "WeightsUnsupportedError",
@@ -98,6 +101,43 @@ class WeightsUnsupportedError(DomainError):
 
 class IdempotencyKeyReusedError(DomainError):
     """The ``Idempotency-Key`` already stored a request with other vectors."""
+
+
+class UnknownSampleError(DomainError):
+    """No sample of model ``model`` has id ``sample_id`` (never stored, deleted, or gone
+    from the model and its log)."""
+
+    def __init__(self, model: str, sample_id: str) -> None:
+        super().__init__(
+            f"model '{model}' has no sample {sample_id!r} (never stored, deleted, or retired "
+            "by the retention and trimmed from the log)"
+        )
+        self.model = model
+        self.sample_id = sample_id
+
+
+class SamplesUnavailableError(DomainError):
+    """Requests about single samples (lookup, deletion) of model ``model`` cannot be
+    served now: its worker runs in another process, is starting or replaying, or Redis is
+    away. Nothing was deleted unless the detail says so; retry shortly."""
+
+    def __init__(self, model: str, why: str) -> None:
+        super().__init__(f"samples of model '{model}' cannot be looked up or deleted now: "
+                         f"{why}; retry shortly")  # fmt: skip
+        self.model = model
+
+
+class DuplicateSampleIdError(DomainError):
+    """Sample id ``sample_id`` of the request is already a sample id of model ``model``
+    (ids are unique per model); nothing of the request is stored."""
+
+    def __init__(self, model: str, sample_id: str) -> None:
+        super().__init__(
+            f"sample id {sample_id!r} is already a sample of model '{model}' (ids are unique "
+            "per model); nothing of this request was stored"
+        )
+        self.model = model
+        self.sample_id = sample_id
 
 
 class StoreFullError(DomainError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -28,17 +29,20 @@ import orjson
 from anyio.to_thread import run_sync
 
 from nmbatch.engine.metric import ZeroRowError, metric_rows
+from nmbatch.engine.state import SampleLookup
 from nmbatch.service import storage
 from nmbatch.service.config import Settings
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard, PublishedModel
 from nmbatch.service.storage import AppendOutcome, AsyncSampleLog
 from nmbatch.service.storage.capacity import Capacity
+from nmbatch.service.storage.deletions import SampleRef
 from nmbatch.service.storage.events import AsyncEventFeed
 from nmbatch.service.storage.versions import AsyncKeptVersions
 from nmbatch.service.usecases.errors import (
     CentroidsPendingError,
     DomainError,
+    DuplicateSampleIdError,
     IdempotencyKeyReusedError,
     LogBacklogError,
     ModelDeletedError,
@@ -106,6 +110,14 @@ class WorkerPort(Protocol):
 
     def notify(self) -> None:
         """New samples are in the log: wake the worker."""
+
+    def lookup(self, refs: list[SampleRef]) -> Future[tuple[np.ndarray, SampleLookup]]:
+        """Where the samples of ``refs`` stand (the worker's ``SampleDesk.lookup``):
+        ``(known, lookup)``, ``known`` ``(m,)`` bool, the engine's lookup of the known."""
+
+    def forget(self, refs: list[SampleRef]) -> Future[np.ndarray]:
+        """Delete the samples of ``refs`` exactly, tombstones first (the worker's
+        ``SampleDesk.forget``): ``(m,)`` bool, True where this call deleted one."""
 
 
 class CapacityPlanner(Protocol):
@@ -212,9 +224,12 @@ async def ingest(
     X: np.ndarray,
     idempotency_key: str | None = None,
     weights: np.ndarray | None = None,
+    ids: list[str] | None = None,
 ) -> AppendOutcome:
     """Append ``X`` (``(m, d)`` float32, validated) to the log, once per ``idempotency_key``,
-    with its sample ``weights`` (``(m,)`` float64, checked; None: every vector weighs 1).
+    with its sample ``weights`` (``(m,)`` float64, checked; None: every vector weighs 1)
+    and its sample ``ids`` (``m`` distinct strings, checked; None: the log assigns them,
+    and the outcome lists them).
 
     :meth:`AsyncSampleLog.append` within the model's capacity (planned here when this
     batch fixes the dimension); storage's refusals become domain errors: a batch of
@@ -224,7 +239,9 @@ async def ingest(
     with a retention other than ``all`` the embedded Redis's refusal is
     :class:`LogBacklogError`: the log is trimmed as rows retire, so it is a moment's
     backlog, not a full store; a model deleted since the request picked it
-    :class:`ModelDeletedError` (checked in the script that appends). Stored samples are
+    :class:`ModelDeletedError` (checked in the script that appends), an id already a
+    sample of the model :class:`DuplicateSampleIdError` (checked in the same script, so of
+    two concurrent requests naming one id only one stores it). Stored samples are
     counted and the worker notified.
 
     Under ``metric="cosine"`` the rows are normalised first (:func:`metric_vectors`), so
@@ -258,6 +275,7 @@ async def ingest(
             hand_over=handle.worker.role == WORKER_ROLE,
             offload=off_loop,
             weights=weights,
+            ids=ids,
         )
     except storage.WrongDimensionError as exc:
         handle.dim = exc.expected
@@ -266,6 +284,8 @@ async def ingest(
         raise ModelDeletedError(settings.model) from None
     except storage.IdempotencyKeyReusedError as exc:
         raise IdempotencyKeyReusedError(str(exc)) from None
+    except storage.DuplicateSampleIdError as exc:
+        raise DuplicateSampleIdError(settings.model, exc.sample_id) from None
     except storage.StoreFullError as exc:
         raise _store_full(handle, exc, int(X.shape[0])) from None
     if outcome.stored:

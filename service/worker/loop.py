@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
 from nmbatch.service.storage.capacity import versions_bound
+from nmbatch.service.storage.deletions import Tombstones
 from nmbatch.service.storage.events import EventWriter
 from nmbatch.service.storage.handoff import handoff_bytes
 from nmbatch.service.storage.retained import RetainedLog
@@ -39,6 +41,7 @@ from nmbatch.service.worker.publisher import Publisher
 from nmbatch.service.worker.recovery import EngineRecovery
 from nmbatch.service.worker.retention import LogRetention
 from nmbatch.service.worker.roles import Phase, Role
+from nmbatch.service.worker.samples import SampleDesk
 from nmbatch.service.worker.signals import Signals
 
 __all__ = ["Worker"]
@@ -52,7 +55,7 @@ reading pages of 32 entries back to back took the loop's p99 lateness from 5-8 m
 13-15 ms on a busy 2-core machine, pages of 4 to 9-11 ms."""
 
 
-class Worker(EngineRecovery):
+class Worker(EngineRecovery, SampleDesk):
     """Runs nmbatch on the model's sample log in a background thread, or stands by.
 
     Parameters
@@ -117,6 +120,8 @@ class Worker(EngineRecovery):
         self.engine_nice = engine_nice
         self.retention_size = retention_size or (lambda dim: settings.max_samples)
         self.retained_log = RetainedLog(repository.client, repository.keys)
+        self.tombstones = Tombstones(repository.client, repository.keys)
+        self._sample_requests = queue.SimpleQueue()  # lookups and deletions (SampleDesk)
         self.retention: LogRetention | None = None
         self.n_ingested = 0  # samples ever accepted (the meta's count), read at each pull
         self.wake = threading.Event()
@@ -217,6 +222,7 @@ class Worker(EngineRecovery):
             self.phase = Phase.FAILED
             log.exception("worker failed: %s", exc)
         finally:
+            self.refuse_samples()
             self.lease.stop()
             try:
                 self._finish()
@@ -285,6 +291,7 @@ class Worker(EngineRecovery):
         self._close_engine()
         self.last_id = "0-0"
         self._set_role(Role.STANDBY)
+        self.refuse_samples()
 
     def _finish(self) -> None:
         """On stop as the worker: last snapshot, then release the lease."""
@@ -336,6 +343,7 @@ class Worker(EngineRecovery):
         self._publish_stats()
         started = time.perf_counter()
         try:  # the retained rows of the last compaction, then the log after them
+            self.retention.tombstones = self.backoff.call(self.tombstones.read)
             self.last_id = self.backoff.call(self.retention.load_base, engine)
         except RedisAwayError:
             self._close_engine()  # half a base loaded: start again once Redis is back
@@ -380,6 +388,7 @@ class Worker(EngineRecovery):
                 if self.signals.drift != drift:
                     self._publish_stats()  # /stats shows the figure the rows gave
                 last_pull = time.monotonic()
+            self.serve_samples()  # lookups and deletions, on the rows pulled so far
             idle = settled(engine)
             if engine.ready() and not idle:
                 self.phase = Phase.ITERATING

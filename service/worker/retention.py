@@ -26,12 +26,20 @@ Redis keeps what the model keeps, and no more than a bounded excess
 A restart (or a new engine process) replays exactly what is retained: the base, if any,
 then every log entry after it, through a new policy. Window and age replay the trimmed
 log, whose first entries may still hold samples that left: the policy retires them again.
+
+Deleted samples (:mod:`~nmbatch.service.storage.deletions`): the tombstones read before
+a replay (:attr:`LogRetention.tombstones`) are carried out as the replay goes: a log
+entry's tombstoned rows are forgotten (``EngineHost.forget``, then the policy's
+``forget``) right after the entry is offered, so its other rows keep the stream ids they
+had, and a reservoir's base is cleared of the tombstoned stream ids once loaded. The
+stream id of a sample is its entry's first stream id (:meth:`LogRetention.stream_ids`,
+remembered for every entry offered since the replay began) plus its row.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -43,6 +51,7 @@ from nmbatch.engine.rows import SourceRows
 from nmbatch.service.config import Settings
 from nmbatch.service.storage.capacity import MIN_COMPACTION, REDIS_SAMPLES, plan_capacity
 from nmbatch.service.storage.codec import id_key, next_id
+from nmbatch.service.storage.deletions import SampleRef
 from nmbatch.service.storage.errors import redis_oom
 from nmbatch.service.storage.retained import Base, RetainedLog
 
@@ -130,6 +139,12 @@ class LogRetention:
         self.weighted = False  # rows with sample weights were fed to the engine
         self.trimmed_entries = 0
         self.compactions = 0
+        # Entry id -> (its first stream id, its rows), for every entry offered since the
+        # replay began (in log order; window and age drop the trimmed ones from the front:
+        # an OrderedDict, whose first item is found at once however many were dropped).
+        self._firsts: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # The tombstones (storage.deletions.Tombstones.read): rows by entry, stream ids.
+        self.tombstones: tuple[dict[str, np.ndarray], np.ndarray] = ({}, NO_IDS)
 
     @property
     def trims(self) -> bool:
@@ -157,7 +172,15 @@ class LogRetention:
                 self.offer(engine, X, None, weights)
         if isinstance(self.policy, ReservoirRetention):
             slots = np.concatenate(pages) if pages else NO_IDS
+            holes = np.asarray(base.policy.get("holes", []), dtype=np.int64)
+            if holes.shape[0]:  # the slots deleted samples emptied, in slot order
+                full = np.full(slots.shape[0] + holes.shape[0], -1, dtype=np.int64)
+                full[np.setdiff1d(np.arange(full.shape[0]), holes)] = slots
+                slots = full
             self.policy.load_state(base.policy, slots)
+            for entry, first, n in base.policy.get("entries", []):
+                self._firsts[entry] = (int(first), int(n))
+            self._forget(engine, self.tombstones[1])  # deleted since the base was written
         log.info("base %d of the log: %d retained samples up to entry %s", base.generation,
                  base.n_rows, base.last_id)  # fmt: skip
         return base.last_id
@@ -193,7 +216,13 @@ class LogRetention:
         weights, None: 1) to the policy at the entry's time and carry out its answer on
         ``engine`` (the admitted rows with their weights)."""
         now = id_key(entry_id)[0] / 1000.0 if entry_id is not None else None
+        first = self.policy.n_offered
         offer(self.policy, engine, X, now, self._weighs(weights))
+        if entry_id is not None:
+            self._firsts[entry_id] = (first, X.shape[0])
+            deleted = self.tombstones[0].get(entry_id)
+            if deleted is not None:  # tombstoned rows: out again at once, ids kept
+                self._forget(engine, first + deleted)
         if self.trims and entry_id is not None:
             end = self.policy.n_offered
             groups = self._groups
@@ -203,6 +232,30 @@ class LogRetention:
                 self._group_start = end - X.shape[0]
                 groups.append((entry_id, entry_id, end))
         self._since_base += X.shape[0]
+
+    def _forget(self, engine: EngineHost, ids: np.ndarray) -> np.ndarray:
+        """Delete the stored samples of stream ids ``ids`` (``(m,)`` int64) from the
+        engine and count them out of the policy; returns ``(m,)`` bool, which were stored."""
+        if not ids.shape[0]:
+            return np.zeros(0, dtype=bool)
+        found = engine.forget(ids)
+        self.policy.forget(ids[found])
+        return found
+
+    def forget(self, engine: EngineHost, ids: np.ndarray) -> np.ndarray:
+        """:meth:`_forget` of samples whose tombstones were just written."""
+        return self._forget(engine, np.asarray(ids, dtype=np.int64))
+
+    def stream_ids(self, refs: list[SampleRef]) -> np.ndarray:
+        """The stream id of each sample of ``refs`` (``(m,)`` int64), -1 where its entry
+        was not offered since the replay began (unknown, trimmed, not yet read) or it has
+        no such row."""
+        out = np.full(len(refs), -1, dtype=np.int64)
+        for i, ref in enumerate(refs):
+            first, n = self._firsts.get(ref.entry_id, (-1, 0))
+            if 0 <= ref.row < n:
+                out[i] = first + ref.row
+        return out
 
     def tick(self, engine: EngineHost, now: float) -> None:
         """Retire what time alone retires (``age``, at ``now``, seconds of Redis's clock)."""
@@ -251,7 +304,26 @@ class LogRetention:
             return 0
         removed = self.storage.trim_log(min_id)
         self.trimmed_entries += removed
+        bound = id_key(min_id)
+        firsts = self._firsts
+        while firsts:  # the trimmed entries' ids are forgotten too (log order)
+            oldest = next(iter(firsts))
+            if id_key(oldest) >= bound:
+                break
+            firsts.popitem(last=False)
         return removed
+
+    def _holding(self, ids: np.ndarray) -> OrderedDict[str, tuple[int, int]]:
+        """The entries of :attr:`_firsts` that hold a sample of stream ids ``ids``
+        (``(m,)`` int64), in log order."""
+        if not self._firsts or not ids.shape[0]:
+            return OrderedDict()
+        entries = list(self._firsts.items())
+        starts = np.asarray([first for _, (first, _) in entries], dtype=np.int64)
+        ends = starts + np.asarray([n for _, (_, n) in entries], dtype=np.int64)
+        at = np.searchsorted(starts, ids, side="right") - 1
+        inside = (at >= 0) & (ids < ends[np.maximum(at, 0)])
+        return OrderedDict(entries[i] for i in np.unique(at[inside]).tolist())
 
     def compaction_due(self) -> bool:
         """True when a reservoir has taken enough samples since its base to compact."""
@@ -263,12 +335,20 @@ class LogRetention:
         """Write the reservoir (rows of the engine, in slot order) as the new base covering
         the log up to ``last_id`` (the last entry offered), and trim what it covers."""
         assert isinstance(self.policy, ReservoirRetention)
-        slots = self.policy.slots[: self.policy.retained].copy()
+        policy = self.policy
+        filled = policy.slots[: min(policy.n_offered, int(policy.max_samples))]
+        slots = filled[filled >= 0].copy()  # a deleted sample's slot is empty (-1)
+        state = policy.state_dict()
+        state["holes"] = np.flatnonzero(filled < 0).tolist()  # restored by load_base
+        # The entries still holding a kept row, with their first stream ids: the ids of
+        # the base's samples resolve to stream ids after a restart too.
+        self._firsts = self._holding(slots)
+        state["entries"] = [[entry, first, n] for entry, (first, n) in self._firsts.items()]
         # The rows come from the engine a pipeline trip at a time (16 MiB), never the
         # whole reservoir in one message: each copy holds the GIL the event loop needs.
         weights = engine.weights_of if self.weighted else None  # unweighted: entries as ever
         base = self.storage.compact(slots, engine.rows_of, last_id=last_id,
-                                    policy=self.policy.state_dict(), lease_token=lease_token,
+                                    policy=state, lease_token=lease_token,
                                     dim=engine.store.dim, weights=weights)  # fmt: skip
         if self.by_reference:  # the log entries of the reservoir's rows are gone
             rebase = engine.rebase  # type: ignore[attr-defined]  # engines fed by reference

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 from pydantic import ValidationError
@@ -131,7 +132,7 @@ def test_a_configured_dimension_is_enforced_from_the_first_request(
             content=b"\0" * 24,
             headers={"content-type": "application/octet-stream"},
         )
-        assert octet.json() == {"accepted": 2, "n_samples": 2}
+        assert octet.json() == {"accepted": 2, "n_samples": 2, "ids": ANY}
 
 
 def test_models_with_different_prefixes_share_one_redis(make_settings: SettingsFactory) -> None:

@@ -4,6 +4,7 @@ what is refused leaves the log untouched and says why."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ def test_json_samples_are_accepted_and_logged_as_float32(
     X = [[0.5, 1.0], [2.0, -3.25], [1e-3, 7.0]]
     response = client.post("/samples", json={"vectors": X})
     assert response.status_code == 202
-    assert response.json() == {"accepted": 3, "n_samples": 3}
+    assert response.json() == {"accepted": 3, "n_samples": 3, "ids": ANY}
     np.testing.assert_array_equal(logged_samples(redis_client, model_name), np.float32(X))
 
 
@@ -40,8 +41,8 @@ def test_npy_samples_add_to_the_total(
 ) -> None:
     first = np.arange(8, dtype=np.float64).reshape(4, 2)
     second = np.arange(6, dtype=np.int16).reshape(3, 2)
-    assert post_npy(client, first).json() == {"accepted": 4, "n_samples": 4}
-    assert post_npy(client, second).json() == {"accepted": 3, "n_samples": 7}
+    assert post_npy(client, first).json() == {"accepted": 4, "n_samples": 4, "ids": ANY}
+    assert post_npy(client, second).json() == {"accepted": 3, "n_samples": 7, "ids": ANY}
     logged = logged_samples(redis_client, model_name)
     np.testing.assert_array_equal(logged, np.concatenate([first, second]).astype(np.float32))
 
@@ -56,7 +57,7 @@ def test_octet_stream_samples_once_the_dimension_is_known(
     assert refused.json()["type"].endswith(":dimension-unknown")
     client.post("/samples", json={"vectors": [[0.0, 0.0]]})
     accepted = client.post("/samples", content=raw.tobytes(), headers=octet)
-    assert accepted.json() == {"accepted": 2, "n_samples": 3}
+    assert accepted.json() == {"accepted": 2, "n_samples": 3, "ids": ANY}
     np.testing.assert_array_equal(logged_samples(redis_client, model_name)[1:], raw)
 
 
@@ -76,7 +77,9 @@ def test_a_large_request_spans_several_log_entries_atomically(
     d = 64
     rows_per_entry = CHUNK_BYTES // (4 * d)
     X = np.random.default_rng(0).normal(size=(2 * rows_per_entry + 5, d)).astype(np.float32)
-    assert post_npy(client, X).json() == {"accepted": X.shape[0], "n_samples": X.shape[0]}
+    answer = post_npy(client, X).json()
+    assert answer == {"accepted": X.shape[0], "n_samples": X.shape[0], "ids": ANY}
+    assert len(set(answer["ids"])) == X.shape[0]  # assigned, one per row over 3 entries
     assert log_state(redis_client, model_name) == (3, X.shape[0], b"64")
     np.testing.assert_array_equal(logged_samples(redis_client, model_name), X)
 
@@ -166,7 +169,7 @@ def test_a_dimension_fixed_by_another_process_is_used_for_raw_bodies(
     response = client.post(
         "/samples", content=raw, headers={"content-type": "application/octet-stream"}
     )
-    assert response.json() == {"accepted": 1, "n_samples": 1}
+    assert response.json() == {"accepted": 1, "n_samples": 1, "ids": ANY}
 
 
 VECTOR_BODIES = [("/samples", "post"), ("/assign", "post")]

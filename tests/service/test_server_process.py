@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest.mock import ANY
 
 import httpx
 import numpy as np
@@ -81,7 +82,7 @@ def test_python_m_service_runs_stops_cleanly_and_keeps_its_data(
         response = http.post(
             "/samples", content=npy.getvalue(), headers={"content-type": "application/x-npy"}
         )
-        assert response.json() == {"accepted": 3, "n_samples": 6}
+        assert response.json() == {"accepted": 3, "n_samples": 6, "ids": ANY}
 
         def converged() -> dict | None:
             doc = http.get("/centroids").json()

@@ -186,7 +186,7 @@ def _bad_npz() -> list[tuple[str, bytes, int, str, int | None]]:
         ("2-d", npz_bytes(X=X, weights=w[:, None]), 422, "invalid-weights", None),
         ("bool", npz_bytes(X=X, weights=w > 0), 422, "non-numeric", None),
         ("compressed", npz_bytes(True, X=X, weights=w), 422, "compressed-member", None),
-        ("unknown", npz_bytes(X=X, weights=w, ids=w), 422, "unknown-member", None),
+        ("unknown", npz_bytes(X=X, weights=w, labels=w), 422, "unknown-member", None),
         ("no-X", npz_bytes(vectors=X, weights=w), 422, "unknown-member", None),
         ("only-weights", npz_bytes(weights=w), 422, "not-a-matrix", None),
         ("not-a-zip", npy_bytes(X), 400, "malformed-body", None),
@@ -382,7 +382,7 @@ def test_a_weighted_parse_costs_a_bounded_multiple_of_its_body(kind: str) -> Non
     parse_samples(body, content_type, dim=None, max_vectors=10**6, max_dim=4096)  # first use
     tracemalloc.start()
     try:
-        X, w = parse_samples(body, content_type, dim=None, max_vectors=10**6, max_dim=4096)
+        X, w, _ = parse_samples(body, content_type, dim=None, max_vectors=10**6, max_dim=4096)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
