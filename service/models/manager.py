@@ -52,6 +52,7 @@ from nmbatch.service.models.registry import (
     settings_for,
     spec_of,
 )
+from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.usecases import versions
 from nmbatch.service.usecases.errors import (
     DomainError,
@@ -298,6 +299,7 @@ class ModelManager:
         for running in list(self.running.values()):  # pins set or lifted by other processes
             await versions.refresh_pin(running.handle)
         await self._restart_replaced(registered)
+        await self._follow_default_recluster()
         for name, spec in registered.items():
             if name == self.default_name or name in self.running:
                 continue
@@ -346,6 +348,24 @@ class ModelManager:
                 if self.running.get(name) is running:
                     await self.stop(name)
             log.info("model '%s' was created again or re-clustered elsewhere: restarted", name)
+
+    async def _follow_default_recluster(self) -> None:
+        """Restart the default model here when another process re-clustered it: its meta's
+        ``k``, set with ``reclustered_at`` by the re-clustering's script, is not the ``k``
+        it runs with here (the restart takes the meta's, as a start does)."""
+        running = self.running.get(self.default_name)
+        if running is None:
+            return
+        k, reclustered = await self.client.hmget(
+            ModelKeys(self.default_name).meta, ["k", "reclustered_at"]
+        )
+        if reclustered is None or k is None or int(k) == running.handle.settings.k:
+            return
+        async with self.lock:
+            if self.running.get(self.default_name) is running:
+                await self.restart(self.default_name, None)
+        log.info("model '%s' was re-clustered elsewhere (k = %d): restarted", self.default_name,
+                 int(k))  # fmt: skip
 
     async def _sync_loop(self, seconds: float) -> None:
         while True:

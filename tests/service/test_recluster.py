@@ -131,3 +131,24 @@ def test_a_second_process_follows_a_recluster_at_its_next_sync(
                    "the second app's sync")  # fmt: skip
         wait_until(lambda: second.get("/models/shared/centroids").json().get("k") == 4, 30,
                    "the second app serving k = 4")  # fmt: skip
+
+
+def test_a_second_process_follows_a_recluster_of_the_default_model(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = make_settings(dim=2, k=3, seed=1, batch_size=64)
+    X = blobs(600, 2, 4, seed=9, separation=20.0)
+    with TestClient(create_app(settings)) as client, TestClient(create_app(settings)) as second:
+        assert post_npy(client, X, "/samples").status_code == 202
+        settled(client, "", 3, 600)
+        wait_until(lambda: second.get("/centroids").json().get("k") == 3, 30,
+                   "the second app serving the default model")  # fmt: skip
+        assert client.post("/recluster", json={"k": 4}).status_code == 200
+        settled(client, "", 4, 600)
+        # The second app restarts its default model with the meta's k at its next sync:
+        # it serves the snapshots of k = 4, and its own settings say so.
+        name = settings.model
+        wait_until(lambda: second.get(f"/models/{name}").json()["settings"]["k"] == 4, 30,
+                   "the second app's sync")  # fmt: skip
+        wait_until(lambda: second.get("/centroids").json().get("k") == 4, 30,
+                   "the second app serving k = 4")  # fmt: skip
