@@ -9,6 +9,7 @@ import select
 import socket
 import threading
 from collections.abc import Iterator
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -50,7 +51,7 @@ def unchanged(server: LiveServer, redis_client: redis.Redis, model_name: str) ->
     assert log_state(redis_client, model_name) == (1, 1, b"2")
     # ... and the server still serves.
     response = httpx.post(f"{server.base_url}/samples", json={"vectors": [[3.0, 4.0]]})
-    assert response.json() == {"accepted": 1, "n_samples": 2}
+    assert response.json() == {"accepted": 1, "n_samples": 2, "ids": ANY}
 
 
 def test_a_10_gb_content_length_is_refused_before_any_byte_is_read(
