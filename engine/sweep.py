@@ -32,7 +32,6 @@ import numpy as np
 
 from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.assign import nearest
-from nmbatch.engine.estimator import NestedMiniBatchKMeans
 from nmbatch.engine.metric import check_metric, dissimilarity, metric_rows
 
 __all__ = [
@@ -221,6 +220,9 @@ def sweep(
     :class:`~nmbatch.engine.estimator.NestedMiniBatchKMeans` (``batch_size``, ``init``,
     ``max_iter`` ...); ``n_threads`` bounds each fit's threads.
     """
+    # The estimator (and scikit-learn) only when a sweep runs: the service imports this.
+    from nmbatch.engine.estimator import NestedMiniBatchKMeans
+
     started = time.perf_counter()
     metric = check_metric(metric)
     A = metric_rows(as_float32_matrix(X, name="X"), metric, name="X")

@@ -31,6 +31,12 @@ __all__ = ["EVENT_STREAM", "router"]
 router = APIRouter(tags=["events"])
 
 EVENT_STREAM = "text/event-stream"
+EVENT_SCHEMA = {
+    "type": "object",
+    "description": "One event of the stream: its id, its type and its JSON data as text.",
+    "properties": {"id": {"type": "string"}, "event": {"type": "string"},
+                   "data": {"type": "string"}},
+}  # fmt: skip
 
 
 @router.get(
@@ -45,14 +51,15 @@ EVENT_STREAM = "text/event-stream"
     openapi_extra=OPTIONAL_KEY,
     dependencies=[Depends(require_read_key)],
     response_class=StreamingResponse,
-    responses={200: {"content": {EVENT_STREAM: {"schema": {"type": "string"}}}}}
+    responses={200: {"content": {EVENT_STREAM: {"schema": EVENT_SCHEMA}}}}
     | problem_responses(401, 422, 503),
 )
 async def get_events(
     request: Request,
     handle: ModelDep,
     last_event_id: str | None = Header(
-        None, description="The id of the last event seen: the stream resumes after it."
+        None, description="The id of the last event seen: the stream resumes after it.",
+        pattern=ID_PATTERN.pattern,
     ),
 ) -> StreamingResponse:
     if last_event_id is not None and ID_PATTERN.fullmatch(last_event_id.strip()) is None:
