@@ -30,6 +30,7 @@ from nmbatch.engine.kernels import grouped_dense as _grouped
 from nmbatch.engine.kernels.common import EMPTY_F64, gemm_error, sqdist32_error
 from nmbatch.engine.kernels.parallel import apply_moves, big_enough, n_threads
 from nmbatch.engine.products import MIN_POOL_WORK, PRODUCT_ROWS, chunk_product, pool
+from nmbatch.engine.projection import Projection
 
 __all__ = ["pooled_assign", "use_pool"]
 
@@ -75,6 +76,7 @@ def pooled_assign(
     upper_bounds: np.ndarray | None = None,
     group_of: np.ndarray | None = None,
     weights: np.ndarray | None = None,
+    subspace: tuple[Projection, np.ndarray, np.ndarray] | None = None,
 ) -> int:
     """:func:`~nmbatch.engine.kernels.dense.assign_dense` (``group_of`` None) or
     :func:`~nmbatch.engine.kernels.grouped_dense.assign_dense_grouped` of ``rows``,
@@ -83,6 +85,8 @@ def pooled_assign(
     Ct : (d, k) float32  ``C.T``, C-contiguous;  cc : (k,) float64  ``||C[j]||^2``.
     The other arguments and the return value as ``assign_dense`` (with ``group_of``:
     ``lower_bounds`` (N, G) and ``upper_bounds`` required, as ``assign_dense_grouped``).
+    ``subspace``: ``(projection, PCt, rc)`` of :meth:`.projection.Subspace.for_pass`, or
+    None; each chunk's products are then taken in the subspace (not with ``group_of``).
     """
     m, (k, d) = rows.shape[0], C.shape
     fill = sqnorms is None or not sqnorms_known
@@ -96,12 +100,17 @@ def pooled_assign(
     def chunk(lo: int, hi: int) -> int:
         dots = _buffer(k)[: hi - lo]
         r = rows[lo:hi]
-        chunk_product(X, r, Ct, dots)
+        plain = (EMPTY_F64, EMPTY_F64, EMPTY_F64)
+        if subspace is None:
+            chunk_product(X, r, Ct, dots)
+        else:
+            proj, PCt, rc = subspace
+            plain = (proj.products(X, r, PCt, dots), rc, proj.slack)
         head = (X, r, 0, hi - lo, xx[lo:hi], fill, dots, C, cc, g_gemm, g, remove, labels,
                 dist2, lower, upper)  # fmt: skip
         tail = (_NO_S, _NO_V, EMPTY_F64, EMPTY_F64, EMPTY_F64, prev[lo:hi], old_d2[lo:hi])
         if group_of is None:
-            return int(_dense._dense_range(*head, *tail))
+            return int(_dense._dense_range(*head, *tail, *plain))
         return int(_grouped._dense_range(*head, group_of, *tail))
 
     spans = [(s, min(m, s + PRODUCT_ROWS)) for s in range(0, m, PRODUCT_ROWS)]

@@ -33,6 +33,7 @@ from nmbatch.engine.kernels.grouped_dense import assign_dense_grouped
 from nmbatch.engine.metric import check_metric, metric_rows
 from nmbatch.engine.pooled import pooled_assign, use_pool
 from nmbatch.engine.products import PRODUCT_ROWS, SPAN_PRODUCT_RATIO, chunks_at_once, products
+from nmbatch.engine.projection import Subspace, projected_products
 from nmbatch.engine.seeding import SEEDINGS, initial_centroids
 from nmbatch.engine.state import IterationStats, ModelState, SampleLookup
 from nmbatch.engine.store import NestedBatchStore, Retirement
@@ -110,6 +111,8 @@ class KMeansAlgorithm:
         self.converged = False
         self.initialized = False
         self._g = sqdist32_error(d)
+        # The dense passes' projection (.projection): chosen at the first large pass.
+        self.subspace = Subspace()
 
     # -- public -----------------------------------------------------------------------
     def ready(self) -> bool:
@@ -254,6 +257,7 @@ class KMeansAlgorithm:
         weights = w[: X.shape[0]].copy() if w.shape[0] else None
         self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng, weights)
         self.initialized = True
+        self.subspace.reset()
 
     def _clear_emptied(self) -> None:
         """In a weighted store, zero the sums of every cluster left without a voting row
@@ -327,13 +331,22 @@ class KMeansAlgorithm:
             "lower_bounds": lower, "upper_bounds": upper,
             "weights": w if w.shape[0] else None,
         }  # fmt: skip
+        # Group bounds take the full product (their kernel has no subspace path).
+        sub = self.subspace.for_pass(data, rows, C) if groups is None else None
         if use_pool(rows.shape[0], C.shape[0], C.shape[1]):
-            return pooled_assign(data, rows, C, Ct, cc, group_of=groups, **common)
+            return pooled_assign(data, rows, C, Ct, cc, group_of=groups, subspace=sub,
+                                 **common)  # fmt: skip
         step = PRODUCT_ROWS * chunks_at_once(C.shape[0])
         out = np.empty((min(step, rows.shape[0]), C.shape[0]), dtype=np.float32)
         changed = 0
         for start in range(0, rows.shape[0], step):
             r = rows[start : start + step]
+            if sub is not None:
+                proj, PCt, rc = sub
+                dots, rx = projected_products(proj, data, r, PCt, out)
+                changed += assign_dense(data, r, C, dots=dots, cc=cc,
+                                        projected=(rx, rc, proj.slack), **common)  # fmt: skip
+                continue
             dots = products(data, r, Ct, out)
             if groups is None:
                 changed += assign_dense(data, r, C, dots=dots, cc=cc, **common)

@@ -52,6 +52,7 @@ __all__ = [
     "move_vote",
     "open_pairs",
     "prefetch_row",
+    "projected_estimates",
     "push_candidate",
     "sqdist32",
     "sqdist32_error",
@@ -299,6 +300,45 @@ def gemm_estimates(xx_q, dots_q, cc, norm_c, g_gemm, d, low, high):
         low[j] = est - err
         high[j] = est + err
     return min8(high)
+
+
+@numba.njit(inline="always")
+def projected_estimates(x, C, xx_q, rx_q, pdots_q, cc, norm_c, rc, slack, d, g_hi, low, high):
+    """Lower estimates of a row's squared distance to every centroid from its products in
+    a subspace (:mod:`nmbatch.engine.projection`), and an upper bound on the nearest.
+
+    x        : (d,) float32   the row; ``C`` (k, d) float32 the centroids
+    xx_q     : float          ``||x||^2``; ``cc`` (k,) float64 ``||C[j]||^2``, ``norm_c``
+                              its square root
+    rx_q     : float          upper bound on the row's norm off the subspace; ``rc`` (k,)
+                              float64 the centroids'
+    pdots_q  : (k,) float32   ``fl(R^T x) . fl(R^T c(j))`` (BLAS)
+    slack    : (4,) float64   ``eta, e, delta, p`` of the projection
+    low      : (k,) float64   OUT  ``||x - c(j)||^2 >= low[j]``
+    high     : (k,) float64   SCRATCH  the subspace's estimates
+
+    Returns ``top >= min_j ||x - c(j)||^2``: the distance, computed directly, to the
+    centroid nearest in the subspace (``inf`` if a product is not finite, and then every
+    ``low`` is 0: every centroid a candidate).
+    """
+    if not all_finite32(pdots_q):
+        for j in range(cc.shape[0]):
+            low[j] = 0.0
+        return np.inf
+    eta = slack[0]
+    nx = math.sqrt(xx_q)
+    rounding = (d + 16) * F64_ULP
+    underflow = (d + 1) * 2.0**-148
+    for j in range(cc.shape[0]):  # branch-free: vectorised
+        dot = np.float64(pdots_q[j])
+        dot_hi = dot + rx_q * rc[j] + eta * nx * norm_c[j]
+        low[j] = xx_q + cc[j] - 2.0 * dot_hi - rounding * (xx_q + cc[j]) - underflow
+        high[j] = cc[j] - 2.0 * dot
+    near = 0
+    for j in range(1, cc.shape[0]):
+        if high[j] < high[near]:
+            near = j
+    return sqdist_safe(x, C[near]) * g_hi * UP
 
 
 # -- bounds ---------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from nmbatch.engine.kernels.common import (
     gemm_error,
     gemm_estimates,
     move_vote,
+    projected_estimates,
     push_candidate,
     sqdist32_error,
     sqdist_safe,
@@ -34,17 +35,22 @@ from nmbatch.engine.kernels.common import (
 )
 from nmbatch.engine.kernels.parallel import apply_moves, block_rows, parallel_rows
 
-__all__ = ["assign_dense"]
+__all__ = ["TIGHT_BOUNDS", "assign_dense"]
+
+TIGHT_BOUNDS = 1.0
 
 
 @numba.njit(cache=True, nogil=True)
 def _dense_range(
     X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower,
-    upper, S, v, sse, Q, w, prev, old_d2,
+    upper, S, v, sse, Q, w, prev, old_d2, rx, rc, slack,
 ):
     """:func:`assign_dense` over ``rows[lo:hi]``; returns ``n_changed``.
 
     xx      : (m,) float64   ``||X[rows[q]]||^2``: IN, or OUT when ``fill_xx``
+    rx, rc, slack : (m,), (k,), (4,) float64, or empty: ``dots`` are the products of
+              the full rows. Otherwise ``dots`` are products in a subspace and these its
+              residual norms and slack (:func:`~.common.projected_estimates`).
     lower   : (N, k) float32, or (0, k): no lower bounds
     upper   : (N,) float64, or (0,): no upper bounds
     w       : (N,) float64, or (0,): unweighted   the weight of each row (its vote)
@@ -64,13 +70,18 @@ def _dense_range(
     low = np.empty(k, dtype=np.float64)
     high = np.empty(k, dtype=np.float64)  # scratch of gemm_estimates
     norm_c = np.sqrt(cc)
+    projected = rx.shape[0] > 0
     n_changed = 0
     for q in range(lo, hi):
         i = rows[q]
         x = X[i]
         if fill_xx:
             xx[q] = sqnorm(x)
-        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low, high)
+        if projected:
+            top = projected_estimates(x, C, xx[q], rx[q], dots[q], cc, norm_c, rc, slack, d,
+                                      g_hi, low, high) * TIGHT_BOUNDS  # fmt: skip
+        else:
+            top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low, high)
         # Candidates whose lower estimate does not exceed the best upper estimate.
         nc = 0
         best = -1
@@ -112,21 +123,21 @@ def _dense_range(
 @numba.njit(cache=True, nogil=True)
 def _assign_dense(
     X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper, S, v,
-    sse, Q, w,
+    sse, Q, w, rx, rc, slack,
 ):
     """The kernel of :func:`assign_dense` on one thread (arguments of :func:`_dense_range`)."""
     no_prev = np.empty(0, dtype=np.int32)
     no_d2 = np.empty(0, dtype=np.float64)
     return _dense_range(
         X, rows, 0, rows.shape[0], xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels,
-        dist2, lower, upper, S, v, sse, Q, w, no_prev, no_d2,
+        dist2, lower, upper, S, v, sse, Q, w, no_prev, no_d2, rx, rc, slack,
     )
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _dense_blocks(
     X, rows, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2, lower, upper,
-    prev, old_d2, block,
+    prev, old_d2, block, rx, rc, slack,
 ):
     """Labels, distances and bounds of :func:`assign_dense`, one task per block of
     ``block`` rows; the votes are left in ``prev``/``old_d2``. Returns ``n_changed``."""
@@ -141,7 +152,7 @@ def _dense_blocks(
         hi = min(m, lo + block)
         changed[bi] = _dense_range(
             X, rows, lo, hi, xx, fill_xx, dots, C, cc, g_gemm, g, remove, labels, dist2,
-            lower, upper, no_S, no_v, no_f, no_f, no_f, prev, old_d2,
+            lower, upper, no_S, no_v, no_f, no_f, no_f, prev, old_d2, rx, rc, slack,
         )
     return changed.sum()
 
@@ -165,6 +176,7 @@ def assign_dense(
     lower_bounds: np.ndarray | None = None,
     upper_bounds: np.ndarray | None = None,
     weights: np.ndarray | None = None,
+    projected: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> int:
     """Assign ``rows`` from a BLAS product of all their distances; update sums (and bounds).
 
@@ -189,6 +201,10 @@ def assign_dense(
     weights       : (N,) float64 or None    IN   the weight of each row (its vote counts
                     ``w(i)`` times: ``S += w x``, ``v += w``, ``Q += w ||x||^2``, ``sse +=
                     w d^2``); None or empty: every weight 1
+    projected     : ``(rx, rc, slack)``, (m,), (k,), (4,) float64, or None: ``dots`` are
+                    then the products in a subspace, ``(m, k)`` float32
+                    (:mod:`nmbatch.engine.projection`); the same labels, distances and
+                    votes, lower bounds from the subspace's estimates
 
     Returns ``n_changed``: rows that had a label and now have another.
     """
@@ -202,14 +218,15 @@ def assign_dense(
         upper_bounds = EMPTY_F64
     args = (X, rows, xx, fill, dots, C, cc, gemm_error(d), sqdist32_error(d), remove,
             labels, dist2, lower_bounds, upper_bounds)
+    subspace = (EMPTY_F64, EMPTY_F64, EMPTY_F64) if projected is None else projected
     if parallel_rows(rows.shape[0]):
         prev = np.empty(rows.shape[0], dtype=np.int32)
         old_d2 = np.empty(rows.shape[0], dtype=np.float64)
-        n_changed = _dense_blocks(*args, prev, old_d2, block_rows(rows.shape[0]))
+        n_changed = _dense_blocks(*args, prev, old_d2, block_rows(rows.shape[0]), *subspace)
         apply_moves(X, rows, prev, labels[rows], S=S, v=v, Q=Q, sqnorms=xx, sse=sse,
                     old_dist2=old_d2, new_dist2=dist2[rows], weights=w)
     else:
-        n_changed = _assign_dense(*args, S, v, sse, Q, w)
+        n_changed = _assign_dense(*args, S, v, sse, Q, w, *subspace)
     if fill and sqnorms is not None:
         sqnorms[rows] = xx
     return int(n_changed)
