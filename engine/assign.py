@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numba
 import numpy as np
 
@@ -14,6 +16,9 @@ from nmbatch.engine.kernels import (
 )
 from nmbatch.engine.metric import dissimilarity
 from nmbatch.engine.state import SampleLookup
+
+if TYPE_CHECKING:
+    from nmbatch.engine.projection import Projection
 
 __all__ = [
     "CHUNK_ROWS", "drift_ratio", "energy", "nearest", "nearest_one", "row_energies",
@@ -34,7 +39,11 @@ def sqnorms(A: np.ndarray) -> np.ndarray:
 
 
 def nearest(
-    X: np.ndarray, centroids: np.ndarray, *, n_threads: int | None = None
+    X: np.ndarray,
+    centroids: np.ndarray,
+    *,
+    n_threads: int | None = None,
+    projection: Projection | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Nearest centroid of each row of ``X``, exactly (ties go to the lowest index).
 
@@ -46,6 +55,9 @@ def nearest(
         numba threads of the search for this call (the BLAS product keeps the process's
         setting); None: the calling thread's ``numba.get_num_threads()``. The answer does
         not depend on it.
+    projection : a fitted model's :class:`~nmbatch.engine.projection.Projection`, or None
+        Candidates from products in its subspace (at large ``k``, several times fewer
+        multiply-adds); the same answer.
 
     Returns
     -------
@@ -60,7 +72,7 @@ def nearest(
         before = numba.get_num_threads()
         numba.set_num_threads(max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS)))
         try:
-            return nearest(X, C)
+            return nearest(X, C, projection=projection)
         finally:
             numba.set_num_threads(before)
     n = X.shape[0]
@@ -69,13 +81,21 @@ def nearest(
     cc = sqnorms(C)
     g = gemm_error(X.shape[1])
     Ct = np.ascontiguousarray(C.T)
+    sub = None if projection is None else projection.centroids(C)
     for start in range(0, n, CHUNK_ROWS):
         Xc = X[start : start + CHUNK_ROWS]
-        with np.errstate(over="ignore", invalid="ignore"):  # huge values: see gemm_estimate
-            dots = Xc @ Ct
+        projected = None
+        if sub is not None:
+            dots = np.empty((Xc.shape[0], C.shape[0]), dtype=np.float32)
+            rx = projection.products(Xc, np.arange(Xc.shape[0]), sub[0], dots)
+            projected = (rx, sub[1], projection.slack)
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):  # huge: see gemm_estimate
+                dots = Xc @ Ct
         nearest_dense(
             Xc, sqnorms(Xc), dots, C, cc, g,
             labels[start : start + CHUNK_ROWS], sqdist[start : start + CHUNK_ROWS],
+            projected,
         )
     return labels, sqdist
 

@@ -213,8 +213,9 @@ def test_centroid_update_and_nearest_parallel_equal_single_thread(unit):
     np.testing.assert_array_equal(out[0][3], brute_nearest(X, C)[0])
     xx = (X.astype(np.float64) ** 2).sum(1)
     lab, sq = np.empty(4000, dtype=np.int64), np.empty(4000)
+    none = np.empty(0)
     lookup._nearest_blocks(X, xx, X @ C.T, C, (C.astype(np.float64) ** 2).sum(1),
-                           gemm_error(d), lab, sq, 100)  # fmt: skip
+                           gemm_error(d), lab, sq, 100, none, none, none)  # fmt: skip
     np.testing.assert_array_equal(lab, out[0][3])
 
 

@@ -10,6 +10,8 @@
 - nmbatch with the projection forced on is the same run as with it off, bit for bit,
   with the invariants of ``check_step_invariants`` after every step (euclidean, cosine,
   weighted); the estimator's fit is the same with one and two threads.
+- ``nearest`` through a fitted model's subspace (its ``labels_``): the same labels and
+  float64 distances.
 - ``fit_projection`` prices: none below ``MIN_CENTROIDS``, none where no subspace helps
   (isotropic data), a small ``p`` for data near a subspace.
 """
@@ -20,7 +22,7 @@ import numba
 import numpy as np
 import pytest
 
-from nmbatch.engine import NestedMiniBatchKMeans, make_algorithm, projection
+from nmbatch.engine import NestedMiniBatchKMeans, make_algorithm, nearest, projection
 from nmbatch.engine.kernels import assign_dense, sqdist32_error
 from nmbatch.engine.kernels.common import F64_ULP, bound_factors, projected_estimates
 from nmbatch.engine.pooled import pooled_assign
@@ -270,3 +272,14 @@ def test_fit_projection_prices_each_p():
     assert fit_projection(C[:100], low_rank[:256]) is None  # k below MIN_CENTROIDS
     iso = rng.normal(size=(3_000, 96)).astype(np.float32)
     assert fit_projection(iso[:2_048], iso[2_048:2_304]) is None  # no subspace helps
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_nearest_through_a_subspace_is_the_same_answer(n_threads):
+    X = near_subspace(5_000, 40, rank=5, seed=15, scale=7.0)
+    C = X[np.random.default_rng(15).choice(5_000, 90, replace=False)].copy()
+    proj = forced(C, X)
+    full = nearest(X, C, n_threads=n_threads)
+    sub = nearest(X, C, n_threads=n_threads, projection=proj)
+    for a, b in zip(full, sub, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -10,23 +10,39 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from nmbatch.engine.kernels.common import gemm_estimates, sqdist64, sqdist_safe
+from nmbatch.engine.kernels.common import (
+    EMPTY_F64,
+    UNIT_ROUNDOFF32,
+    bound_factors,
+    gemm_estimates,
+    projected_estimates,
+    sqdist64,
+    sqdist_safe,
+)
 from nmbatch.engine.kernels.parallel import block_rows, parallel_rows
 
 __all__ = ["nearest_dense", "nearest_direct"]
 
 
 @numba.njit(cache=True, nogil=True)
-def _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, lo, hi):
-    """:func:`nearest_dense` over the rows ``[lo, hi)``."""
+def _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, lo, hi, rx, rc, slack):
+    """:func:`nearest_dense` over the rows ``[lo, hi)`` (``rx`` empty: ``dots`` the full
+    products; otherwise products in a subspace, as in :func:`.dense._dense_range`)."""
     k = C.shape[0]
     d = X.shape[1]
     low = np.empty(k, dtype=np.float64)
-    high = np.empty(k, dtype=np.float64)  # scratch of gemm_estimates
+    high = np.empty(k, dtype=np.float64)  # scratch of the estimates
     norm_c = np.sqrt(cc)
+    projected = rx.shape[0] > 0
+    g = (d + 3) * UNIT_ROUNDOFF32  # sqdist32_error(d)
+    _, g_hi = bound_factors(g / (1.0 - g))
     for q in range(lo, hi):
-        top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low, high)
         x = X[q]
+        if projected:
+            top = projected_estimates(x, C, xx[q], rx[q], dots[q], cc, norm_c, rc, slack, d,
+                                      g_hi, low, high)  # fmt: skip
+        else:
+            top = gemm_estimates(xx[q], dots[q], cc, norm_c, g_gemm, d, low, high)
         best = -1
         best_e = np.inf
         for j in range(k):
@@ -40,19 +56,20 @@ def _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, lo, hi):
 
 
 @numba.njit(cache=True, nogil=True)
-def _nearest_serial(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out):
+def _nearest_serial(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, rx, rc, slack):
     """:func:`nearest_dense` on one thread."""
-    _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, 0, X.shape[0])
+    _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, 0, X.shape[0], rx, rc,
+                   slack)  # fmt: skip
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _nearest_blocks(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, block):
+def _nearest_blocks(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, block, rx, rc, slack):
     """:func:`nearest_dense`, one task per block of ``block`` rows."""
     m = X.shape[0]
     for bi in numba.prange((m + block - 1) // block):
         lo = bi * block
         _nearest_range(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, lo,
-                       min(m, lo + block))
+                       min(m, lo + block), rx, rc, slack)  # fmt: skip
 
 
 def nearest_dense(
@@ -64,6 +81,7 @@ def nearest_dense(
     g_gemm: float,
     labels_out: np.ndarray,
     sqdist_out: np.ndarray,
+    projected: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """Exact nearest centroid of every row (ties: lowest index) and its squared distance.
 
@@ -75,12 +93,15 @@ def nearest_dense(
     g_gemm     : float            IN   ``gemm_error(d)``
     labels_out : (m,) int64       OUT
     sqdist_out : (m,) float64     OUT  ``||X[q] - C[label]||^2`` accumulated in float64
+    projected  : ``(rx, rc, slack)`` or None: ``dots`` are then products in a subspace
+                 (:mod:`nmbatch.engine.projection`); the same answer
     """
+    sub = (EMPTY_F64, EMPTY_F64, EMPTY_F64) if projected is None else projected
     if parallel_rows(X.shape[0]):
         block = block_rows(X.shape[0])
-        _nearest_blocks(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, block)
+        _nearest_blocks(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, block, *sub)
     else:
-        _nearest_serial(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out)
+        _nearest_serial(X, xx, dots, C, cc, g_gemm, labels_out, sqdist_out, *sub)
 
 
 @numba.njit(cache=True, nogil=True)
