@@ -14,14 +14,7 @@ from typing import Any, TypeVar
 import httpx
 
 from nmbatch_client.errors import NmbatchError
-from nmbatch_client.events import (
-    EVENTS_READ_TIMEOUT,
-    RECONNECT_STATUSES,
-    Event,
-    EventParser,
-    Reconnect,
-    events_headers,
-)
+from nmbatch_client.events import Event, EventStream
 from nmbatch_client.operations import (
     Answer,
     Call,
@@ -41,7 +34,7 @@ from nmbatch_client.operations import (
     wait_operation,
 )
 from nmbatch_client.results import Assignment, Centroids, PushResult
-from nmbatch_client.retry import RETRIED_ERRORS, RetryPolicy, retry_after_seconds
+from nmbatch_client.retry import RETRIED_ERRORS, RetryPolicy
 from nmbatch_client.session import (
     DEFAULT_TIMEOUT,
     client_headers,
@@ -135,20 +128,15 @@ class AsyncClient:
         return await self._run(stats_operation())
 
     async def sample(self, sample_id: str | int) -> dict[str, Any]:
-        """``GET /samples/{id}``: the sample's ``cluster`` now, its ``distance`` (and
-        ``similarity`` under cosine), ``retained``, ``version``. :class:`NotFoundError`
-        for an id the model does not hold (never stored, deleted, retired)."""
+        """``GET /samples/{id}``: where one sample stands (see :meth:`Client.sample`)."""
         return await self._run(sample_operation(sample_id))
 
     async def delete_samples(self, sample_ids: Sequence[str | int]) -> dict[str, Any]:
-        """Delete samples by id, exactly (``POST /samples/delete``, 1 to 10,000 distinct
-        ids): ``{"deleted": [...], "not_found": [...]}``."""
+        """Delete samples by id, exactly (see :meth:`Client.delete_samples`)."""
         return await self._run(delete_samples_operation(sample_ids))
 
     async def versions(self) -> dict[str, Any]:
-        """``GET /versions``: the kept versions, oldest first, each with its
-        ``identities`` (how its clusters relate to the version before it; follow one
-        cluster with :func:`~nmbatch_client.results.follow_cluster`), the pin, the bound."""
+        """``GET /versions``: the kept versions and the pin (see :meth:`Client.versions`)."""
         return await self._run(versions_operation())
 
     async def wait_for(
@@ -175,46 +163,28 @@ class AsyncClient:
     async def events(
         self, *, last_event_id: str | None = None, reconnect: bool = True
     ) -> AsyncIterator[Event]:
-        """The model's events (``GET /events``: new versions, doublings, relocations,
-        retention steps, drift alarms) as they happen, forever (break out of the loop).
-
-        ``last_event_id``: resume after that event (the events since are replayed, as
-        many as the service keeps); None: from the next one. With ``reconnect`` a dropped
-        connection or a "later" answer (``429``, ``502``, ``503``, ``504``) is retried
-        with the last id seen, after a wait doubling from 0.5 s to 30 s; without, it
-        raises (:class:`ConnectionFailedError`, :class:`UnavailableError`). A refusal
-        raises its typed error: :class:`NotFoundError` for an unknown model, or a service
-        without events (before they existed).
-        """
-        state = Reconnect(last_event_id)
-        path = self._prefix + "/events"
-        timeout = httpx.Timeout(self._http.timeout.connect, read=EVENTS_READ_TIMEOUT)
-        while True:
-            hint: float | None = None
+        """The model's events as they happen, forever, reconnecting after the last one
+        seen (see :meth:`Client.events`)."""
+        stream = EventStream(self._prefix, last_event_id, reconnect, self._http.timeout.connect)
+        while (wait := stream.wait()) is not None:
+            if wait:
+                await asyncio.sleep(wait)
             try:
-                stream = self._http.stream(
-                    "GET", path, headers=events_headers(state.last_id), timeout=timeout
+                request = self._http.stream(
+                    "GET", stream.path, headers=stream.attempt(), timeout=stream.timeout
                 )
-                async with stream as response:
-                    if response.status_code in RECONNECT_STATUSES and reconnect:
-                        hint = retry_after_seconds(response.headers.get("retry-after"))
-                    elif response.status_code != 200:
+                async with request as response:
+                    answer = stream.answer(response)
+                    if answer == "refused":
                         await response.aread()
-                        final_answer(response, 1)  # raises the typed error
-                    else:
-                        parser = EventParser()
+                        stream.refuse(response)  # raises the typed error
+                    elif answer == "events":
                         async for line in response.aiter_lines():
-                            event = parser.line(line)
+                            event = stream.line(line)
                             if event is not None:
-                                state.seen(event)
                                 yield event
-                        hint = parser.retry
             except RETRIED_ERRORS as exc:
-                if not reconnect:
-                    raise no_answer(Call("GET", path), exc, 1) from exc
-            if not reconnect:
-                return
-            await asyncio.sleep(state.next_wait(hint))
+                stream.failed(exc)  # raises unless reconnecting
 
     async def aclose(self) -> None:
         """Close the connections."""

@@ -17,14 +17,7 @@ from typing import Any, TypeVar
 import httpx
 
 from nmbatch_client.errors import NmbatchError
-from nmbatch_client.events import (
-    EVENTS_READ_TIMEOUT,
-    RECONNECT_STATUSES,
-    Event,
-    EventParser,
-    Reconnect,
-    events_headers,
-)
+from nmbatch_client.events import Event, EventStream
 from nmbatch_client.operations import (
     Answer,
     Call,
@@ -44,7 +37,7 @@ from nmbatch_client.operations import (
     wait_operation,
 )
 from nmbatch_client.results import Assignment, Centroids, PushResult
-from nmbatch_client.retry import RETRIED_ERRORS, RetryPolicy, retry_after_seconds
+from nmbatch_client.retry import RETRIED_ERRORS, RetryPolicy
 from nmbatch_client.session import (
     DEFAULT_TIMEOUT,
     client_headers,
@@ -233,35 +226,26 @@ class Client:
         raises its typed error: :class:`NotFoundError` for an unknown model, or a service
         without events (before they existed).
         """
-        state = Reconnect(last_event_id)
-        path = self._prefix + "/events"
-        timeout = httpx.Timeout(self._http.timeout.connect, read=EVENTS_READ_TIMEOUT)
-        while True:
-            hint: float | None = None
+        stream = EventStream(self._prefix, last_event_id, reconnect, self._http.timeout.connect)
+        while (wait := stream.wait()) is not None:
+            if wait:
+                time.sleep(wait)
             try:
-                stream = self._http.stream(
-                    "GET", path, headers=events_headers(state.last_id), timeout=timeout
+                request = self._http.stream(
+                    "GET", stream.path, headers=stream.attempt(), timeout=stream.timeout
                 )
-                with stream as response:
-                    if response.status_code in RECONNECT_STATUSES and reconnect:
-                        hint = retry_after_seconds(response.headers.get("retry-after"))
-                    elif response.status_code != 200:
+                with request as response:
+                    answer = stream.answer(response)
+                    if answer == "refused":
                         response.read()
-                        final_answer(response, 1)  # raises the typed error
-                    else:
-                        parser = EventParser()
+                        stream.refuse(response)  # raises the typed error
+                    elif answer == "events":
                         for line in response.iter_lines():
-                            event = parser.line(line)
+                            event = stream.line(line)
                             if event is not None:
-                                state.seen(event)
                                 yield event
-                        hint = parser.retry
             except RETRIED_ERRORS as exc:
-                if not reconnect:
-                    raise no_answer(Call("GET", path), exc, 1) from exc
-            if not reconnect:
-                return
-            time.sleep(state.next_wait(hint))
+                stream.failed(exc)  # raises unless reconnecting
 
     def close(self) -> None:
         """Close the connections."""

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 
@@ -128,6 +128,17 @@ _WORKER = (
 )
 
 
+def _worker_route(*problems: int, write: bool) -> dict[str, Any]:
+    """The route options of the requests the model's worker answers (one sample, the
+    deletions): the key they need (``write``: a write key, else a read key) and their
+    problem answers, ``401``, ``problems``, then ``503`` (:data:`_WORKER`)."""
+    return {
+        "openapi_extra": OPTIONAL_KEY,
+        "dependencies": [Depends(require_write_key if write else require_read_key)],
+        "responses": problem_responses(401, *problems, 503, described={503: _WORKER}),
+    }
+
+
 @router.post(
     "/samples/delete",
     response_model=SamplesDeleted,
@@ -136,9 +147,7 @@ _WORKER = (
         'Deletes many samples as `DELETE /samples/{id}` does one: `{"ids": [...]}`, at '
         "most 10,000 distinct ids; answers which were deleted and which not found."
     ),
-    openapi_extra=OPTIONAL_KEY,
-    dependencies=[Depends(require_write_key)],
-    responses=problem_responses(401, 413, 422, 503, described={503: _WORKER}),
+    **_worker_route(413, 422, write=True),
 )
 async def post_delete_samples(request: Request, handle: ModelDep) -> SamplesDeleted:
     body = await read_json_body(request, DeleteSamples, _DELETE_BODY_BYTES)
@@ -158,9 +167,7 @@ async def post_delete_samples(request: Request, handle: ModelDep) -> SamplesDele
         "The centroid the sample's row is nearest to now, the distance (and similarity "
         "under cosine), answered by the model's worker from its engine."
     ),
-    openapi_extra=OPTIONAL_KEY,
-    dependencies=[Depends(require_read_key)],
-    responses=problem_responses(401, 404, 409, 422, 503, described={503: _WORKER}),
+    **_worker_route(404, 409, 422, write=False),
 )
 async def get_sample(handle: ModelDep, sample_id: SampleId) -> SampleInfo:
     checked = _path_id(handle, sample_id)
@@ -176,9 +183,7 @@ async def get_sample(handle: ModelDep, sample_id: SampleId) -> SampleInfo:
         "new version is published) and from every replay: a tombstone in Redis first. "
         "404 if the model has no such sample."
     ),
-    openapi_extra=OPTIONAL_KEY,
-    dependencies=[Depends(require_write_key)],
-    responses=problem_responses(401, 404, 422, 503, described={503: _WORKER}),
+    **_worker_route(404, 422, write=True),
 )
 async def delete_sample(handle: ModelDep, sample_id: SampleId) -> Response:
     checked = _path_id(handle, sample_id)

@@ -11,6 +11,7 @@
 ``snapshot``       :class:`Snapshot`: the persisted state of the model
 ``capacity``       :class:`Capacity`: ``NMBATCH_MAX_SAMPLES``, its default from memory
 ``retained``       :class:`RetainedLog`: log trimming, crash-safe compaction into a base
+``retained_base``  :class:`Base`: the base's record and entries, read back
 =================  ==============================================================
 """
 
@@ -37,7 +38,8 @@ from nmbatch.service.storage.keys import KEY_MAX_LENGTH, KEY_PATTERN, ModelKeys
 from nmbatch.service.storage.lease import WorkerLease
 from nmbatch.service.storage.log import AppendOutcome, AsyncSampleLog
 from nmbatch.service.storage.repository import ModelRepository
-from nmbatch.service.storage.retained import Base, BaseChangedError, RetainedLog
+from nmbatch.service.storage.retained import RetainedLog
+from nmbatch.service.storage.retained_base import Base, BaseChangedError
 from nmbatch.service.storage.snapshot import Snapshot
 
 __all__ = [

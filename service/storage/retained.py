@@ -8,8 +8,9 @@ retained rows are scattered over all of history, so they are written anew into a
 The retained set of a model is the rows of its base (``nmbatch:{model}:base:{g}``,
 :meth:`RetainedLog.base_rows`) followed by the log's entries after ``base_last_id``
 (:meth:`ModelRepository.read_log`); the meta hash names the base
-(:class:`Base`, :mod:`service.storage.keys`). A compaction from generation ``g``
-(stage ``"begin"`` first):
+(:class:`~nmbatch.service.storage.retained_base.Base`, :mod:`service.storage.keys`; the
+base's format and its reading: :mod:`~nmbatch.service.storage.retained_base`). A
+compaction from generation ``g`` (stage ``"begin"`` first):
 
 1. deletes ``base:{g+1}``, left by a compaction that died (stage ``"discarded"``);
 2. writes the rows and their ids into ``base:{g+1}``, a few entries per round trip
@@ -39,35 +40,23 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import redis
 
-from nmbatch.engine.rows import SourceRows
-from nmbatch.service.storage.codec import (
-    CHUNK_BYTES,
-    as_str,
-    decode_chunk,
-    decode_weights,
-    id_key,
-    next_id,
-)
-from nmbatch.service.storage.entries import EntryHead, read_heads
+from nmbatch.service.storage.codec import CHUNK_BYTES, id_key, next_id
 from nmbatch.service.storage.errors import LeaseLostError
 from nmbatch.service.storage.keys import ModelKeys
+from nmbatch.service.storage.retained_base import (
+    Base,
+    BaseChangedError,
+    BaseReader,
+    encode_base_entries,
+)
 
-__all__ = [
-    "COMMIT",
-    "DISCARD",
-    "Base",
-    "BaseChangedError",
-    "RetainedLog",
-    "decode_base_entry",
-    "encode_base_entries",
-]
+__all__ = ["COMMIT", "DISCARD", "RetainedLog"]
 
 log = logging.getLogger(__name__)
 
@@ -119,76 +108,9 @@ return {1, trimmed}
 """Step 3 of a compaction, whole or not at all (see the module)."""
 
 
-class BaseChangedError(RuntimeError):
-    """The base changed under a compaction or a reader: another compaction committed
-    first, or another writer touched the base being written. Nothing was committed."""
-
-
-@dataclass(frozen=True)
-class Base:
-    """The committed base of a model, as the meta hash names it.
-
-    Attributes
-    ----------
-    generation : int
-        ``g`` >= 1: the base's rows are in ``nmbatch:{model}:base:{g}``.
-    last_id : str
-        The base holds the retained samples of the log up to and including this entry
-        id; the retained samples after it are the log's entries after it.
-    n_rows : int
-        Rows in the base.
-    policy : dict
-        JSON-able state of the retention policy as of ``last_id`` (opaque here).
-    entries : tuple of str
-        The ids of its entries, in order, when this process wrote it (:meth:`RetainedLog.
-        compact`; ``()`` when read from the meta hash).
-    rows_per_entry : int
-        Rows of each of those entries but the last (0 when read).
-    """
-
-    generation: int
-    last_id: str
-    n_rows: int
-    policy: dict[str, Any]
-    entries: tuple[str, ...] = field(default=(), compare=False)
-    rows_per_entry: int = field(default=0, compare=False)
-
-
-def encode_base_entries(
-    ids: np.ndarray,
-    X: np.ndarray,
-    start: int,
-    stop: int,
-    rows_per_entry: int,
-    weights: np.ndarray | None = None,
-) -> list[dict[str, bytes | int]]:
-    """Base entry field maps of rows ``start:stop`` of ``X`` (``(n, d)`` float32) and
-    ``ids`` (``(n,)`` int64), ``rows_per_entry`` rows each (the last may hold fewer):
-    ``n``, ``d``, ``x`` as in the log, ``ids`` as little-endian ``int64`` bytes and, with
-    ``weights`` (``(n,)`` float64), ``w`` as in the log."""
-    d = int(X.shape[1])
-    entries: list[dict[str, bytes | int]] = []
-    for i in range(start, stop, rows_per_entry):
-        end = min(i + rows_per_entry, stop)
-        fields: dict[str, bytes | int] = {"n": int(end - i), "d": d, "x": X[i:end].tobytes(),
-                                          "ids": ids[i:end].tobytes()}  # fmt: skip
-        if weights is not None:
-            fields["w"] = np.ascontiguousarray(weights[i:end], dtype="<f8").tobytes()
-        entries.append(fields)
-    return entries
-
-
-def decode_base_entry(fields: dict[bytes, bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, X)`` of one base entry: ``(n,)`` int64 and ``(n, d)`` float32 (read-only)."""
-    X = decode_chunk(fields)
-    ids = np.frombuffer(fields[b"ids"], dtype="<i8")
-    if ids.size != X.shape[0]:
-        raise ValueError(f"corrupt base entry: {ids.size} ids for {X.shape[0]} rows")
-    return ids, X
-
-
-class RetainedLog:
-    """Trimming and compaction of one model's retained samples (see the module).
+class RetainedLog(BaseReader):
+    """Trimming and compaction of one model's retained samples (see the module), and
+    the reading of its base (:class:`~nmbatch.service.storage.retained_base.BaseReader`).
 
     Used by one thread at a time (the worker); ``client`` returns bytes
     (``decode_responses=False``).
@@ -210,85 +132,6 @@ class RetainedLog:
         self.pipeline_entries = 16
         self._discard = client.register_script(DISCARD)
         self._commit = client.register_script(COMMIT)
-
-    # -- reading ---------------------------------------------------------------------------
-    def read_base(self) -> Base | None:
-        """The committed base named by the meta hash, or None before the first compaction."""
-        fields = ("base_generation", "base_last_id", "base_rows", "base_policy")
-        generation, last_id, n_rows, policy = self.client.hmget(self.keys.meta, fields)
-        if generation is None:
-            return None
-        return Base(int(generation), as_str(last_id), int(n_rows), json.loads(policy))
-
-    def base_rows(
-        self, base: Base, page: int = 32
-    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-        """The rows of ``base`` in the stored order, ``page`` entries per round trip.
-
-        Yields ``(ids, X, weights)`` per round trip: ``(n,)`` int64, ``(n, d)`` float32
-        and ``(n,)`` float64 (None when no entry of the page has weights). Raises
-        :class:`BaseChangedError` at the end if fewer or more than ``base.n_rows`` rows
-        came (a newer compaction replaced the base while it was read).
-        """
-        key = self.keys.base(base.generation)
-        start, seen = "-", 0
-        while True:
-            entries = self.client.xrange(key, start, "+", count=page)
-            if not entries:
-                break
-            parts = [decode_base_entry(fields) for _, fields in entries]
-            weights = [decode_weights(fields) for _, fields in entries]
-            seen += sum(ids.size for ids, _ in parts)
-            w = None
-            if any(part is not None for part in weights):
-                pairs = zip(parts, weights, strict=True)
-                w = np.concatenate([np.ones(i.size) if p is None else p for (i, _), p in pairs])
-            yield (
-                np.concatenate([ids for ids, _ in parts]).astype(np.int64, copy=False),
-                np.concatenate([X for _, X in parts]).astype(np.float32, copy=False),
-                w,
-            )
-            if len(entries) < page:
-                break
-            start = "(" + as_str(entries[-1][0])
-        if seen != base.n_rows:
-            raise BaseChangedError(
-                f"base generation {base.generation} gave {seen} rows, not {base.n_rows}: "
-                "a newer compaction replaced it while it was read"
-            )
-
-    def base_heads(self, base: Base, page: int = 256) -> Iterator[EntryHead]:
-        """The heads of the entries of ``base`` in the stored order, with their stream ids
-        (:func:`~nmbatch.service.storage.entries.read_heads`; the rows stay in Redis).
-        Raises :class:`BaseChangedError` as :meth:`base_rows`."""
-        key = self.keys.base(base.generation)
-        after, seen = None, 0
-        while True:
-            heads = read_heads(self.client, key, after, page, with_ids=True)
-            yield from heads
-            seen += sum(len(head.rows) for head in heads)
-            if len(heads) < page:
-                break
-            after = heads[-1].entry_id
-        if seen != base.n_rows:
-            raise BaseChangedError(
-                f"base generation {base.generation} gave {seen} rows, not {base.n_rows}: "
-                "a newer compaction replaced it while it was read"
-            )
-
-    def base_layout(
-        self, base: Base, ids: np.ndarray, dim: int
-    ) -> tuple[list[SourceRows], list[np.ndarray]]:
-        """Where the rows of ``base``, just written by :meth:`compact` from stream ids
-        ``ids`` ``(n,)`` int64 in that order (``dim`` columns), are: the
-        :class:`SourceRows` naming each entry and the ids of its rows."""
-        key, step = self.keys.base(base.generation), max(1, base.rows_per_entry)
-        if -(-int(ids.shape[0]) // step) != len(base.entries):
-            raise ValueError(f"{ids.shape[0]} rows for {len(base.entries)} entries of {step}")
-        parts = [np.asarray(ids[e * step : (e + 1) * step], np.int64)
-                 for e in range(len(base.entries))]  # fmt: skip
-        return [SourceRows.whole((key, entry), part.shape[0], dim)
-                for entry, part in zip(base.entries, parts, strict=True)], parts  # fmt: skip
 
     def log_bytes(self) -> int | None:
         """Redis's memory of the log and the current base (``MEMORY USAGE``, which

@@ -18,7 +18,7 @@ import redis.asyncio
 
 from nmbatch.service.storage.codec import as_str, decode_chunk
 from nmbatch.service.storage.keys import ModelKeys
-from nmbatch.service.storage.retained import BaseChangedError
+from nmbatch.service.storage.retained_base import BaseChangedError
 
 __all__ = ["PAGE_ENTRIES", "retained_chunks"]
 

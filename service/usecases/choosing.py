@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from nmbatch.engine.sweep import HOLDOUT, UniformSample, sweep
-from nmbatch.service.storage.retained import BaseChangedError
+from nmbatch.service.storage.retained_base import BaseChangedError
 from nmbatch.service.storage.sample import retained_chunks
 from nmbatch.service.usecases.errors import SweepBusyError, SweepRefusedError
 from nmbatch.service.usecases.serving import ModelHandle, off_loop

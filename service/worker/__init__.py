@@ -49,7 +49,9 @@ Modules:
 - :mod:`~nmbatch.service.worker.backoff`: :class:`RedisBackoff`, Redis calls retried with
   backoff while Redis is away;
 - :mod:`~nmbatch.service.worker.publisher`: :class:`Publisher`, version numbers, the
-  model board, ``/stats`` and the metrics.
+  model board, ``/stats`` and the metrics;
+- :mod:`~nmbatch.service.worker.publication`: the worker's part that publishes each
+  model and its statistics, writes the snapshots and, as a standby, follows them.
 """
 
 from nmbatch.service.worker.lease import VERSION_BLOCK

@@ -3,14 +3,14 @@
 :class:`Worker` runs the loop of each role and the transitions between roles and phases
 (:mod:`nmbatch.service.worker.roles`); the lease, the Redis backoff and the publication
 are its parts (:mod:`~nmbatch.service.worker.lease`, :mod:`~nmbatch.service.worker.backoff`,
-:mod:`~nmbatch.service.worker.publisher`). What each role does is told in
-:mod:`nmbatch.service.worker`.
+:mod:`~nmbatch.service.worker.publisher`), and so are the models, statistics and
+snapshots it publishes (:mod:`~nmbatch.service.worker.publication`). What each role does
+is told in :mod:`nmbatch.service.worker`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import queue
@@ -21,14 +21,12 @@ from collections.abc import Callable
 import numpy as np
 
 from nmbatch.engine.hosting import EngineHost, EngineProcessError, iterate, settled
-from nmbatch.engine.state import ModelState
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.service.config import Settings
 from nmbatch.service.logs import bind_model
 from nmbatch.service.metrics import ServiceMetrics
 from nmbatch.service.state import ModelBoard
 from nmbatch.service.storage import LeaseLostError, ModelRepository, Snapshot, WorkerLease
-from nmbatch.service.storage.capacity import versions_bound
 from nmbatch.service.storage.deletions import Tombstones
 from nmbatch.service.storage.events import EventWriter
 from nmbatch.service.storage.handoff import handoff_bytes
@@ -37,6 +35,7 @@ from nmbatch.service.tracing import span
 from nmbatch.service.worker.backoff import RedisAwayError, RedisBackoff
 from nmbatch.service.worker.engines import build_engine
 from nmbatch.service.worker.lease import VERSION_BLOCK, LeaseKeeper
+from nmbatch.service.worker.publication import Publication
 from nmbatch.service.worker.publisher import Publisher
 from nmbatch.service.worker.recovery import EngineRecovery
 from nmbatch.service.worker.retention import LogRetention
@@ -55,7 +54,7 @@ reading pages of 32 entries back to back took the loop's p99 lateness from 5-8 m
 13-15 ms on a busy 2-core machine, pages of 4 to 9-11 ms."""
 
 
-class Worker(EngineRecovery, SampleDesk):
+class Worker(Publication, EngineRecovery, SampleDesk):
     """Runs nmbatch on the model's sample log in a background thread, or stands by.
 
     Parameters
@@ -273,16 +272,6 @@ class Worker(EngineRecovery, SampleDesk):
             self.wake.wait(self.settings.poll_seconds)
             self.wake.clear()
 
-    def _follow(self) -> None:
-        """Publish the snapshot in Redis if newer than the served model (standby)."""
-        version = self.backoff.call(self.repository.snapshot_version)
-        model = self.board.model
-        if version is None or (model is not None and version <= model.version):
-            return
-        snapshot = self.backoff.call(self.repository.read_snapshot)
-        if snapshot is not None and self.publisher.show(snapshot.model):
-            self._publish_stats()
-
     def _demote(self) -> None:
         """Another process holds the lease: drop the engine state and stand by."""
         log.warning("the worker lease of model '%s' was taken by another process: "
@@ -406,21 +395,6 @@ class Worker(EngineRecovery, SampleDesk):
             if time.monotonic() - self._last_snapshot >= self.settings.snapshot_seconds:
                 self._snapshot(measure=True)
 
-    def _snapshot(self, *, measure: bool = False) -> None:
-        """:meth:`_write_snapshot` (and, with ``measure``, the log's bytes in the
-        metrics); Redis away: the next cadence tries again."""
-        try:
-            with span("nmbatch.worker.snapshot", self.settings.model):
-                self._write_snapshot()
-            self.signals.flush()
-            if measure:
-                log_bytes = self.backoff.call(self.retained_log.log_bytes)
-                self.metrics.log_bytes.set(log_bytes if log_bytes is not None else -1)
-        except RedisAwayError:
-            pass
-        except LeaseLostError:
-            self.lease.check()
-
     def _retain(self) -> None:
         """After a round of reads: the count of samples ever accepted, and the retention's
         upkeep (:meth:`LogRetention.maintain`). Redis away: the next round does it."""
@@ -452,28 +426,6 @@ class Worker(EngineRecovery, SampleDesk):
             return
         iterate(self.engine, self._count_and_publish)
 
-    def _count_and_publish(self, state: ModelState) -> None:
-        assert state.stats is not None
-        self.publisher.count(state.stats)
-        self._publish(state)
-        model = self.board.model
-        if model is not None and model.state is not None and model.state.stats is state.stats:
-            self.signals.stepped(model)  # it was published
-
-    def _publish(self, state: ModelState) -> None:
-        state = dataclasses.replace(state, n_ingested=max(self.n_ingested, state.n_ingested))
-        if self.publisher.publish(state):
-            self._publish_stats()
-
-    def _publish_stats(self) -> None:
-        engine = self.engine
-        if self.role == Role.STANDBY or engine is None:
-            self.publisher.show_stats(self.phase)  # a standby shows the snapshot it serves
-        else:
-            self.publisher.show_stats(
-                self.phase, engine.state, engine.store.n_samples, drift=self.signals.drift
-            )
-
     # -- Redis ----------------------------------------------------------------------------
     def _pull_log(self) -> bool:
         """Read one page of new log entries into the store; True if a full page was read."""
@@ -495,26 +447,3 @@ class Worker(EngineRecovery, SampleDesk):
             self.last_id = chunk.entry_id
         self.metrics.samples_in_store.set(store.n_samples)
         return len(chunks) == _LOG_PAGE
-
-    def _write_snapshot(self) -> None:
-        """Store the published model in Redis if it is newer than the last snapshot.
-
-        Raises :class:`RedisAwayError` (try at the next cadence) and :class:`LeaseLostError`.
-        """
-        self._last_snapshot = time.monotonic()
-        model = self.board.model
-        if model is None or model.version <= self._snapshot_version:
-            return
-        snapshot = Snapshot(model, self.last_id)  # at the log position read so far
-        s = self.settings  # the version is kept with it, within the model's bound
-        keep = versions_bound(s.keep_versions, s.keep_versions_bytes, s.k, model.state.dim)
-        write = self.repository.write_snapshot
-        written = self.backoff.call(write, snapshot, self.lease.token, keep)
-        self._snapshot_version = model.version
-        if written:
-            self.metrics.snapshot_written()
-            if model is self.board.model:  # nothing shown since: the lineage restarts here
-                self.publisher.snapshotted(model)
-            self.signals.kept(model)
-        else:
-            log.warning("Redis holds a snapshot newer than version %d: not replaced", model.version)

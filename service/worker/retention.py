@@ -53,7 +53,8 @@ from nmbatch.service.storage.capacity import MIN_COMPACTION, REDIS_SAMPLES, plan
 from nmbatch.service.storage.codec import id_key, next_id
 from nmbatch.service.storage.deletions import SampleRef
 from nmbatch.service.storage.errors import redis_oom
-from nmbatch.service.storage.retained import Base, RetainedLog
+from nmbatch.service.storage.retained import RetainedLog
+from nmbatch.service.storage.retained_base import Base
 
 __all__ = ["MIN_COMPACTION", "REDIS_SAMPLES", "LogRetention", "retention_size"]
 

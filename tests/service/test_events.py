@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import threading
@@ -26,7 +27,13 @@ from nmbatch.service.storage.events import (
     EventWriter,
     encode,
 )
-from nmbatch_client import AsyncClient, Client
+from nmbatch_client import (
+    AsyncClient,
+    Client,
+    ConnectionFailedError,
+    NotFoundError,
+    UnavailableError,
+)
 from nmbatch_client.cli import _watch
 from tests.hardening.hardening_helpers import live_server
 from tests.testkit import SettingsFactory, TestClient, assert_problem, blobs, metric, wait_until
@@ -248,6 +255,53 @@ def test_the_clients_follow_the_events_and_resume(make_settings: SettingsFactory
             return out
 
         assert [e.id for e in asyncio.run(first_async())] == [e.id for e in seen[1:3]]
+
+
+def test_the_clients_wait_after_a_later_answer_and_raise_refusals(
+    make_settings: SettingsFactory,
+) -> None:
+    # Client.events and AsyncClient.events drive one EventStream: a "later" answer (503,
+    # the one stream slot taken) is raised without reconnect and waited out with it; a
+    # refusal (404, an unknown model) raises; no answer raises without reconnect.
+    settings = make_settings(
+        dim=2, k=3, batch_size=16, events_max_connections=1, events_heartbeat_seconds=0.2
+    )
+    X = blobs(600, 2, 3, seed=9, separation=10.0)
+    with live_server(settings) as server, Client(server.base_url) as client:
+        slot = contextlib.ExitStack()
+        held = slot.enter_context(httpx.stream("GET", server.base_url + "/events", timeout=30))
+        assert held.status_code == 200
+        with pytest.raises(UnavailableError):
+            next(client.events(reconnect=False))
+
+        async def first_async() -> None:
+            async with AsyncClient(server.base_url) as aclient:
+                async for _ in aclient.events(reconnect=False):
+                    return
+
+        with pytest.raises(UnavailableError):
+            asyncio.run(first_async())
+        with Client(server.base_url, model="nope") as unknown, pytest.raises(NotFoundError):
+            next(unknown.events())
+        seen: list[Any] = []
+
+        def follow() -> None:  # refused "later" first (Retry-After: 1), then let in
+            for event in client.events():
+                seen.append(event)
+                if event.type == "version":
+                    return
+
+        reader = threading.Thread(target=follow)
+        reader.start()
+        time.sleep(0.3)
+        slot.close()  # the slot given back: the reader gets in at its next attempt
+        deadline = time.monotonic() + 30
+        while reader.is_alive() and time.monotonic() < deadline:
+            post(server.base_url, X)  # new versions until the reader saw one
+            reader.join(0.5)
+        assert not reader.is_alive() and seen[-1].type == "version"
+    with Client("http://127.0.0.1:1") as closed, pytest.raises(ConnectionFailedError):
+        next(closed.events(reconnect=False))
 
 
 def server_streams(server: Any) -> int:

@@ -28,7 +28,7 @@ from nmbatch.service.storage import (
     WorkerLease,
     next_id,
 )
-from nmbatch.service.storage.retained import decode_base_entry
+from nmbatch.service.storage.retained_base import decode_base_entry
 
 D = 8
 ROWS_PER_LOG_ENTRY = 40
@@ -286,9 +286,7 @@ def test_rows_given_by_a_function_are_asked_a_trip_at_a_time_and_make_the_same_b
         asked.append(len(ids))
         return np.stack([by_id[i] for i in ids.tolist()]).astype(np.float32)
 
-    base = s.retained.compact(
-        s.new_ids, rows_of, last_id=s.new_last_id, policy=s.new_policy, dim=D
-    )
+    base = s.retained.compact(s.new_ids, rows_of, last_id=s.new_last_id, policy=s.new_policy, dim=D)
     assert base == s.retained.read_base() == Base(2, s.new_last_id, 100, s.new_policy)
     assert same(retained_state(s.retained), s.new)
     per_trip = s.retained.pipeline_entries * (ENTRY_BYTES // (4 * D + 8))
