@@ -6,7 +6,8 @@ in a temporary folder, or ``--redis-url``), pushes ``--n`` rows of dimension ``-
 (Gaussian blobs) with ids ``"s<i>"`` through the Python client (``push(X, ids=...)``,
 chunks of 100,000 rows), waits until the model converged on all of them, then for each
 size of ``--sizes`` deletes ``--repeats`` times that many ids drawn at random among the
-ones left, in requests of at most 10,000 ids (the service's bound), timing each
+ones left (``--pause`` seconds after the deletion before, 0: back to back), in
+requests of at most 10,000 ids (the service's bound), timing each
 request from the client: the service answers once the tombstones are written, the
 samples are out of the engine and the model without them is published. Writes
 ``delete_service.json`` and ``delete_service.md`` in ``--out``. Usage (from a checkout;
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 for size in args.sizes:
                     runs = []
                     for _ in range(args.repeats):
+                        time.sleep(args.pause)  # the worker idle again (or not: 0)
                         chosen = rng.choice(left.shape[0], size=size, replace=False)
                         doomed = left[chosen]
                         left = np.delete(left, chosen)
@@ -104,6 +106,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     return {
         "command": "python -m benchmarks.delete_service " + shlex.join(argv),
         "n": args.n, "dim": args.dim, "k": args.k, "repeats": args.repeats,
+        "pause": args.pause,
         "push_seconds": push_seconds, "converge_seconds": converge_seconds,
         "version_before": model.version, "n_samples_after": after.get("n_samples"),
         "sizes": sizes, "machine": machine_info(),
@@ -112,14 +115,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 def markdown(doc: dict[str, Any]) -> str:
     """The table of ``doc`` (what :func:`run` returns)."""
+    pause = doc.get("pause") or 0
+    spacing = f"{pause:g} s after the one before" if pause else "back to back"
     lines = [
         "# Deletion by id through the service",
         "",
         f"`POST /samples/delete` on a model of {doc['n']:,} rows (d = {doc['dim']}, "
         f"k = {doc['k']}), pushed with ids in {doc['push_seconds']:.1f} s, converged "
         f"{doc['converge_seconds']:.1f} s later; each size deleted {doc['repeats']} times "
-        "(ids drawn at random among those left, at most 10,000 per request), timed from "
-        "the client. The machine is shared: the figures are rough.",
+        "(ids drawn at random among those left, at most 10,000 per request), "
+        f"{spacing}, timed from the client. The machine is shared: the figures are rough.",
         "",
         "| ids | requests | median s | min s | ids/s |",
         "|---:|---:|---:|---:|---:|",
@@ -146,6 +151,8 @@ def _parser() -> argparse.ArgumentParser:
         help="ids per deletion, comma-separated",
     )
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pause", type=float, default=0.0,
+                   help="seconds to wait before each deletion (0: back to back)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to converge")
     p.add_argument("--worker-threads", type=int, default=1)
