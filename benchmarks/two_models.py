@@ -68,9 +68,10 @@ def _cpu_times() -> tuple[float, float]:
 
 
 class Service:
-    """``python -m nmbatch`` on a free port; stopped with SIGTERM."""
+    """``python -m nmbatch`` on a free port; stopped with SIGTERM. ``settings``: more
+    of its settings (``k="8"`` sets ``NMBATCH_K``)."""
 
-    def __init__(self, folder: Path, redis_url: str | None, threads: int) -> None:
+    def __init__(self, folder: Path, redis_url: str | None, threads: int, **settings: str) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("NMBATCH_")}
@@ -81,6 +82,7 @@ class Service:
         )  # fmt: skip
         if redis_url:
             env["NMBATCH_REDIS_URL"] = redis_url
+        env.update({f"NMBATCH_{name.upper()}": value for name, value in settings.items()})
         self.log = open(folder / "service.log", "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nmbatch"], cwd=REPO, env=env,

@@ -75,11 +75,7 @@ class AsyncClient:
         self.model = model
         self._prefix = model_prefix(model)
         self.retry = retry or RetryPolicy()
-        self.limits = Limits()
-        if max_vectors is not None:
-            self.limits.max_vectors = max_vectors
-        if max_body_bytes is not None:
-            self.limits.max_body_bytes = max_body_bytes
+        self.limits = Limits.given(max_vectors, max_body_bytes)
         self._cache = CentroidsCache()
         self._http = httpx.AsyncClient(
             base_url=base_url,
@@ -99,6 +95,7 @@ class AsyncClient:
         columns: str | Sequence[str] | None = None,
         batch_rows: int = BATCH_ROWS,
         weights: Any = None,
+        ids: Sequence[str | int] | None = None,
     ) -> PushResult:
         """Store the rows of ``X`` ``(n, d)``, chunked, every chunk stored once
         (see :meth:`Client.push`)."""
@@ -112,6 +109,7 @@ class AsyncClient:
                 columns=columns,
                 batch_rows=batch_rows,
                 weights=weights,
+                ids=ids,
             )
         )
 

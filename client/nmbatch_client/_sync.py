@@ -101,11 +101,7 @@ class Client:
         self.model = model
         self._prefix = model_prefix(model)
         self.retry = retry or RetryPolicy()
-        self.limits = Limits()
-        if max_vectors is not None:
-            self.limits.max_vectors = max_vectors
-        if max_body_bytes is not None:
-            self.limits.max_body_bytes = max_body_bytes
+        self.limits = Limits.given(max_vectors, max_body_bytes)
         self._cache = CentroidsCache()
         self._http = httpx.Client(
             base_url=base_url,
@@ -125,6 +121,7 @@ class Client:
         columns: str | Sequence[str] | None = None,
         batch_rows: int = BATCH_ROWS,
         weights: Any = None,
+        ids: Sequence[str | int] | None = None,
     ) -> PushResult:
         """Store the rows of ``X`` (``(n, d)``, real numbers, sent as float32).
 
@@ -139,8 +136,12 @@ class Client:
         same ``idempotency_key`` to complete it without duplicates. ``encoding`` ``raw``
         sends bare float32 (the model's dimension must be known). ``weights`` (an array
         ``(n,)`` for an array ``X``): each row's sample weight (finite, ``>= 0``; a weight
-        of ``w`` counts as ``w`` copies of the row), sent with the rows as
-        ``application/x-npz`` bodies whatever ``encoding``. ``progress(done, total)``
+        of ``w`` counts as ``w`` copies of the row), and ``ids`` (``n`` strings or
+        integers, for an array ``X``): each row's sample id (distinct, unique in the
+        model: :class:`ConflictError` ``duplicate-sample-id`` otherwise), sent with the
+        rows as ``application/x-npz`` bodies whatever ``encoding``. The result's ``ids``
+        are the rows' ids, those sent or else those the service assigned, which
+        :meth:`sample` and :meth:`delete_samples` take. ``progress(done, total)``
         is called after each chunk (``total`` None for an iterator). Raises a
         :class:`ProblemError` subclass when refused (:class:`WrongDimensionError`,
         :class:`StoreFullError` ...), the chunks before it stored, and
@@ -156,6 +157,7 @@ class Client:
                 columns=columns,
                 batch_rows=batch_rows,
                 weights=weights,
+                ids=ids,
             )
         )
 

@@ -18,17 +18,27 @@ session when a ``413`` names a smaller ``limit`` (nothing of a refused request i
 
 from __future__ import annotations
 
-import io
 import json
 import time
 import uuid
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import numpy as np
 
+from nmbatch_client.bodies import (
+    NPY_RESERVE,
+    NPZ_RESERVE,
+    Encoding,
+    as_ids,
+    as_matrix,
+    as_weights,
+    encode,
+    encode_npz,
+    row_bytes,
+)
 from nmbatch_client.errors import (
     ConnectionFailedError,
     NotEnoughSamplesError,
@@ -59,12 +69,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Encoding = Literal["npy", "raw"]
-NPY = "application/x-npy"
-NPZ = "application/x-npz"
-OCTET = "application/octet-stream"
-NPY_RESERVE = 256
-"""Bytes kept free in each body for the ``.npy`` preamble and header (128 for 2-D arrays)."""
 MAX_KEY_PREFIX = 200
 """Longest key prefix: ``"{key}:{start}-{stop}"`` stays within the service's 255."""
 Progress = Callable[[int, int | None], None]
@@ -115,9 +119,20 @@ class Limits:
     max_vectors: int = 100_000
     max_body_bytes: int = 64 * 1024 * 1024
 
-    def rows_per_request(self, row_bytes: int) -> int:
-        """Rows of ``row_bytes`` bytes each that fit in one request (at least 1)."""
-        by_bytes = (self.max_body_bytes - NPY_RESERVE) // max(1, row_bytes)
+    @classmethod
+    def given(cls, max_vectors: int | None, max_body_bytes: int | None) -> Limits:
+        """The service's defaults, but for the limits given (a client's parameters)."""
+        limits = cls()
+        if max_vectors is not None:
+            limits.max_vectors = max_vectors
+        if max_body_bytes is not None:
+            limits.max_body_bytes = max_body_bytes
+        return limits
+
+    def rows_per_request(self, row_bytes: int, reserve: int = NPY_RESERVE) -> int:
+        """Rows of ``row_bytes`` bytes each that fit in one request (at least 1) beside
+        ``reserve`` bytes of headers."""
+        by_bytes = (self.max_body_bytes - reserve) // max(1, row_bytes)
         return max(1, min(self.max_vectors, by_bytes))
 
     def learn(self, error: PayloadTooLargeError) -> bool:
@@ -141,65 +156,7 @@ class CentroidsCache:
     latest: Centroids | None = None
 
 
-# -- vectors to request bodies -------------------------------------------------------------
-def as_matrix(X: Any) -> np.ndarray:
-    """``X`` as a 2-D array without copying (a memory map stays one).
-
-    Raises ValueError for another number of dimensions and TypeError for values that are
-    not numbers (strings, objects). Booleans and complex numbers pass: the service refuses
-    them with its own ``422`` problem.
-    """
-    A = np.asarray(X)
-    if A.ndim != 2:
-        hint = "; wrap one vector as [[...]]" if A.ndim == 1 else ""
-        raise ValueError(f"vectors must be a 2-D array (n, d), got shape {A.shape}{hint}")
-    if A.dtype.kind not in "iufbc":
-        raise TypeError(f"vectors must be numbers, got dtype {A.dtype}")
-    return A
-
-
-def _row_bytes(A: np.ndarray, weighted: bool = False) -> int:
-    itemsize = 4 if A.dtype.kind in "iuf" else A.dtype.itemsize
-    return max(1, A.shape[1] * itemsize + (8 if weighted else 0))
-
-
-def as_weights(weights: Any, n: int) -> np.ndarray:
-    """``weights`` as ``(n,)`` float64, one per row (the service checks the values:
-    finite, ``>= 0``); ValueError for another shape."""
-    w = np.asarray(weights, dtype=np.float64)
-    if w.shape != (n,):
-        raise ValueError(f"weights must be {n} numbers (one per row), got shape {w.shape}")
-    return w
-
-
-def encode_weighted(chunk: np.ndarray, weights: np.ndarray) -> tuple[bytes, str]:
-    """An ``application/x-npz`` body of ``chunk`` ``(m, d)`` (as float32 when real) and
-    its ``weights`` ``(m,)`` float64: ``np.savez(f, X=..., weights=...)``, members
-    stored (the service refuses compressed ones)."""
-    if chunk.dtype.kind in "iuf":
-        with np.errstate(over="ignore"):
-            chunk = np.ascontiguousarray(chunk, dtype="<f4")
-    out = io.BytesIO()
-    np.savez(out, X=chunk, weights=np.ascontiguousarray(weights, dtype="<f8"))
-    return out.getvalue(), NPZ
-
-
-def encode(chunk: np.ndarray, encoding: Encoding) -> tuple[bytes, str]:
-    """A body and its content type for ``chunk`` ``(m, d)``: real numbers as float32.
-
-    ``raw`` is little-endian float32, row-major (the service must know ``d`` already);
-    ``npy`` is NumPy's format (any model). Other dtypes go as ``.npy`` unchanged.
-    """
-    if chunk.dtype.kind in "iuf":
-        with np.errstate(over="ignore"):  # beyond float32: inf, which the service refuses
-            chunk = np.ascontiguousarray(chunk, dtype="<f4")
-        if encoding == "raw":
-            return chunk.tobytes(), OCTET
-    out = io.BytesIO()
-    np.save(out, chunk, allow_pickle=False)
-    return out.getvalue(), NPY
-
-
+# -- request bodies (nmbatch_client.bodies) -----------------------------------------------
 def new_key(key: str | None) -> str:
     """The key prefix of a push: ``key`` checked, or a new random one."""
     if key is None:
@@ -217,25 +174,33 @@ def _chunked(
     headers: Callable[[int, int], dict[str, str]] = lambda start, stop: {},
     on_answer: Callable[[int, int, Answer], None] = lambda start, stop, answer: None,
     weights: np.ndarray | None = None,
+    ids: np.ndarray | None = None,
 ) -> Operation[list[Answer]]:
     """Send the rows of ``A`` to ``path`` in chunks; the answers, in row order.
 
     ``headers(start, stop)`` adds headers to the request of rows ``[start, stop)``;
     ``on_answer(start, stop, answer)`` sees each answer as it comes. A ``413`` naming a
     smaller limit is learnt and the chunk is split; any other error propagates. An empty
-    ``A`` is sent as it is (the service says why it refuses it). ``weights`` ``(n,)``:
-    the rows' sample weights, sent with them as ``.npz`` bodies (whatever ``encoding``).
+    ``A`` is sent as it is (the service says why it refuses it). ``weights`` ``(n,)``
+    float64 and ``ids`` ``(n,)`` (:func:`~nmbatch_client.bodies.as_ids`): the rows'
+    sample weights and ids, sent with them as ``.npz`` bodies (whatever ``encoding``).
     """
     n = A.shape[0]
     answers: list[Answer] = []
     start = 0
-    row_bytes = _row_bytes(A, weights is not None)
+    npz = weights is not None or ids is not None
+    size = row_bytes(A, weights, ids)
+    reserve = NPZ_RESERVE if npz else NPY_RESERVE
     while start < n or (n == 0 and not answers):
-        stop = min(n, start + limits.rows_per_request(row_bytes))
-        if weights is None:
-            body, content_type = encode(A[start:stop], encoding)
+        stop = min(n, start + limits.rows_per_request(size, reserve))
+        if npz:
+            body, content_type = encode_npz(
+                A[start:stop],
+                None if weights is None else weights[start:stop],
+                None if ids is None else ids[start:stop],
+            )
         else:
-            body, content_type = encode_weighted(A[start:stop], weights[start:stop])
+            body, content_type = encode(A[start:stop], encoding)
         try:
             answer = yield Call(
                 "POST", path, {"content-type": content_type, **headers(start, stop)}, body
@@ -262,9 +227,11 @@ def push_operation(
     columns: Columns = None,
     batch_rows: int = BATCH_ROWS,
     weights: Any = None,
+    ids: Sequence[str | int] | np.ndarray | None = None,
 ) -> Operation[PushResult]:
     """``POST /samples`` of the rows of ``X``, chunk by chunk (with ``weights``, an
-    array ``(n,)`` for an array ``X``: each row's sample weight, sent as ``.npz``).
+    array ``(n,)`` for an array ``X``: each row's sample weight, and ``ids``, ``n``
+    strings or integers: each row's sample id; both sent as ``.npz`` with the rows).
 
     ``X``: an array ``(n, d)``, a file or an iterable of batches of rows
     (:mod:`nmbatch_client.sources`; ``columns`` and ``batch_rows`` are for files). Rows
@@ -272,12 +239,13 @@ def push_operation(
     ``Idempotency-Key: {prefix}:{start}-{stop}``: a retry (by the client, or by a caller
     repeating the push of the same source with the same ``idempotency_key``) is stored
     once. ``progress(rows_acknowledged, total)`` is called after every chunk; ``total``
-    is None for an iterator, whose length is unknown.
+    is None for an iterator, whose length is unknown. The result's ``ids`` are every
+    row's id in row order, those sent or those the service assigned.
     """
     prefix = new_key(idempotency_key)
     streamed = is_source(X)
-    if weights is not None and streamed:
-        raise ValueError("weights go with an array of rows, not a file or an iterator")
+    if (weights is not None or ids is not None) and streamed:
+        raise ValueError("weights and ids go with an array of rows, not a file or an iterator")
     if streamed:
         source = open_source(X, columns, batch_rows)
     elif columns is not None:
@@ -287,7 +255,10 @@ def push_operation(
         source = Batches(iter([A]), A.shape[0])
         if weights is not None:
             weights = as_weights(weights, A.shape[0])
+        if ids is not None:
+            ids = as_ids(ids, A.shape[0])
     tally = {"accepted": 0, "replayed": 0, "retries": 0, "requests": 0}
+    collected: list[str] | None = []  # None once an answer carries no ids (an old replay)
     n_samples: int | None = None
     offset = 0  # rows of the source before the current batch
 
@@ -295,8 +266,14 @@ def push_operation(
         return {"idempotency-key": f"{prefix}:{offset + start}-{offset + stop}"}
 
     def on_answer(start: int, stop: int, answer: Answer) -> None:
-        nonlocal n_samples
+        nonlocal n_samples, collected
         document = answer.json()
+        answered = document.get("ids")
+        if collected is not None and isinstance(answered, list) \
+                and len(answered) == stop - start:  # fmt: skip
+            collected.extend(str(i) for i in answered)
+        else:
+            collected = None
         tally["accepted"] += int(document["accepted"])
         tally["replayed"] += answer.headers.get("idempotent-replayed") == "true"
         tally["retries"] += answer.attempts - 1
@@ -309,11 +286,11 @@ def push_operation(
         A = as_matrix(batch)
         if streamed and A.shape[0] == 0:
             continue  # an empty batch of a stream (an array with no rows is sent: refused)
-        yield from _chunked(A, limits, "/samples", encoding, headers, on_answer, weights)
+        yield from _chunked(A, limits, "/samples", encoding, headers, on_answer, weights, ids)
         offset += A.shape[0]
     return PushResult(
         tally["accepted"], n_samples, tally["requests"], tally["replayed"], tally["retries"],
-        prefix,
+        prefix, None if collected is None else tuple(collected),
     )  # fmt: skip
 
 
@@ -332,9 +309,7 @@ def assign_operation(
         similarities = np.concatenate(
             [np.asarray(d["similarities"], dtype=np.float64) for d in documents]
         )
-    return Assignment(
-        labels, distances, versions[-1], tuple(sorted(set(versions))), similarities
-    )
+    return Assignment(labels, distances, versions[-1], tuple(sorted(set(versions))), similarities)
 
 
 def centroids_operation(

@@ -143,6 +143,11 @@ class PushResult:
         Requests repeated after no answer or a "not now" answer (503, ...).
     idempotency_key : str
         The key prefix; chunk ``[start, stop)`` was sent as ``"{key}:{start}-{stop}"``.
+    ids : tuple of str, or None
+        Every row's sample id, in row order: the ids sent (an integer as its decimal
+        string), else those the service assigned (``"<log entry id>-<row>"``); the ids
+        ``sample`` and ``delete_samples`` take. None if an answer carried none (the
+        replay of a request stored by a service before ids existed).
     """
 
     accepted: int
@@ -151,6 +156,7 @@ class PushResult:
     replayed: int
     retries: int
     idempotency_key: str
+    ids: tuple[str, ...] | None = None
 
 
 def _counts(values: list[Any]) -> np.ndarray:

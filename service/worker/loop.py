@@ -332,6 +332,9 @@ class Worker(Publication, EngineRecovery, SampleDesk):
         self._publish_stats()
         started = time.perf_counter()
         try:  # the retained rows of the last compaction, then the log after them
+            # Tombstones are pruned where entries leave (window, age, reservoir).
+            self.tombstones.tracking = s.retention != "all"
+            self.retention.deletions = self.tombstones
             self.retention.tombstones = self.backoff.call(self.tombstones.read)
             self.last_id = self.backoff.call(self.retention.load_base, engine)
         except RedisAwayError:

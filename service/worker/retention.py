@@ -33,7 +33,13 @@ entry's tombstoned rows are forgotten (``EngineHost.forget``, then the policy's
 ``forget``) right after the entry is offered, so its other rows keep the stream ids they
 had, and a reservoir's base is cleared of the tombstoned stream ids once loaded. The
 stream id of a sample is its entry's first stream id (:meth:`LogRetention.stream_ids`,
-remembered for every entry offered since the replay began) plus its row.
+remembered for every entry offered since the replay began) plus its row. A tombstone is
+pruned once nothing can replay its row (:meth:`~nmbatch.service.storage.deletions.
+Tombstones.prune`): after a trim, those of the entries trimmed (but for the entries of
+a base kept from another policy); after a compaction, those of every entry the new
+base covers (written without the deleted rows). A sample of an entry a base covers that
+is not in the engine any more (deleted, or left the reservoir) is not deleted again:
+nothing can bring it back (:meth:`LogRetention.replayable`).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from nmbatch.engine.rows import SourceRows
 from nmbatch.service.config import Settings
 from nmbatch.service.storage.capacity import MIN_COMPACTION, REDIS_SAMPLES, plan_capacity
 from nmbatch.service.storage.codec import id_key, next_id
-from nmbatch.service.storage.deletions import SampleRef
+from nmbatch.service.storage.deletions import SampleRef, Tombstones
 from nmbatch.service.storage.errors import redis_oom
 from nmbatch.service.storage.retained import RetainedLog
 from nmbatch.service.storage.retained_base import Base
@@ -146,6 +152,10 @@ class LogRetention:
         self._firsts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         # The tombstones (storage.deletions.Tombstones.read): rows by entry, stream ids.
         self.tombstones: tuple[dict[str, np.ndarray], np.ndarray] = ({}, NO_IDS)
+        # Where tombstones are pruned once their entries are trimmed or compacted (the
+        # worker's Tombstones; None: never pruned).
+        self.deletions: Tombstones | None = None
+        self.covered = "0-0"  # the last entry id the base covers ("0-0": no base)
 
     @property
     def trims(self) -> bool:
@@ -161,6 +171,7 @@ class LogRetention:
         storage = self.storage
         storage.discard_partial()
         base = storage.read_base()
+        self.covered = "0-0" if base is None else base.last_id
         if base is None:
             return "0-0"
         pages: list[np.ndarray] = []
@@ -247,6 +258,13 @@ class LogRetention:
         """:meth:`_forget` of samples whose tombstones were just written."""
         return self._forget(engine, np.asarray(ids, dtype=np.int64))
 
+    def replayable(self, refs: list[SampleRef]) -> np.ndarray:
+        """``(m,)`` bool: True where the entry of ``refs[i]`` is after the base's (a log
+        entry a replay reads); False where the base covers it (its row is in the base,
+        or nowhere)."""
+        covered = id_key(self.covered)
+        return np.asarray([id_key(ref.entry_id) > covered for ref in refs], dtype=bool)
+
     def stream_ids(self, refs: list[SampleRef]) -> np.ndarray:
         """The stream id of each sample of ``refs`` (``(m,)`` int64), -1 where its entry
         was not offered since the replay began (unknown, trimmed, not yet read) or it has
@@ -305,6 +323,8 @@ class LogRetention:
             return 0
         removed = self.storage.trim_log(min_id)
         self.trimmed_entries += removed
+        if self.deletions is not None:  # the base's entries (another policy's) stay
+            self.deletions.prune(min_id, above=self.covered)
         bound = id_key(min_id)
         firsts = self._firsts
         while firsts:  # the trimmed entries' ids are forgotten too (log order)
@@ -356,5 +376,8 @@ class LogRetention:
             rebase(*self.storage.base_layout(base, slots, engine.store.dim))
         self._since_base = 0
         self.compactions += 1
+        self.covered = last_id
+        if self.deletions is not None:  # the base has no deleted row, the log no entry
+            self.deletions.prune(next_id(last_id))
         log.info("reservoir compacted: base %d, %d samples up to entry %s", base.generation,
                  base.n_rows, last_id)  # fmt: skip

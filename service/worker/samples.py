@@ -11,7 +11,8 @@ A deletion is persisted first: the tombstones are written, with the client ids f
 in one script (:class:`~nmbatch.service.storage.deletions.Tombstones`); only then is it
 carried out on the engine (``EngineHost.forget`` and the policy's ``forget``) and the
 model after it published. A crash in between leaves the tombstones, which the next
-replay carries out.
+replay carries out. A sample whose entry a reservoir's base covers and that is not in
+the engine is not found: nothing can bring it back, so no tombstone is written.
 """
 
 from __future__ import annotations
@@ -112,6 +113,11 @@ class SampleDesk:
         engine, retention = self.engine, self.retention
         assert engine is not None and retention is not None
         ids = retention.stream_ids(refs)
+        # A row of an entry the base covers, not in the engine: in no base and no log
+        # entry (deleted before, its tombstone pruned; or it left the reservoir).
+        covered = np.flatnonzero((ids >= 0) & ~retention.replayable(refs))
+        if covered.shape[0]:
+            ids[covered[~engine.lookup(ids[covered]).present]] = -1
         known = np.flatnonzero(ids >= 0)
         deleted = np.zeros(len(refs), dtype=bool)
         if not known.shape[0]:

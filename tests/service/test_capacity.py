@@ -48,8 +48,8 @@ GiB = 1 << 30
 # -- the default capacity ------------------------------------------------------------------
 def test_default_capacity_is_half_the_memory_over_the_bytes_per_vector() -> None:
     d, k = 128, 16
-    engine = 4 * d + 8 + 4 * k + 32  # row, id, lower bounds, per-sample state
-    assert engine_bytes_per_vector(d, k) == engine == 616
+    engine = 4 * d + 8 + 8 + 4 * k + 32  # row, id, weight, lower bounds, per-sample state
+    assert engine_bytes_per_vector(d, k) == engine == 624
     redis_part = redis_bytes_per_vector(d)
     assert 4 * d < redis_part < 2 * 4 * d
     assert MEMORY_FRACTION == 0.5
