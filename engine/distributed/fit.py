@@ -117,7 +117,7 @@ def fit_distributed(
     n = X.shape[0]
     pi = priorities(n, store_seed)
     with ray_session(ray_address):
-        parts = [(ray.put(X[ids]), ids, pi[ids]) for ids in partition(n, n_shards)]
+        parts = [(ray.put(X[ids]), ids, pi[ids], None) for ids in partition(n, n_shards)]
         coord = Coordinator(
             parts, n_clusters, X.shape[1], init=init, rho=rho, batch_size=batch_size,
             relocate_empty=relocate_empty, bound_mode=bounds, random_state=algo_seed,
