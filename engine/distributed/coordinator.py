@@ -67,11 +67,11 @@ from nmbatch.engine.rows import RowSource
 from nmbatch.engine.seeding import initial_centroids
 from nmbatch.engine.state import IterationStats, ModelState
 
+from .relocation import relocate_on_shards
 from .shard import ShardState, Votes
 
 __all__ = ["MAX_LOSSES_IN_A_ROW", "PRIORITY_LIMIT", "Coordinator", "Partition", "shard_options"]
 
-_SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
 _SEARCH_WAYS = 64  # thresholds per round trip of the tau search
 MAX_LOSSES_IN_A_ROW = 5
 """A shard lost more often than this without answering once between (an actor that dies
@@ -80,8 +80,9 @@ PRIORITY_LIMIT = 1 << 62
 """Priorities are distinct int64 in ``[0, PRIORITY_LIMIT)``."""
 
 #: One shard's data: ``(rows ObjectRef of (n_s, d) float32, ids (n_s,) int64,
-#: priority (n_s,) int64, weights (n_s,) float64 or None: every weight 1)``.
-Partition = tuple[Any, np.ndarray, np.ndarray]
+#: priority (n_s,) int64)``, and optionally ``weights (n_s,) float64 or None`` (every
+#: weight 1) as a fourth member.
+Partition = tuple[Any, ...]
 
 ShardActor = ray.remote(ShardState)
 
@@ -178,11 +179,11 @@ class Coordinator:
 
     # -- shards ----------------------------------------------------------------------------
     def _start_shard(self, s: int) -> Any:
-        rows, ids, priority, weights = self.partitions[s]
+        rows, ids, priority, *weights = self.partitions[s]
         name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
         return ShardActor.options(**shard_options(s, name)).remote(
             rows, ids, priority, self.n_clusters, self.bound_mode, self.n_threads, self.source,
-            weights,
+            weights[0] if weights else None,
         )
 
     def shard_name(self, s: int) -> str:
@@ -392,47 +393,9 @@ class Coordinator:
         )  # fmt: skip
 
     def _relocate(self, C_prev: np.ndarray) -> int:
-        """Empty clusters take the farthest samples of the prefix, as
-        :func:`~nmbatch.engine.algorithms.relocation.relocate_empty` with farthest-point
-        order (ties: lowest priority); each shard proposes its farthest row."""
-        self.relocated_ids = []
-        empty = np.flatnonzero(self.v == 0)
-        if not empty.shape[0] or not self.batch_size:
-            return 0
-        C_ref = ray.put(self.centroids)
-        best = self.call_all("relocation_begin", C_ref, self.v)
-        moved, changed = 0, set()
-        while moved < empty.shape[0]:
-            offers = [(-o[0], o[1], s, o[2]) for s, o in enumerate(best) if o is not None]
-            if not offers:
-                break
-            _, _, s, row = min(offers)
-            j = int(empty[moved])
-            taken = self._gather([self.shards[s].relocation_take.remote(row, j, C_prev)])[0]
-            if taken is None:  # the shard was lost: its offer is gone
-                best[s] = None
-                continue
-            a, x, xx, sample_id, w = taken
-            self.relocated_ids.append(sample_id)
-            vote = 1 if self.v.dtype == np.int64 else w
-            for sums in (self.ledgers[s], [self.S, self.v, self.Q]):
-                sums[0][a] -= w * x
-                sums[1][a] -= vote
-                sums[2][a] -= w * xx
-                sums[0][j] += w * x
-                sums[1][j] += vote
-                sums[2][j] += w * xx
-            changed |= {a, j}
-            moved += 1
-            best = self.call_all("relocation_next", x, self.v)
-        for c in sorted(changed):
-            if self.v[c] > 0:
-                self.centroids[c] = (self.S[c] / self.v[c]).astype(np.float32)
-            step = self.centroids[c].astype(np.float64) - C_prev[c].astype(np.float64)
-            self.p[c] = float(np.sqrt(step @ step)) * _SAFETY
-            old = C_prev[c].astype(np.float64)
-            self.sse[c] = max(self.Q[c] - 2.0 * (old @ self.S[c]) + self.v[c] * (old @ old), 0.0)
-        return moved
+        """Empty clusters take the farthest samples of the prefix
+        (:func:`~.relocation.relocate_on_shards`); returns how many got one."""
+        return relocate_on_shards(self, C_prev)
 
     # -- reporting --------------------------------------------------------------------------
     def energy_estimate(self) -> float:

@@ -17,7 +17,12 @@ from nmbatch.engine.algorithms.base import voting_clusters
 from nmbatch.engine.algorithms.nested import NestedMiniBatch
 
 __all__ = [
-    "NO_WEIGHTS", "RowsInPriorityOrder", "ShardNested", "StepResult", "Votes", "kept_weights",
+    "NO_WEIGHTS",
+    "RowsInPriorityOrder",
+    "ShardNested",
+    "StepResult",
+    "Votes",
+    "kept_weights",
     "votes",
 ]
 
