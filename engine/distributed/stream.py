@@ -39,13 +39,13 @@ reads them itself, from its own node.
 Faults: each shard's appended chunks ``(rows, ids, priority, weights)`` are kept by the
 coordinator in order (``rows`` an ObjectRef owned by this driver, or the
 :class:`~nmbatch.engine.rows.SourceRows` naming them; ids, priorities and retired flags,
-17 bytes a row, in the driver's memory), so a lost shard is replaced as the estimator's is (its
-ledger subtracted, a new actor given the same chunks in the same order, unvoted): by
-reference, the new actor reads its partition from the source again, and no copy of the
-rows is kept anywhere but there. When the source moves rows (the service compacts a
-reservoir into a new base), :meth:`StreamCoordinator.rebase` points the records at
-their new place. A lost driver (the service restarts) rebuilds everything from the
-Redis log.
+17 bytes a row, and the weights of weighted chunks, 8 more, in the driver's memory), so
+a lost shard is replaced as the estimator's is (its ledger subtracted, a new actor given
+the same chunks in the same order, unvoted): by reference, the new actor reads its
+partition from the source again, and no copy of the rows is kept anywhere but there.
+When the source moves rows (the service compacts a reservoir into a new base),
+:meth:`StreamCoordinator.rebase` points the records at their new place. A lost driver
+(the service restarts) rebuilds everything from the Redis log.
 
 Retention (:meth:`StreamCoordinator.retire`): the worker's policy hands over ids below a
 threshold (window, age: global in acceptance order) and single ids (reservoir); every

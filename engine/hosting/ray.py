@@ -1,8 +1,9 @@
 """The model hosted on a Ray cluster: an ``EngineHost`` over a streaming coordinator.
 
 :class:`RayEngine` gives its driver (the service's worker) the interface every host
-gives (``store``, ``state``, ``ready``, ``feed``, ``rows_of``, ``forget``, ``lookup``,
-``step``, ``restore``, ``close``; :class:`~.protocol.EngineHost`), over a
+gives (``store``, ``state``, ``ready``, ``feed`` with sample weights, ``rows_of``,
+``weights_of``, ``forget``, ``lookup``, ``step``, ``restore``, ``close``;
+:class:`~.protocol.EngineHost`), over a
 :class:`~nmbatch.engine.distributed.stream.StreamCoordinator`:
 
 - the calling thread is the Ray *driver*: it holds the coordinator (``C``, ``S``, ``v``,
