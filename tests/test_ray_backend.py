@@ -134,10 +134,10 @@ def test_same_centroids_as_the_single_machine_engine(cluster, bounds):
 def test_sample_weights_give_the_single_machine_fit(cluster):
     """``fit(X, sample_weight=w)`` on the cluster: the shards' votes are the weights
     (fractional, some 0), the seeding draws by them; the same fit as one machine's."""
-    X = blobs(2000, k=6, d=4, seed=8)
+    X = blobs(1200, k=5, d=4, seed=8)
     w = np.random.default_rng(8).uniform(0.0, 3.0, X.shape[0])
     w[::13] = 0.0
-    params = {"n_clusters": 6, "batch_size": 60, "random_state": 2}
+    params = {"n_clusters": 5, "batch_size": 50, "random_state": 2}
     local = NestedMiniBatchKMeans(**params).fit(X, sample_weight=w)
     dist = NestedMiniBatchKMeans(**params, backend=RayBackend(n_shards=2)).fit(X, sample_weight=w)
     np.testing.assert_allclose(dist.cluster_centers_, local.cluster_centers_, rtol=1e-6)

@@ -297,7 +297,7 @@ def test_a_reservoir_on_the_cluster_is_read_by_the_shards_from_redis(
         assert worker.retention.compactions >= 2
         coord = worker.engine.coordinator
         base = worker.retained_log.read_base()
-        named = [rows for chunks in coord.chunks for rows, _, _ in chunks]
+        named = [rows for chunks in coord.chunks for rows, *_ in chunks]
         assert all(isinstance(rows, SourceRows) for rows in named)
         assert {rows.ref[0] for rows in named} <= {ModelKeys(settings.model).base(base.generation),
                                                    ModelKeys(settings.model).log}  # fmt: skip
@@ -347,7 +347,7 @@ def test_weighted_samples_on_the_cluster_vote_their_weight(
     import io
 
     rng = np.random.default_rng(13)
-    X, _ = blobs_around(rng, MEANS, per_blob=100)
+    X, _ = blobs_around(rng, MEANS, per_blob=60)
     w = rng.uniform(0.1, 4.0, len(X))
     w[::11] = 0.0
     half = len(X) // 2
