@@ -347,11 +347,9 @@ class NestedMiniBatchKMeans(
         admission = policy.admit(n)  # a capacity below n refuses the fit
         ray = ray_backend(self.backend)
         if ray is not None:  # nmbatch.engine.distributed, imported only here
-            if weights is not None:
-                raise NotImplementedError("sample_weight is not supported by the Ray backend yet")
             from nmbatch.engine.distributed.fit import fit_estimator
 
-            return fit_estimator(self, X32, init, store_seed, algo_seed, policy, ray)
+            return fit_estimator(self, X32, init, store_seed, algo_seed, policy, ray, weights)
 
         # X32 in a uniformly random order; rows are copied as the batch reaches them, so
         # the first step runs after b_0 rows are copied, not n (NestedBatchStore.load).

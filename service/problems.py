@@ -134,9 +134,6 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
         422, "wrong-dimension", members=("expected_dim", "got_dim")
     ),
     errors.ZeroVectorError: DomainProblem(422, "zero-vector", "Zero vector", ("row",)),
-    errors.WeightsUnsupportedError: DomainProblem(
-        422, "weights-unsupported", "Weights unsupported", ("model", "setting")
-    ),
     errors.IdempotencyKeyReusedError: DomainProblem(
         409, "idempotency-key-reused", "Idempotency-Key reused"
     ),

@@ -11,7 +11,8 @@ one CPU each, 80 MiB object stores, no dashboard). The checks:
 - the same model as the single-machine engine: a sample's priority is its row in the
   local backend's shuffled store (same seed), so both run on the same nested prefixes
   from the same start, and the centroids agree to float64 rounding of the sums (here:
-  exactly);
+  exactly); with sample weights too (``fit(X, sample_weight=w)``: the shards vote the
+  weights);
 - the bytes per round at k = 100, d = 128: O(P k d), the same at every ``b``;
 - a shard actor killed (``ray.kill``) and the worker node removed mid-run: the run goes
   on, the final energy is within 0.1% of an undisturbed run's, every sample in exactly
@@ -128,6 +129,21 @@ def test_same_centroids_as_the_single_machine_engine(cluster, bounds):
     assert (dist.n_iter_, dist.batch_size_) == (local.n_iter_, local.batch_size_)
     assert dist.inertia_ == pytest.approx(local.inertia_, rel=1e-9)
     assert len(seen) == dist.n_iter_ and seen[-1].converged
+
+
+def test_sample_weights_give_the_single_machine_fit(cluster):
+    """``fit(X, sample_weight=w)`` on the cluster: the shards' votes are the weights
+    (fractional, some 0), the seeding draws by them; the same fit as one machine's."""
+    X = blobs(1200, k=5, d=4, seed=8)
+    w = np.random.default_rng(8).uniform(0.0, 3.0, X.shape[0])
+    w[::13] = 0.0
+    params = {"n_clusters": 5, "batch_size": 50, "random_state": 2}
+    local = NestedMiniBatchKMeans(**params).fit(X, sample_weight=w)
+    dist = NestedMiniBatchKMeans(**params, backend=RayBackend(n_shards=2)).fit(X, sample_weight=w)
+    np.testing.assert_allclose(dist.cluster_centers_, local.cluster_centers_, rtol=1e-6)
+    np.testing.assert_array_equal(dist.labels_, local.labels_)
+    assert (dist.n_iter_, dist.batch_size_) == (local.n_iter_, local.batch_size_)
+    assert dist.inertia_ == pytest.approx(local.inertia_, rel=1e-9)
 
 
 def test_estimator_contract_with_the_ray_backend(cluster):

@@ -78,7 +78,8 @@ def test_a_shard_retires_its_rows_and_takes_back_their_votes_exactly() -> None:
     dS, dv, dQ = dense(shard.step((C, np.zeros(4)), 200)[0], 4, 5)  # priority < 200 vote
     ids_before, _, labels_before = shard.assignments()
     gone = np.array([45, 117, 250, 299])
-    sparse, voted, n_gone = shard.retire(gone, 40)
+    sparse, voted, n_gone, held = shard.retire(gone, 40)
+    assert held is None  # unweighted: the integer ledger says which clusters it holds
     dS_r, dv_r, dQ_r = dense(sparse, 4, 5)
     assert n_gone == 40 + 4
     retired = np.isin(ids_before, gone) | (ids_before < 40)

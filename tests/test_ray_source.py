@@ -69,7 +69,7 @@ def test_rows_by_reference_give_the_run_of_rows_by_value(local_ray) -> None:
         kept = np.flatnonzero(np.arange(X.shape[0]) % 75 % 5 != 0)
         check(named, X, kept)
         for chunks in named.chunks:  # the records name rows, they hold none
-            assert chunks and all(isinstance(rows, SourceRows) for rows, _, _ in chunks)
+            assert chunks and all(isinstance(rows, SourceRows) for rows, *_ in chunks)
     finally:
         named.close()
         valued.close()
@@ -94,7 +94,7 @@ def test_a_replacement_reads_its_partition_and_records_compact_by_reference(
             kept = np.setdiff1d(kept, drop)
             coord.step()
         check(coord, X, kept)
-        named = [rows for chunks in coord.chunks for rows, _, _ in chunks]
+        named = [rows for chunks in coord.chunks for rows, *_ in chunks]
         assert all(isinstance(rows, SourceRows) for rows in named)
         assert sum(len(rows) for rows in named) < 1200 - 20  # compacted: fewer rows named
         for alive in coord.alive:  # compacted by reference: only dead rows since
@@ -142,7 +142,7 @@ def test_a_rebase_names_the_moved_rows_and_a_replacement_reads_them_there(local_
         coord.source.arrays = {f"base{e}": X[p] for e, p in enumerate(parts)}  # old ones gone
         coord.rebase(moved, parts)
         for chunks in coord.chunks:
-            assert all(rows.ref.startswith("base") for rows, _, _ in chunks)
+            assert all(rows.ref.startswith("base") for rows, *_ in chunks)
         doomed = coord.shards[2]
         ray.kill(doomed)
         wait_dead(doomed)

@@ -38,7 +38,7 @@ from nmbatch.engine.seeding import SEEDINGS, initial_centroids
 from nmbatch.engine.state import IterationStats, ModelState, SampleLookup
 from nmbatch.engine.store import NestedBatchStore, Retirement
 
-__all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm", "move_changed_centroids"]
+__all__ = ["SPAN_PRODUCT_RATIO", "KMeansAlgorithm", "move_changed_centroids", "voting_clusters"]
 
 
 class KMeansAlgorithm:
@@ -268,10 +268,7 @@ class KMeansAlgorithm:
         w = self.store.weights_buffer
         if not w.shape[0]:
             return
-        b = self.batch_size
-        labels = self._labels[:b]
-        voting = (labels >= 0) & (w[:b] > 0)
-        empty = np.bincount(labels[voting], minlength=self.n_clusters) == 0
+        empty = ~voting_clusters(self._labels, w, self.batch_size, self.n_clusters)
         self.S[empty] = 0.0
         self.v[empty] = 0.0
         self.Q[empty] = 0.0
@@ -398,6 +395,15 @@ class KMeansAlgorithm:
             sigma = np.sqrt(np.maximum(self.sse[testing], 0.0) / (vt * (vt - 1.0)))
         n_failed += int((~(sigma / p[testing] > rho)).sum())
         return n_failed <= allowed
+
+
+def voting_clusters(labels: np.ndarray, weights: np.ndarray, b: int, k: int) -> np.ndarray:
+    """The clusters that hold a vote of the prefix ``[0, b)``: ``(k,)`` bool, cluster
+    ``j`` labels a row of weight > 0. ``labels`` ``(>= b,)`` int32 (``-1``: no vote),
+    ``weights`` ``(>= b,)`` float64 (a weighted store's ``weights_buffer``)."""
+    lab = labels[:b]
+    voting = (lab >= 0) & (weights[:b] > 0)
+    return np.bincount(lab[voting], minlength=k) > 0
 
 
 def move_changed_centroids(

@@ -67,11 +67,11 @@ from nmbatch.engine.rows import RowSource
 from nmbatch.engine.seeding import initial_centroids
 from nmbatch.engine.state import IterationStats, ModelState
 
+from .relocation import relocate_on_shards
 from .shard import ShardState, Votes
 
 __all__ = ["MAX_LOSSES_IN_A_ROW", "PRIORITY_LIMIT", "Coordinator", "Partition", "shard_options"]
 
-_SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
 _SEARCH_WAYS = 64  # thresholds per round trip of the tau search
 MAX_LOSSES_IN_A_ROW = 5
 """A shard lost more often than this without answering once between (an actor that dies
@@ -80,8 +80,9 @@ PRIORITY_LIMIT = 1 << 62
 """Priorities are distinct int64 in ``[0, PRIORITY_LIMIT)``."""
 
 #: One shard's data: ``(rows ObjectRef of (n_s, d) float32, ids (n_s,) int64,
-#: priority (n_s,) int64)``.
-Partition = tuple[Any, np.ndarray, np.ndarray]
+#: priority (n_s,) int64)``, and optionally ``weights (n_s,) float64 or None`` (every
+#: weight 1) as a fourth member.
+Partition = tuple[Any, ...]
 
 ShardActor = ray.remote(ShardState)
 
@@ -145,7 +146,7 @@ class Coordinator:
         self.source = source
         self.n_threads = n_threads
         self.n_clusters, self.dim = int(n_clusters), int(dim)
-        self.n_samples = int(sum(len(ids) for _, ids, _ in self.partitions))
+        self.n_samples = int(sum(len(part[1]) for part in self.partitions))
         self.rho, self.initial_batch_size = float(rho), int(batch_size)
         self.relocate_empty, self.bound_mode = bool(relocate_empty), bound_mode
         self._init, self._rng = init, np.random.default_rng(random_state)
@@ -178,10 +179,11 @@ class Coordinator:
 
     # -- shards ----------------------------------------------------------------------------
     def _start_shard(self, s: int) -> Any:
-        rows, ids, priority = self.partitions[s]
+        rows, ids, priority, *weights = self.partitions[s]
         name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
         return ShardActor.options(**shard_options(s, name)).remote(
-            rows, ids, priority, self.n_clusters, self.bound_mode, self.n_threads, self.source
+            rows, ids, priority, self.n_clusters, self.bound_mode, self.n_threads, self.source,
+            weights[0] if weights else None,
         )
 
     def shard_name(self, s: int) -> str:
@@ -247,14 +249,16 @@ class Coordinator:
             if all(c is not None for c in parts):
                 return np.sum(parts, axis=0)
 
-    def _first_rows(self, tau: int) -> np.ndarray:
-        """The rows with priority below ``tau`` in priority order: ``(b, d)`` float32."""
+    def _first_rows(self, tau: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows with priority below ``tau`` in priority order and their weights:
+        ``((b, d) float32, (b,) float64)``."""
         while True:
             parts = self.call_all("prefix_rows", tau)
             if all(part is not None for part in parts):
                 break
-        rows = np.concatenate([r for r, _ in parts])
-        return rows[np.argsort(np.concatenate([pr for _, pr in parts]), kind="stable")]
+        order = np.argsort(np.concatenate([pr for _, pr, _ in parts]), kind="stable")
+        rows = np.concatenate([r for r, _, _ in parts])[order]
+        return rows, np.concatenate([w for _, _, w in parts])[order]
 
     def _target_batch(self, n: int) -> int:
         """``NestedMiniBatch._target_batch``: the doubling rule, a batch that held every
@@ -269,8 +273,14 @@ class Coordinator:
 
     def _add_votes(self, s: int, votes: Votes) -> None:
         """Add shard ``s``'s change of the sums (:data:`~.shard.Votes`) to ``S``, ``v``,
-        ``Q`` and to its ledger (float64, the clusters it names are distinct)."""
+        ``Q`` and to its ledger (float64, the clusters it names are distinct). The first
+        weighted change (``dv`` float64) turns ``v`` and the ledgers' counts into float64
+        sums of weights, as ``KMeansAlgorithm._weigh_sums`` does on one machine."""
         j, dS, dv, dQ = votes
+        if dv.dtype == np.float64 and self.v.dtype != np.float64:
+            self.v = self.v.astype(np.float64)
+            for ledger in self.ledgers:
+                ledger[1] = ledger[1].astype(np.float64)
         for sums in ((self.S, self.v, self.Q), self.ledgers[s]):
             sums[0][j] += dS
             sums[1][j] += dv
@@ -293,14 +303,38 @@ class Coordinator:
             for s, res in enumerate(results):
                 self._add_votes(s, res[0])
             self.batch_size -= sum(res[1] for res in results)
+        self._clear_emptied([res[3] if res is not None else None for res in results])
         if self.batch_size < b_old:
             self._regrow_to = max(self._regrow_to, b_old)
         if self.initialized:
             centroid_update(self.S, self.v, self.Q, self.centroids, sse_out=self.sse)
         self.converged = False
 
-    def _initialise(self, X: np.ndarray) -> None:
-        self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng)
+    def _clear_emptied(self, held: Sequence[np.ndarray | None]) -> None:
+        """Zero the sums of every cluster no shard holds a vote of, and each weighted
+        shard's ledger copy where that shard holds none (``KMeansAlgorithm.
+        _clear_emptied``: the residue of fractional weights added and taken back).
+        ``held[s]``: shard ``s``'s ``(k,)`` bool from its step or retirement; None from an
+        unweighted or lost shard, whose integer ledger says it."""
+        if all(h is None for h in held):
+            return
+        anywhere = np.zeros(self.n_clusters, dtype=bool)
+        for s, h in enumerate(held):
+            if h is None:
+                anywhere |= self.ledgers[s][1] != 0
+                continue
+            for part in self.ledgers[s]:
+                part[~h] = 0
+            anywhere |= h
+        for sums in (self.S, self.v, self.Q, self.sse):
+            sums[~anywhere] = 0
+
+    def _initialise(self, first: tuple[np.ndarray, np.ndarray]) -> None:
+        """Seed the centroids from the first rows ``(b, d)`` float32 and their weights
+        ``(b,)`` float64 (drawn by weight, as one machine does)."""
+        X, w = first
+        weights = w if np.any(w != 1.0) else None
+        self.centroids = initial_centroids(self._init, X, self.n_clusters, self._rng, weights)
         self.initialized = True
 
     # -- one round ----------------------------------------------------------------------
@@ -323,11 +357,12 @@ class Coordinator:
         for s, res in enumerate(results):  # fixed shard order, float64
             if res is None:
                 continue
-            votes, changed, new, dist, _, seconds = res
+            votes, changed, new, dist, _, seconds, _ = res
             shard_seconds = max(shard_seconds, seconds)
             received += _pickled_size(res)
             self._add_votes(s, votes)
             n_changed, n_new, n_dist = n_changed + changed, n_new + new, n_dist + dist
+        self._clear_emptied([res[6] if res is not None else None for res in results])
         self.round_bytes.append((sent, received))
         self._replaced = any(res is None for res in results)
         self.round_shard_seconds.append(shard_seconds)
@@ -358,52 +393,16 @@ class Coordinator:
         )  # fmt: skip
 
     def _relocate(self, C_prev: np.ndarray) -> int:
-        """Empty clusters take the farthest samples of the prefix, as
-        :func:`~nmbatch.engine.algorithms.relocation.relocate_empty` with farthest-point
-        order (ties: lowest priority); each shard proposes its farthest row."""
-        self.relocated_ids = []
-        empty = np.flatnonzero(self.v == 0)
-        if not empty.shape[0] or not self.batch_size:
-            return 0
-        C_ref = ray.put(self.centroids)
-        best = self.call_all("relocation_begin", C_ref, self.v)
-        moved, changed = 0, set()
-        while moved < empty.shape[0]:
-            offers = [(-o[0], o[1], s, o[2]) for s, o in enumerate(best) if o is not None]
-            if not offers:
-                break
-            _, _, s, row = min(offers)
-            j = int(empty[moved])
-            taken = self._gather([self.shards[s].relocation_take.remote(row, j, C_prev)])[0]
-            if taken is None:  # the shard was lost: its offer is gone
-                best[s] = None
-                continue
-            a, x, xx, sample_id = taken
-            self.relocated_ids.append(sample_id)
-            for sums in (self.ledgers[s], [self.S, self.v, self.Q]):
-                sums[0][a] -= x
-                sums[1][a] -= 1
-                sums[2][a] -= xx
-                sums[0][j] += x
-                sums[1][j] += 1
-                sums[2][j] += xx
-            changed |= {a, j}
-            moved += 1
-            best = self.call_all("relocation_next", x, self.v)
-        for c in sorted(changed):
-            if self.v[c] > 0:
-                self.centroids[c] = (self.S[c] / self.v[c]).astype(np.float32)
-            step = self.centroids[c].astype(np.float64) - C_prev[c].astype(np.float64)
-            self.p[c] = float(np.sqrt(step @ step)) * _SAFETY
-            old = C_prev[c].astype(np.float64)
-            self.sse[c] = max(self.Q[c] - 2.0 * (old @ self.S[c]) + self.v[c] * (old @ old), 0.0)
-        return moved
+        """Empty clusters take the farthest samples of the prefix
+        (:func:`~.relocation.relocate_on_shards`); returns how many got one."""
+        return relocate_on_shards(self, C_prev)
 
     # -- reporting --------------------------------------------------------------------------
     def energy_estimate(self) -> float:
-        """Mean ``d(i)^2`` over the voted prefix samples (``sse.sum() / v.sum()``)."""
-        b = int(self.v.sum())
-        return float(max(self.sse.sum(), 0.0) / b) if b else float("nan")
+        """Mean ``d(i)^2`` over the voted prefix samples (``sse.sum() / v.sum()``, ``v``
+        the weight of the samples held: their number, unweighted)."""
+        b = float(self.v.sum())
+        return float(max(self.sse.sum(), 0.0) / b) if b > 0 else float("nan")
 
     def state(self, stats: IterationStats | None = None) -> ModelState:
         """The model as it stands, as one record."""

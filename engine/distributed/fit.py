@@ -103,12 +103,14 @@ def fit_distributed(
     algo_seed: int,
     callback: Callable[[IterationStats, ModelState], bool | None] | None = None,
     n_threads: int | None = None,
+    weights: np.ndarray | None = None,
 ) -> DistributedFit:
     """Cluster ``X`` (``(n, d)`` float32, C-contiguous) on ``n_shards`` shard actors.
 
     The parameters are the estimator's (checked by it); ``store_seed`` fixes the
     priorities (the local backend's shuffle), ``algo_seed`` k-means++; ``n_threads``:
-    threads of each shard's kernels (None: all of its node's cores).
+    threads of each shard's kernels (None: all of its node's cores); ``weights``:
+    ``(n,)`` float64 sample weights (None: 1), a row's vote on its shard.
     """
     import ray
 
@@ -117,7 +119,8 @@ def fit_distributed(
     n = X.shape[0]
     pi = priorities(n, store_seed)
     with ray_session(ray_address):
-        parts = [(ray.put(X[ids]), ids, pi[ids]) for ids in partition(n, n_shards)]
+        parts = [(ray.put(X[ids]), ids, pi[ids], None if weights is None else weights[ids])
+                 for ids in partition(n, n_shards)]  # fmt: skip
         coord = Coordinator(
             parts, n_clusters, X.shape[1], init=init, rho=rho, batch_size=batch_size,
             relocate_empty=relocate_empty, bound_mode=bounds, random_state=algo_seed,
@@ -145,25 +148,29 @@ def fit_estimator(
     algo_seed: int,
     policy: Any,
     backend: RayBackend,
+    weights: np.ndarray | None = None,
 ) -> Any:
     """``NestedMiniBatchKMeans.fit`` on the Ray ``backend`` (its address and shards;
     parameters checked, ``X`` ``(n, d)`` float32): run :func:`fit_distributed` and set
-    the fitted attributes. ``partial_fit`` then goes on locally from the fitted centroids
-    (the path of an unpickled model: the samples kept in insertion order). Returns
-    ``est``."""
+    the fitted attributes; ``weights`` ``(n,)`` float64 or None: the sample weights
+    (the shards' votes, the inertia's weights, kept with the samples).
+    ``partial_fit`` then goes on locally from the fitted centroids (the path of an
+    unpickled model: the samples kept in insertion order). Returns ``est``."""
     run = fit_distributed(
         X, n_clusters=int(est.n_clusters), init=init, rho=float(est.rho),
         batch_size=int(est.batch_size), bounds=est.bounds,
         relocate_empty=bool(est.relocate_empty), max_iter=int(est.max_iter),
         n_shards=int(backend.n_shards), ray_address=backend.address,
         store_seed=store_seed, algo_seed=algo_seed, callback=est.callback,
-        n_threads=est.n_threads,
+        n_threads=est.n_threads, weights=weights,
     )  # fmt: skip
     est.__dict__.pop("_store", None)
     est.__dict__.pop("_algorithm", None)
     est._pickled_samples, est._pickled_ids = X.copy(), np.arange(X.shape[0])
+    if weights is not None:
+        est._pickled_weights = np.asarray(weights, dtype=np.float64).copy()
     est._algo_seed, est._retention = algo_seed, policy
     est._partial_fit_key = est._fit_key()
     est.n_features_in_ = X.shape[1]
-    est._publish(run, run.stats, run, X)
+    est._publish(run, run.stats, run, X, weights)
     return est

@@ -11,7 +11,7 @@ The step of a shard is nmbatch's step (:class:`~nmbatch.engine.algorithms.Nested
 without the centroid update: the revisit of ``[0, b_s_old)`` (bound sweep with the
 centroid moves ``p``, old votes removed, new votes cast) and the dense assignment of the
 rows ``[b_s_old, b_s)`` that join. It runs the single-machine code itself
-(:class:`_ShardNested` subclasses ``NestedMiniBatch`` and calls its revisit and
+(:class:`~.shard_rows.ShardNested` subclasses ``NestedMiniBatch`` and calls its revisit and
 assignment methods, hence the same kernels and the same bound modes), with the sums
 ``S``, ``v``, ``Q`` replaced by zeroed delta arrays, so one round yields
 ``(dS, dv, dQ)``: the shard's change of the global sums. The shard adds them to its
@@ -40,7 +40,6 @@ import time
 
 import numpy as np
 
-from nmbatch.engine.algorithms.nested import NestedMiniBatch
 from nmbatch.engine.kernels.exact import closer_to, own_sqdist
 from nmbatch.engine.kernels.retire import remove_votes
 from nmbatch.engine.rows import RowSource, SourceRows
@@ -48,88 +47,38 @@ from nmbatch.engine.threads import kernel_threads
 from nmbatch.engine.warmup import warm_up
 
 from .priorities import distinct, respread
+from .shard_rows import (
+    NO_WEIGHTS,
+    RowsInPriorityOrder,
+    ShardNested,
+    StepResult,
+    Votes,
+    kept_weights,
+    votes,
+)
 
 __all__ = ["ShardState", "StepResult", "Votes", "votes"]
 
 _SAFETY = 1.0 + 1e-9  # as relocation.py: an upper bound rounded up
 _LOWER_SAFETY = (1.0 - 1e-9) * (1.0 - 2.0**-22)  # as relocation.py: a lower bound down
 
-#: A shard's change of the sums, only the clusters it changed: ``(j (m,) int64, dS
-#: (m, d) float64, dv (m,) int64, dQ (m,) float64)`` (:func:`votes`). Late rounds move
-#: few samples, so the reply is mostly far below ``k d`` numbers (Ray inlines a reply
-#: under 100 KiB in the call's answer instead of going through its object store).
-Votes = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-
-#: ``(votes, n_changed, n_new, n_dist, b_s, seconds)``: ``seconds`` is the wall time of
-#: the step inside the shard.
-StepResult = tuple[Votes, int, int, int, int, float]
-
-
-def votes(dS: np.ndarray, dv: np.ndarray, dQ: np.ndarray) -> Votes:
-    """The clusters with a non-zero change of ``dS`` ``(k, d)``, ``dv`` or ``dQ``, and
-    their changes (:data:`Votes`)."""
-    j = np.flatnonzero((dv != 0) | (dQ != 0) | (dS != 0).any(axis=1))
-    return j, dS[j], dv[j], dQ[j]
-
-
-class _RowsInPriorityOrder:
-    """The store interface ``NestedMiniBatch`` reads (``dim``, ``n_samples``,
-    ``freeze``, ``batch_size``, ``nbytes``, ``metric``, ``weighted``,
-    ``weights_buffer``), over rows already in priority order: the prefix ``[0, b)`` is
-    what ``tau`` selects, and nothing is shuffled."""
-
-    metric = "euclidean"  # the Ray backend runs the Euclidean metric only
-    weighted = False  # the shards hold no sample weights yet: every vote counts 1
-    weights_buffer = np.empty(0, dtype=np.float64)
-
-    def __init__(self, data: np.ndarray) -> None:
-        self.data = data
-        self.dim = int(data.shape[1])
-        self.n_samples = int(data.shape[0])
-        self.batch_size = 0
-        self.nbytes = int(data.nbytes)
-
-    def freeze(self, b: int) -> tuple[np.ndarray, int]:
-        self.batch_size = max(self.batch_size, min(int(b), self.n_samples))
-        return self.data, self.batch_size
-
-
-class _ShardNested(NestedMiniBatch):
-    """nmbatch's revisit and assignment on a shard's rows, with given centroids."""
-
-    def shard_step(
-        self, C: np.ndarray, p: np.ndarray, b: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
-        """Revisit ``[0, b_old)`` and assign ``[b_old, b)`` under ``C`` (``(k, d)``
-        float32) moved by ``p`` (``(k,)`` float64) since the bounds were set.
-
-        Returns ``(dS, dv, dQ, n_changed, n_new, n_dist)``.
-        """
-        k, d = self.n_clusters, self.dim
-        self.centroids, self.p, self.initialized = C, p, True
-        self.S = np.zeros((k, d), dtype=np.float64)
-        self.v = np.zeros(k, dtype=np.int64)
-        self.Q = np.zeros(k, dtype=np.float64)
-        self.sse = np.zeros(k, dtype=np.float64)  # scratch: sse is computed from the sums
-        data, b = self.store.freeze(b)
-        b_old = self.batch_size
-        self._reserve(b)
-        n_changed = n_dist = 0
-        if b_old > 0:
-            n_changed, n_dist = self._revisit_bounded(data, b_old)
-        if b > b_old:
-            self._assign_new(data, b_old, b)
-            n_dist += (b - b_old) * k
-        self.batch_size = b
-        return self.S, self.v, self.Q, int(n_changed), b - b_old, int(n_dist)
+#: A queued chunk: ``(rows, ids, priority, weights (m,) float64 or None: 1, stride)``.
+_Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, "np.ndarray | None", int]
 
 
 class ShardState:
     """A shard: rows ``(n_s, d)`` float32 sorted by priority, their stream ``ids``
-    ``(n_s,)`` int64 and priorities ``(n_s,)`` int64, the per-row state of nmbatch
-    (labels, norms, bounds) and the ledger ``S_s (k, d)`` float64, ``v_s (k,)`` int64,
-    ``Q_s (k,)`` float64. A new shard holds no votes: its prefix rows join as new rows
-    at its first step (a rebuilt partition after a fault, too).
+    ``(n_s,)`` int64, priorities ``(n_s,)`` int64 and sample weights, the per-row state
+    of nmbatch (labels, norms, bounds) and the ledger ``S_s (k, d)`` float64, ``v_s (k,)``
+    int64 (float64 once weighted), ``Q_s (k,)`` float64. A new shard holds no votes: its
+    prefix rows join as new rows at its first step (a rebuilt partition after a fault,
+    too).
+
+    Sample weights: a row's vote is its weight (``S += w x``, ``v += w``, ``Q += w
+    ||x||^2``), by the single-machine kernels, which read the weights from the shard's
+    store (:class:`~.shard_rows.RowsInPriorityOrder`) as from a weighted
+    ``NestedBatchStore``. The shard is weighted from the first row of weight other than
+    1 it is given (its ``v_s`` float64 from then on), unweighted before.
 
     Parameters
     ----------
@@ -143,6 +92,8 @@ class ShardState:
         :func:`~nmbatch.engine.threads.kernel_threads`); None: every core of its node.
     source : RowSource or None
         Where :meth:`append_ref` reads the rows it is given by reference.
+    weights : (n_s,) float64 or None
+        The rows' sample weights (each ``>= 0``; None: 1).
     """
 
     def __init__(
@@ -154,6 +105,7 @@ class ShardState:
         bound_mode: str = "full",
         n_threads: int | None = None,
         source: RowSource | None = None,
+        weights: np.ndarray | None = None,
     ) -> None:
         order = np.argsort(np.asarray(priority, dtype=np.int64), kind="stable")
         # Copies: arrays from Ray's object store are read-only, and the kernels are
@@ -163,46 +115,54 @@ class ShardState:
         self.priority = np.asarray(priority, dtype=np.int64)[order]
         self.n_clusters, self.bound_mode = int(n_clusters), bound_mode
         self.n_threads = n_threads
-        # Appended chunks not merged yet: (rows (m, d) float32, ids, priority, stride),
-        # and those given by reference, not read yet: (SourceRows, ids, priority, stride).
-        self._queue: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
-        self._unread: list[tuple[SourceRows, np.ndarray, np.ndarray, int]] = []
+        # Appended chunks not merged yet (:data:`_Chunk`), and those given by reference,
+        # not read yet: (SourceRows, ids, priority, weights or None, stride).
+        self._queue: list[_Chunk] = []
+        self._unread: list[tuple[SourceRows, np.ndarray, np.ndarray, np.ndarray | None, int]] = []
         self.source = source
-        self._start(data)
+        w = kept_weights(weights, self.ids.shape[0])
+        self._start(data, NO_WEIGHTS if w is None else np.ascontiguousarray(w[order]))
 
-    def _start(self, data: np.ndarray) -> None:
-        """Fresh per-row state over ``data`` (rows in priority order): no row voted, the
+    def _start(self, data: np.ndarray, weights: np.ndarray) -> None:
+        """Fresh per-row state over ``data`` (rows in priority order) weighing ``weights``
+        (``(n_s,)`` float64, or :data:`~.shard_rows.NO_WEIGHTS`): no row voted, the
         ledger zero."""
-        self._algo = _ShardNested(
-            _RowsInPriorityOrder(data), self.n_clusters, init="first", bound_mode=self.bound_mode
-        )
+        store = RowsInPriorityOrder(data, weights)
+        self._algo = ShardNested(store, self.n_clusters, init="first", bound_mode=self.bound_mode)
         k, d = self.n_clusters, data.shape[1]
         self.S_s = np.zeros((k, d), dtype=np.float64)
-        self.v_s = np.zeros(k, dtype=np.int64)
+        self.v_s = np.zeros(k, dtype=np.float64 if store.weighted else np.int64)
         self.Q_s = np.zeros(k, dtype=np.float64)
         self._dist2 = np.empty(0, dtype=np.float64)  # relocation: maximin distances
 
     # -- streaming appends ----------------------------------------------------------------
-    def append(self, rows: np.ndarray, ids: np.ndarray, priority: np.ndarray, stride: int) -> int:
+    def append(
+        self, rows: np.ndarray, ids: np.ndarray, priority: np.ndarray, stride: int,
+        weights: np.ndarray | None = None,
+    ) -> int:
         """Queue rows ``(m, d)`` float32 with stream ``ids`` ``(m,)`` int64 and
         ``priority`` ``(m,)`` int64 (each ``>= tau`` when drawn: above every voted row);
-        ``stride``: the step that keeps a raised priority in its residue class. Returns
-        ``n_s`` including the queue."""
+        ``stride``: the step that keeps a raised priority in its residue class;
+        ``weights``: ``(m,)`` float64 sample weights (None: 1). Returns ``n_s`` including
+        the queue."""
         rows = np.asarray(rows, dtype=np.float32).reshape(-1, self.data.shape[1])
-        chunk = (rows, np.asarray(ids, np.int64), np.asarray(priority, np.int64), int(stride))
-        self._queue.append(chunk)
+        ids = np.asarray(ids, np.int64)
+        w = kept_weights(weights, ids.shape[0])
+        self._queue.append((rows, ids, np.asarray(priority, np.int64), w, int(stride)))
         return self._held()
 
     def append_ref(
-        self, rows: SourceRows, ids: np.ndarray, priority: np.ndarray, stride: int
+        self, rows: SourceRows, ids: np.ndarray, priority: np.ndarray, stride: int,
+        weights: np.ndarray | None = None,
     ) -> int:
         """:meth:`append` of rows named by reference
         (:class:`~nmbatch.engine.rows.SourceRows`), read from :attr:`source` at the next
         merge, with those of other calls. Returns ``n_s`` including the queue."""
         if self.source is None:
             raise ValueError("rows given by reference to a shard without a source")
-        chunk = (rows, np.asarray(ids, np.int64), np.asarray(priority, np.int64), int(stride))
-        self._unread.append(chunk)
+        ids = np.asarray(ids, np.int64)
+        w = kept_weights(weights, ids.shape[0])
+        self._unread.append((rows, ids, np.asarray(priority, np.int64), w, int(stride)))
         return self._held()
 
     def _held(self) -> int:
@@ -217,11 +177,11 @@ class ShardState:
         assert self.source is not None
         arrays = self.source.read([rows.ref for rows, *_ in self._unread])
         read = []
-        for (rows, ids, priority, stride), X in zip(self._unread, arrays, strict=True):
+        for (rows, ids, priority, w, stride), X in zip(self._unread, arrays, strict=True):
             X = np.asarray(X, dtype=np.float32)
             if X.ndim != 2 or X.shape[1] != rows.dim or rows.offsets.max(initial=-1) >= X.shape[0]:
                 raise ValueError(f"{rows.ref!r} holds {X.shape}, not rows {rows.shape} of it")
-            read.append((X[rows.offsets], ids, priority, stride))
+            read.append((X[rows.offsets], ids, priority, w, stride))
         self._queue.extend(read)
         self._unread = []
 
@@ -232,7 +192,7 @@ class ShardState:
             return
         queue, self._queue = self._queue, []
         b = self.batch_size
-        stride = queue[-1][3]
+        stride = queue[-1][4]
         # Queued priorities are >= tau > every voted row's: repeats only within the tail.
         tail_pri = distinct(np.concatenate([self.priority[b:], *(c[2] for c in queue)]), stride)
         order = np.argsort(tail_pri, kind="stable")
@@ -241,9 +201,23 @@ class ShardState:
         data = np.ascontiguousarray(np.concatenate([self.data[:b], tail_rows]))
         self.priority = np.concatenate([self.priority[:b], tail_pri[order]])
         self.ids = np.concatenate([self.ids[:b], tail_ids])
-        store = _RowsInPriorityOrder(data)
-        store.batch_size = self._algo.store.batch_size
+        old = self._algo.store
+        weights = NO_WEIGHTS
+        if old.weighted or any(c[3] is not None for c in queue):
+            queued = [c[3] if c[3] is not None else np.ones(c[1].shape[0]) for c in queue]
+            held = old.weights()
+            tail_w = np.concatenate([held[b:], *queued])[order]
+            weights = np.ascontiguousarray(np.concatenate([held[:b], tail_w]))
+        self._restore_store(data, weights, old.batch_size)
+
+    def _restore_store(self, data: np.ndarray, weights: np.ndarray, batch_size: int) -> None:
+        """The shard's rows are now ``data`` weighing ``weights`` (the voted ones first);
+        a shard that becomes weighted turns its ledger's ``v_s`` into float64."""
+        store = RowsInPriorityOrder(data, weights)
+        store.batch_size = batch_size
         self._algo.store = store
+        if store.weighted and self.v_s.dtype != np.float64:
+            self.v_s = self.v_s.astype(np.float64)
 
     def respread(self, tau: int, tau_new: int, levels: int, stride: int) -> None:
         """Map every priority by :func:`~.priorities.respread` (order kept, weakly, residue
@@ -255,25 +229,26 @@ class ShardState:
     def reset(self) -> None:
         """Drop every vote (per-row state and ledger), keep the rows: a restore follows."""
         self._merge()
-        self._start(self.data)
+        self._start(self.data, self._algo.store.weights_buffer)
 
-    def rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows of this shard among stream ids ``ids`` ``(m,)`` int64: ``(found ids
-        (f,) int64, rows (f, d) float32)``."""
+        (f,) int64, rows (f, d) float32, weights (f,) float64)``."""
         self._merge()
         at = np.flatnonzero(np.isin(self.ids, np.asarray(ids, np.int64)))
-        return self.ids[at].copy(), self.data[at].copy()
+        return self.ids[at].copy(), self.data[at].copy(), self._algo.store.weights()[at].copy()
 
     # -- retention ------------------------------------------------------------------------
-    def retire(self, ids: np.ndarray, before: int) -> tuple[Votes, int, int]:
+    def retire(self, ids: np.ndarray, before: int) -> tuple[Votes, int, int, np.ndarray | None]:
         """Forget the rows with a stream id in ``ids`` ``(m,)`` int64 or below ``before``.
 
-        Exact, as the single-machine ``KMeansAlgorithm.retire``: a voted row's vote is
-        taken back (:func:`~nmbatch.engine.kernels.retire.remove_votes` on zeroed deltas,
-        added to the ledger), then the rows leave, the others keeping their order and
-        their per-row state (labels, norms, bounds), so ``[0, b_s - r)`` is still the
-        voted part, in priority order. Returns ``(votes, r, n_gone)`` (:data:`Votes`):
-        ``r`` voted rows of the ``n_gone`` retired.
+        Exact, as the single-machine ``KMeansAlgorithm.retire``: a voted row's vote (its
+        weight) is taken back (:func:`~nmbatch.engine.kernels.retire.remove_votes` on
+        zeroed deltas, added to the ledger), then the rows leave, the others keeping
+        their order and their per-row state (labels, norms, bounds), so ``[0, b_s - r)``
+        is still the voted part, in priority order. Returns ``(votes, r, n_gone, held)``
+        (:data:`Votes`): ``r`` voted rows of the ``n_gone`` retired; ``held`` as in
+        :data:`~.shard_rows.StepResult`.
         """
         self._merge()
         gone = self.ids < int(before)
@@ -281,16 +256,16 @@ class ShardState:
         if ids.shape[0]:
             gone |= np.isin(self.ids, ids)
         k, d = self.n_clusters, self.data.shape[1]
-        dS, dv, dQ = np.zeros((k, d)), np.zeros(k, dtype=np.int64), np.zeros(k)
+        algo, b = self._algo, self.batch_size
+        dS, dv, dQ = np.zeros((k, d)), np.zeros(k, dtype=self.v_s.dtype), np.zeros(k)
         rows = np.flatnonzero(gone)
         if not rows.shape[0]:
-            return votes(dS, dv, dQ), 0, 0
-        algo, b = self._algo, self.batch_size
+            return votes(dS, dv, dQ), 0, 0, algo.held()
         voted = rows[rows < b]
+        w = algo.store.weights_buffer
         if voted.shape[0]:
             labels, xx, dist2 = algo._vote_arrays()
-            remove_votes(self.data, voted, labels, xx, dist2, dS, dv, dQ, np.zeros(k),
-                         _RowsInPriorityOrder.weights_buffer)
+            remove_votes(self.data, voted, labels, xx, dist2, dS, dv, dQ, np.zeros(k), w)
             self.S_s += dS
             self.v_s += dv
             self.Q_s += dQ
@@ -299,17 +274,28 @@ class ShardState:
                 per_row[: kept.shape[0]] = per_row[kept]
             labels[kept.shape[0] : b] = -1
         keep = ~gone
-        store = _RowsInPriorityOrder(np.ascontiguousarray(self.data[keep]))
-        store.batch_size = b - voted.shape[0]
-        algo.store, algo.batch_size = store, b - voted.shape[0]
+        data = np.ascontiguousarray(self.data[keep])
+        self._restore_store(data, w[keep] if w.shape[0] else w, b - voted.shape[0])
+        algo.batch_size = b - voted.shape[0]
         self.ids, self.priority = self.ids[keep], self.priority[keep]
-        return votes(dS, dv, dQ), int(voted.shape[0]), int(rows.shape[0])
+        return votes(dS, dv, dQ), int(voted.shape[0]), int(rows.shape[0]), self._clear_emptied()
 
-    def holdings(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _clear_emptied(self) -> np.ndarray | None:
+        """A weighted shard's clusters its voting rows hold, ``(k,)`` bool (None
+        unweighted), its ledger zeroed for the others (the residue of fractional weights
+        added and taken back: ``KMeansAlgorithm._clear_emptied``)."""
+        held = self._algo.held()
+        if held is not None:
+            self.S_s[~held], self.v_s[~held], self.Q_s[~held] = 0.0, 0.0, 0.0
+        return held
+
+    def holdings(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """Every row held, in priority order: ``(rows (n_s, d) float32, ids (n_s,) int64,
-        priority (n_s,) int64)`` (copies)."""
+        priority (n_s,) int64, weights (n_s,) float64 or None unweighted)`` (copies)."""
         self._merge()
-        return self.data.copy(), self.ids.copy(), self.priority.copy()
+        store = self._algo.store
+        weights = store.weights_buffer.copy() if store.weighted else None
+        return self.data.copy(), self.ids.copy(), self.priority.copy(), weights
 
     # -- the prefix ---------------------------------------------------------------------
     @property
@@ -327,11 +313,13 @@ class ShardState:
         self._merge()
         return np.searchsorted(self.priority, np.asarray(thresholds, np.int64)).astype(np.int64)
 
-    def prefix_rows(self, tau: int) -> tuple[np.ndarray, np.ndarray]:
-        """The rows with ``pi(i) < tau`` and their priorities: ``((m, d) float32, (m,) int64)``."""
+    def prefix_rows(self, tau: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows with ``pi(i) < tau``, their priorities and weights: ``((m, d) float32,
+        (m,) int64, (m,) float64)``."""
         self._merge()
         m = int(np.searchsorted(self.priority, tau))
-        return self.data[:m].copy(), self.priority[:m].copy()
+        weights = self._algo.store.weights()[:m].copy()
+        return self.data[:m].copy(), self.priority[:m].copy(), weights
 
     # -- one round ------------------------------------------------------------------------
     def step(self, centroids_and_moves: tuple[np.ndarray, np.ndarray], tau: int) -> StepResult:
@@ -339,8 +327,9 @@ class ShardState:
 
         ``centroids_and_moves``: ``(C (k, d) float32, p (k,) float64)``, the centroids in
         force and how far each moved at the last update (one ``ray.put`` for all shards).
-        Returns ``(votes, n_changed, n_new, n_dist, b_s, seconds)`` (:data:`StepResult`)
-        and adds the deltas to the ledger.
+        Returns ``(votes, n_changed, n_new, n_dist, b_s, seconds, held)``
+        (:data:`StepResult`) and adds the deltas to the ledger (a weighted shard then
+        zeroes the clusters it holds no vote of: :meth:`_clear_emptied`).
         """
         t0 = time.perf_counter()
         C, p = centroids_and_moves
@@ -353,7 +342,8 @@ class ShardState:
         self.S_s += dS
         self.v_s += dv
         self.Q_s += dQ
-        return votes(dS, dv, dQ), n_changed, n_new, n_dist, b, time.perf_counter() - t0
+        held = self._clear_emptied()
+        return votes(dS, dv, dQ), n_changed, n_new, n_dist, b, time.perf_counter() - t0, held
 
     def warm_up(self) -> float:
         """Load every kernel a step runs in this process (:func:`~nmbatch.engine.warmup.
@@ -393,37 +383,45 @@ class ShardState:
         return self.relocation_best(v)
 
     def relocation_best(self, v: np.ndarray) -> tuple[float, int, int] | None:
-        """``(dist2, priority, row)`` of this shard's farthest row whose cluster keeps
-        another sample under the global counts ``v`` (``(k,)`` int64), ties to the lowest
-        priority; None when no row is off its centroid. A row refused for its cluster
-        stays refused (within a relocation no count ``< 2`` grows back to 2)."""
+        """``(dist2, priority, row)`` of this shard's farthest row with a vote (weight > 0)
+        whose cluster keeps some under the global counts ``v`` (``(k,)``: ``v(a) - w > 0``;
+        unweighted ``v(a) >= 2``), ties to the lowest priority; None when no row is off
+        its centroid. A row refused for its cluster stays refused (within a relocation
+        no such count grows back)."""
         dist2, labels = self._dist2, self._algo._labels
+        weights = self._algo.store.weights_buffer
         while dist2.shape[0]:
             row = int(np.argmax(dist2))
             if dist2[row] <= 0.0:
                 return None
-            if v[labels[row]] >= 2:
+            w = weights[row] if weights.shape[0] else 1
+            if w > 0 and v[labels[row]] - w > 0:
                 return float(dist2[row]), int(self.priority[row]), row
             dist2[row] = -1.0
         return None
 
     def relocation_take(
         self, row: int, j: int, C_prev: np.ndarray
-    ) -> tuple[int, np.ndarray, float, int]:
-        """Move the vote of ``row`` to the empty cluster ``j`` (ledger, label, bounds, as
+    ) -> tuple[int, np.ndarray, float, int, float]:
+        """Move the vote of ``row`` (``w x``, ``w``, ``w ||x||^2``) to the empty cluster
+        ``j`` (ledger, label, bounds, as
         :func:`~nmbatch.engine.algorithms.relocation.relocate_empty`); ``C_prev``: the
         centroids before the update, ``(k, d)`` float32. Returns ``(a, x (d,) float64,
-        ||x||^2, id)``, ``a`` the cluster it left, ``id`` the sample's stream id."""
+        ||x||^2, id, w)``, ``a`` the cluster it left, ``id`` the sample's stream id, ``w``
+        its weight."""
         algo = self._algo
         a = int(algo._labels[row])
         x = self.data[row].astype(np.float64)
         xx = float(algo._xx[row])
-        self.S_s[a] -= x
-        self.v_s[a] -= 1
-        self.Q_s[a] -= xx
-        self.S_s[j] += x
-        self.v_s[j] += 1
-        self.Q_s[j] += xx
+        weights = algo.store.weights_buffer
+        w = float(weights[row]) if weights.shape[0] else 1.0
+        vote = 1 if self.v_s.dtype == np.int64 else w
+        self.S_s[a] -= w * x
+        self.v_s[a] -= vote
+        self.Q_s[a] -= w * xx
+        self.S_s[j] += w * x
+        self.v_s[j] += vote
+        self.Q_s[j] += w * xx
         algo._labels[row] = j
         if algo.bounds:
             gap = x - np.asarray(C_prev[j], dtype=np.float64)
@@ -436,7 +434,7 @@ class ShardState:
                 bound = np.float32(float(np.sqrt(gap @ gap)) * _LOWER_SAFETY)
                 lower[row, ga] = min(lower[row, ga], bound)
         self._dist2[row] = 0.0
-        return a, x, xx, int(self.ids[row])
+        return a, x, xx, int(self.ids[row]), w
 
     def relocation_next(self, x: np.ndarray, v: np.ndarray) -> tuple[float, int, int] | None:
         """After a sample ``x`` (``(d,)`` float64) was relocated: ``d(i)^2 = min(d(i)^2,

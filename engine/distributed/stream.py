@@ -36,16 +36,16 @@ Ray's object store by this driver, or **by reference**
 service's Redis log). By reference, the rows never pass through the driver: the shard
 reads them itself, from its own node.
 
-Faults: each shard's appended chunks ``(rows, ids, priority)`` are kept by the
+Faults: each shard's appended chunks ``(rows, ids, priority, weights)`` are kept by the
 coordinator in order (``rows`` an ObjectRef owned by this driver, or the
 :class:`~nmbatch.engine.rows.SourceRows` naming them; ids, priorities and retired flags,
-17 bytes a row, in the driver's memory), so a lost shard is replaced as the estimator's is (its
-ledger subtracted, a new actor given the same chunks in the same order, unvoted): by
-reference, the new actor reads its partition from the source again, and no copy of the
-rows is kept anywhere but there. When the source moves rows (the service compacts a
-reservoir into a new base), :meth:`StreamCoordinator.rebase` points the records at
-their new place. A lost driver (the service restarts) rebuilds everything from the
-Redis log.
+17 bytes a row, and the weights of weighted chunks, 8 more, in the driver's memory), so
+a lost shard is replaced as the estimator's is (its ledger subtracted, a new actor given
+the same chunks in the same order, unvoted): by reference, the new actor reads its
+partition from the source again, and no copy of the rows is kept anywhere but there.
+When the source moves rows (the service compacts a reservoir into a new base),
+:meth:`StreamCoordinator.rebase` points the records at their new place. A lost driver
+(the service restarts) rebuilds everything from the Redis log.
 
 Retention (:meth:`StreamCoordinator.retire`): the worker's policy hands over ids below a
 threshold (window, age: global in acceptance order) and single ids (reservoir); every
@@ -69,8 +69,13 @@ from nmbatch.engine.state import IterationStats
 
 from .coordinator import PRIORITY_LIMIT, Coordinator
 from .priorities import respread
+from .shard_rows import kept_weights
 
-__all__ = ["StreamCoordinator"]
+__all__ = ["Chunk", "StreamCoordinator"]
+
+#: A chunk record: ``(rows ObjectRef or SourceRows, ids (m,) int64, priority (m,) int64,
+#: weights (m,) float64 or None: every weight 1)`` (a :data:`~.coordinator.Partition`).
+Chunk = tuple[Any, np.ndarray, np.ndarray, "np.ndarray | None"]
 
 _HEADROOM = 1 << 40  # room above the drawn priorities for the raises of repeats
 _LEVELS = 1 << 40  # respread: the prefix's priorities in [0, _LEVELS * P)
@@ -109,7 +114,7 @@ class StreamCoordinator(Coordinator):
         P, d = int(n_shards), int(dim)
         # Chunks appended to each shard, in order: (rows ObjectRef, ids, priority), and
         # which of each chunk's rows are still stored (retention).
-        self.chunks: list[list[tuple[Any, np.ndarray, np.ndarray]]] = [[] for _ in range(P)]
+        self.chunks: list[list[Chunk]] = [[] for _ in range(P)]
         self.alive: list[list[np.ndarray]] = [[] for _ in range(P)]
         self.next_id = 0  # above every stream id appended
         self._next_shard = 0
@@ -117,6 +122,7 @@ class StreamCoordinator(Coordinator):
             ray.put(np.empty((0, d), np.float32)),
             np.empty(0, np.int64),
             np.empty(0, np.int64),
+            None,
         )
         super().__init__([empty] * P, n_clusters, d, random_state=init_seed, **kwargs)
 
@@ -128,8 +134,7 @@ class StreamCoordinator(Coordinator):
             return actor
         for chunk in self.chunks[s]:
             _send(actor, chunk, len(self.partitions))  # calls run in this order
-        dead = [ids[~alive] for (_, ids, _), alive in zip(self.chunks[s], self.alive[s],
-                                                          strict=True)]
+        dead = [c[1][~alive] for c, alive in zip(self.chunks[s], self.alive[s], strict=True)]
         if dead and sum(d.shape[0] for d in dead):
             actor.retire.remote(np.concatenate(dead), 0)
         return actor
@@ -145,11 +150,14 @@ class StreamCoordinator(Coordinator):
         pri[pri < self.tau] += P
         return pri.astype(np.int64)
 
-    def append(self, X: np.ndarray | SourceRows, ids: np.ndarray) -> int:
+    def append(
+        self, X: np.ndarray | SourceRows, ids: np.ndarray, weights: np.ndarray | None = None
+    ) -> int:
         """Append the rows of one log entry, ``X`` ``(m, d)`` float32 or the
         :class:`~nmbatch.engine.rows.SourceRows` naming them (read by the shard from the
-        ``source``), with stream ``ids`` ``(m,)`` int64, to the next shard in turn (not
-        waiting for it); returns ``N``."""
+        ``source``), with stream ``ids`` ``(m,)`` int64 and sample ``weights`` ``(m,)``
+        float64 (None: 1; a vote is its weight, on the shard as on one machine), to the
+        next shard in turn (not waiting for it); returns ``N``."""
         if not isinstance(X, SourceRows):
             X = np.ascontiguousarray(X, dtype=np.float32)
         m = X.shape[0]
@@ -162,7 +170,8 @@ class StreamCoordinator(Coordinator):
         s = self._next_shard
         self._next_shard = (s + 1) % len(self.partitions)
         rows = X if isinstance(X, SourceRows) else ray.put(X)
-        chunk = (rows, np.asarray(ids, np.int64).copy(), self.priorities(m, s))
+        chunk = (rows, np.asarray(ids, np.int64).copy(), self.priorities(m, s),
+                 kept_weights(weights, m))  # fmt: skip
         self.chunks[s].append(chunk)
         self.alive[s].append(np.ones(m, dtype=bool))
         self.next_id = max(self.next_id, int(chunk[1].max()) + 1)
@@ -185,7 +194,7 @@ class StreamCoordinator(Coordinator):
         ids = np.unique(np.asarray(ids if ids is not None else (), dtype=np.int64))
         found, gone = 0, [[] for _ in self.chunks]
         for s, (chunks, alive) in enumerate(zip(self.chunks, self.alive, strict=True)):
-            for c, (_, chunk_ids, _) in enumerate(chunks):
+            for c, (_, chunk_ids, *_) in enumerate(chunks):
                 hit = alive[c] & (chunk_ids < before)
                 if ids.shape[0]:
                     listed = alive[c] & np.isin(chunk_ids, ids)
@@ -219,16 +228,17 @@ class StreamCoordinator(Coordinator):
         only its stored rows; else they become one chunk of the rows the shard holds (put
         in the object store by this driver, which owns it; left as they are if the shard
         was lost)."""
-        if all(isinstance(rows, SourceRows) for rows, _, _ in self.chunks[s]):
+        if all(isinstance(rows, SourceRows) for rows, *_ in self.chunks[s]):
             records = zip(self.chunks[s], self.alive[s], strict=True)
-            self.chunks[s] = [(r[a], ids[a], pri[a]) for (r, ids, pri), a in records]
-            self.alive[s] = [np.ones(ids.shape[0], dtype=bool) for _, ids, _ in self.chunks[s]]
+            self.chunks[s] = [(r[a], ids[a], pri[a], None if w is None else w[a])
+                              for (r, ids, pri, w), a in records]  # fmt: skip
+            self.alive[s] = [np.ones(c[1].shape[0], dtype=bool) for c in self.chunks[s]]
             return
         holdings = self._gather([self.shards[s].holdings.remote()])[0]
         if holdings is None:
             return
-        rows, ids, priority = holdings
-        self.chunks[s] = [(ray.put(rows), ids, priority)] if ids.shape[0] else []
+        rows, ids, priority, weights = holdings
+        self.chunks[s] = [(ray.put(rows), ids, priority, weights)] if ids.shape[0] else []
         self.alive[s] = [np.ones(ids.shape[0], dtype=bool)] if ids.shape[0] else []
 
     def rebase(self, rows: Sequence[SourceRows], ids: Sequence[np.ndarray]) -> None:
@@ -249,17 +259,21 @@ class StreamCoordinator(Coordinator):
         for s, (chunks, alive) in enumerate(zip(self.chunks, self.alive, strict=True)):
             held = np.concatenate([c[1][a] for c, a in zip(chunks, alive, strict=True)] or [_NONE])
             pri = np.concatenate([c[2][a] for c, a in zip(chunks, alive, strict=True)] or [_NONE])
+            wts = np.concatenate([_ones(c)[a] for c, a in zip(chunks, alive, strict=True)]
+                                 or [np.empty(0)])  # fmt: skip
             at = np.minimum(np.searchsorted(ranked, held), max(ranked.shape[0] - 1, 0))
             if held.shape[0] and not np.array_equal(ranked[at], held):
                 raise ValueError(f"shard {s}: not every stored row is named")
             where = order[at]  # the held rows' places among the named ones
             by_place = np.argsort(where, kind="stable")
             where, held, pri = where[by_place], held[by_place], pri[by_place]
+            wts = wts[by_place]
             cuts = np.flatnonzero(np.diff(entry[where])) + 1
             new_chunks.append([
-                (rows[int(entry[w[0]])][offset[w]], h, p)
-                for w, h, p in zip(np.split(where, cuts), np.split(held, cuts),
-                                   np.split(pri, cuts), strict=True) if w.shape[0]
+                (rows[int(entry[w[0]])][offset[w]], h, p, kept_weights(u, h.shape[0]))
+                for w, h, p, u in zip(np.split(where, cuts), np.split(held, cuts),
+                                      np.split(pri, cuts), np.split(wts, cuts), strict=True)
+                if w.shape[0]
             ])  # fmt: skip
         self.chunks = new_chunks  # each shard's records checked: all replaced at once
         self.alive = [[np.ones(r[1].shape[0], dtype=bool) for r in c] for c in new_chunks]
@@ -286,6 +300,22 @@ class StreamCoordinator(Coordinator):
         at = np.minimum(np.searchsorted(held[order], ids), max(held.shape[0] - 1, 0))
         found = held[order][at] == ids if held.shape[0] else np.zeros(ids.shape[0], bool)
         return found, rows[order][at[found]]
+
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        """The sample weights of the stored rows with stream ids ``ids`` ``(m,)`` int64, in
+        that order, ``(m,)`` float64, from the chunk records (no shard is called);
+        ``ValueError`` if one is not stored."""
+        ids = np.asarray(ids, np.int64).ravel()
+        records = [(c[1][a], _ones(c)[a]) for chunks, alive in zip(self.chunks, self.alive,
+                                                                    strict=True)
+                   for c, a in zip(chunks, alive, strict=True)]  # fmt: skip
+        held = np.concatenate([r[0] for r in records] or [_NONE])
+        weights = np.concatenate([r[1] for r in records] or [np.empty(0)])
+        order = np.argsort(held, kind="stable")
+        at = np.minimum(np.searchsorted(held[order], ids), max(held.shape[0] - 1, 0))
+        if ids.shape[0] and (not held.shape[0] or np.any(held[order][at] != ids)):
+            raise ValueError("some ids are not stored")
+        return weights[order][at] if ids.shape[0] else np.empty(0)
 
     def forget(self, ids: np.ndarray) -> np.ndarray:
         """Delete the stored rows with stream ids ``ids`` ``(m,)`` int64 exactly, as one
@@ -328,8 +358,8 @@ class StreamCoordinator(Coordinator):
         if self.tau <= tau_new:
             return
         for chunks in self.chunks:
-            for c, (rows, ids, pri) in enumerate(chunks):
-                chunks[c] = (rows, ids, respread(pri, self.tau, tau_new, _LEVELS, P))
+            for c, (rows, ids, pri, w) in enumerate(chunks):
+                chunks[c] = (rows, ids, respread(pri, self.tau, tau_new, _LEVELS, P), w)
         self.call_all("respread", self.tau, tau_new, _LEVELS, P)
         self.tau = tau_new
 
@@ -354,6 +384,7 @@ class StreamCoordinator(Coordinator):
         for s, res in enumerate(results):
             if res is not None:  # else lost: its rows join at the next round as new rows
                 self._add_votes(s, res[0])
+        self._clear_emptied([res[6] if res is not None else None for res in results])
         centroid_update(self.S, self.v, self.Q, C, sse_out=self.sse)  # sse; update dropped
         self.batch_size, self.iteration = b, int(iteration)
         self.converged = self._grow = False
@@ -363,10 +394,16 @@ class StreamCoordinator(Coordinator):
             self.respread()
 
 
-def _send(actor: Any, chunk: tuple[Any, np.ndarray, np.ndarray], stride: int) -> None:
-    """Append one chunk record ``(rows, ids, priority)`` to ``actor`` (not waited for)."""
-    rows, ids, priority = chunk
+def _ones(chunk: Chunk) -> np.ndarray:
+    """A chunk record's weights, ``(m,)`` float64 (ones when it keeps none)."""
+    return np.ones(chunk[1].shape[0]) if chunk[3] is None else chunk[3]
+
+
+def _send(actor: Any, chunk: Chunk, stride: int) -> None:
+    """Append one chunk record ``(rows, ids, priority, weights)`` to ``actor`` (not
+    waited for)."""
+    rows, ids, priority, weights = chunk
     if isinstance(rows, SourceRows):
-        actor.append_ref.remote(rows, ids, priority, stride)
+        actor.append_ref.remote(rows, ids, priority, stride, weights)
     else:
-        actor.append.remote(rows, ids, priority, stride)
+        actor.append.remote(rows, ids, priority, stride, weights)

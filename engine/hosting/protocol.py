@@ -98,9 +98,7 @@ class EngineHost(Protocol):
         :class:`~nmbatch.engine.rows.SourceRows` naming them) under the stream ids
         ``ids`` (``(m,)`` int64, increasing unless ``any_order``); ``n_after`` is ``N``
         afterwards (the policy's count). ``weights``: ``(m,)`` float64 sample weights
-        of the rows (None: 1); :class:`~.local.LocalEngine` and
-        :class:`~.child.EngineProcess` take them, :class:`~.ray.RayEngine` raises
-        ``NotImplementedError`` for weights that are not None."""
+        of the rows (None: 1): every host takes them, a sample's vote is its weight."""
         ...
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:

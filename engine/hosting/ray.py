@@ -1,8 +1,9 @@
 """The model hosted on a Ray cluster: an ``EngineHost`` over a streaming coordinator.
 
 :class:`RayEngine` gives its driver (the service's worker) the interface every host
-gives (``store``, ``state``, ``ready``, ``feed``, ``rows_of``, ``forget``, ``lookup``,
-``step``, ``restore``, ``close``; :class:`~.protocol.EngineHost`), over a
+gives (``store``, ``state``, ``ready``, ``feed`` with sample weights, ``rows_of``,
+``weights_of``, ``forget``, ``lookup``, ``step``, ``restore``, ``close``;
+:class:`~.protocol.EngineHost`), over a
 :class:`~nmbatch.engine.distributed.stream.StreamCoordinator`:
 
 - the calling thread is the Ray *driver*: it holds the coordinator (``C``, ``S``, ``v``,
@@ -119,13 +120,12 @@ class RayEngine:
         (each shard takes back its own rows' votes, exactly), then append the rows of
         ``X`` ``(m, d)`` float32, or those it names (:class:`~nmbatch.engine.rows.SourceRows`, read
         by the shard), under stream ``ids`` ``(m,)`` int64 (any order) to the next
-        shard."""
-        if weights is not None:
-            raise NotImplementedError("the Ray engine takes no sample weights (the service "
-                                      "refuses them)")
+        shard, each weighing its ``weights`` entry (``(m,)`` float64, None: 1; the shard's
+        votes are the weights, as one machine's)."""
         coordinator = self.coordinator
-        retire_then_append(coordinator.retire, coordinator.append, X, ids,
-                           np.asarray(retire_ids, np.int64), retire_before)  # fmt: skip
+        retire_then_append(coordinator.retire,
+                           lambda rows, these: coordinator.append(rows, these, weights),
+                           X, ids, np.asarray(retire_ids, np.int64), retire_before)  # fmt: skip
         if self.store.n_samples != n_after:
             raise RuntimeError(f"the store holds {self.store.n_samples} rows, not {n_after}")
         self.state = dataclasses.replace(self.state, converged=False)
@@ -160,9 +160,10 @@ class RayEngine:
         return sample_lookup(found, rows, centroids)
 
     def weights_of(self, ids: np.ndarray) -> np.ndarray:
-        """Ones ``(m,)`` float64: the shards take no weights (:meth:`feed` refuses them),
-        so every row they hold weighs 1."""
-        return np.ones(np.asarray(ids).shape[0], dtype=np.float64)
+        """The weights of the stored rows with stream ids ``ids``, ``(m,)`` float64 (from
+        the coordinator's chunk records: :meth:`~nmbatch.engine.distributed.stream.
+        StreamCoordinator.weights_of`)."""
+        return self.coordinator.weights_of(np.asarray(ids, dtype=np.int64))
 
     def step(self) -> ModelState:
         """One distributed round; the new state, with its ``stats``."""

@@ -44,7 +44,6 @@ __all__ = [
     "UnknownSampleError",
     "UnsupportedMetricError",
     "VersionNotKeptError",
-    "WeightsUnsupportedError",
     "WrongDimensionError",
     "ZeroVectorError",
 ]
@@ -80,23 +79,6 @@ class ZeroVectorError(DomainError):
             f"(metric=cosine) clusters directions; {outcome}"
         )
         self.row = row
-
-
-class WeightsUnsupportedError(DomainError):
-    """Sample weights sent to model ``model``, whose engine takes none (the Ray engine,
-    ``NMBATCH_RAY_ADDRESS``): nothing of the request is stored, rather than the vectors
-    counted as if each weighed 1."""
-
-    setting = "NMBATCH_RAY_ADDRESS"
-
-    def __init__(self, model: str) -> None:
-        super().__init__(
-            f"model '{model}' runs on the Ray engine (NMBATCH_RAY_ADDRESS), which takes no "
-            "sample weights: send the vectors without weights (or repeat a vector for an "
-            "integer weight), or use a service without NMBATCH_RAY_ADDRESS; nothing of this "
-            "request was stored"
-        )
-        self.model = model
 
 
 class IdempotencyKeyReusedError(DomainError):

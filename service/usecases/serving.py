@@ -48,7 +48,6 @@ from nmbatch.service.usecases.errors import (
     ModelDeletedError,
     NotEnoughSamplesError,
     StoreFullError,
-    WeightsUnsupportedError,
     WrongDimensionError,
     ZeroVectorError,
 )
@@ -248,13 +247,10 @@ async def ingest(
     the log and every replay of it hold unit rows; a zero row raises
     :class:`ZeroVectorError` before anything is written (the dimension neither).
 
-    Weights go into the log with the rows (the engine's votes are the weights). A model
-    on the Ray engine takes none: weights raise :class:`WeightsUnsupportedError` before
-    anything is written, rather than the rows counting as 1 each.
+    Weights go into the log with the rows (the engine's votes are the weights, on the
+    Ray engine's shards as on one machine).
     """
     settings = handle.settings
-    if weights is not None and settings.ray_address is not None:
-        raise WeightsUnsupportedError(settings.model)
     if settings.metric != "euclidean":
         X = await off_loop(X.size, metric_vectors, X, settings.metric,
                            "nothing of this request was stored")  # fmt: skip

@@ -10,7 +10,8 @@ mid-run is replaced and nothing logged is lost; a node removed mid-stream (the s
 with the API answering throughout); retention ``window`` on the cluster
 (the default model and a named one) serves the last samples only; a ``reservoir`` is
 read by the shards from Redis, from its base after a compaction, also by a replacement
-and after a restart.
+and after a restart; sample weights vote their weight; samples by id are looked up and
+deleted exactly, and stay deleted after a shard process is killed.
 """
 
 from __future__ import annotations
@@ -296,7 +297,7 @@ def test_a_reservoir_on_the_cluster_is_read_by_the_shards_from_redis(
         assert worker.retention.compactions >= 2
         coord = worker.engine.coordinator
         base = worker.retained_log.read_base()
-        named = [rows for chunks in coord.chunks for rows, _, _ in chunks]
+        named = [rows for chunks in coord.chunks for rows, *_ in chunks]
         assert all(isinstance(rows, SourceRows) for rows in named)
         assert {rows.ref[0] for rows in named} <= {ModelKeys(settings.model).base(base.generation),
                                                    ModelKeys(settings.model).log}  # fmt: skip
@@ -326,34 +327,108 @@ def test_a_reservoir_on_the_cluster_is_read_by_the_shards_from_redis(
         np.testing.assert_array_equal(worker.engine.rows_of(slots), X[slots])
 
 
-def test_weights_sent_to_a_ray_model_are_refused_and_nothing_is_stored(
-    ray_address: str, make_settings: SettingsFactory, redis_client, model_name: str
+def nearest_means(C: np.ndarray, X: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(weighted means (k, d), weight sums (k,))`` of the rows of ``X`` nearest each
+    centroid of ``C`` (float64)."""
+    X64 = X.astype(np.float64)
+    near = np.argmin(((X64[:, None, :] - C[None]) ** 2).sum(axis=2), axis=1)
+    sums = np.array([w[near == j].sum() for j in range(C.shape[0])])
+    means = np.array([(w[near == j, None] * X64[near == j]).sum(axis=0) for j in
+                      range(C.shape[0])]) / sums[:, None]  # fmt: skip
+    return means, sums
+
+
+def test_weighted_samples_on_the_cluster_vote_their_weight(
+    ray_address: str, make_settings: SettingsFactory
 ) -> None:
-    """The shards take no sample weights: a weighted request (JSON or ``.npz``) to the
-    default model or a named one on the cluster is a 422 ``weights-unsupported`` and
-    stores nothing, rather than counting each vector as 1; unweighted rows still go."""
+    """Weights (JSON and ``.npz``) go to the shards with the rows, read by reference from
+    the log: at the fixed point each centroid is the weighted mean of the rows nearest
+    it and ``counts`` are the sums of their weights (a weight-0 row counts nowhere)."""
     import io
 
-    from tests.testkit import assert_problem, log_state
-
     rng = np.random.default_rng(13)
-    X, _ = blobs_around(rng, MEANS, per_blob=20)
-    w = np.full(len(X), 2.0)
+    X, _ = blobs_around(rng, MEANS, per_blob=60)
+    w = rng.uniform(0.1, 4.0, len(X))
+    w[::11] = 0.0
+    half = len(X) // 2
     out = io.BytesIO()
-    np.savez(out, X=X, weights=w)
-    spec = {"k": 3, "dim": 4, "batch_size": 30}
-    with TestClient(create_app(make_settings(ray_address=ray_address, dim=4))) as client:
-        assert client.put("/models/weighted", json=spec).status_code == 201
-        for prefix, model in (("", model_name), ("/models/weighted", "weighted")):
-            before = log_state(redis_client, model)
-            sends = [
-                client.post(f"{prefix}/samples",
-                            json={"vectors": X.tolist(), "weights": w.tolist()}),
-                client.post(f"{prefix}/samples", content=out.getvalue(),
-                            headers={"content-type": "application/x-npz"}),
-            ]  # fmt: skip
-            for answer in sends:
-                problem = assert_problem(answer, 422, "weights-unsupported")
-                assert problem["setting"] == "NMBATCH_RAY_ADDRESS" and problem["model"] == model
-                assert log_state(redis_client, model) == before
-            assert post_npy(client, X, f"{prefix}/samples").status_code == 202
+    np.savez(out, X=X[half:], weights=w[half:])
+    settings = make_settings(batch_size=48, ray_address=ray_address, ray_shards=2)
+    with TestClient(create_app(settings)) as client:
+        answer = client.post("/samples", json={"vectors": X[:half].tolist(),
+                                               "weights": w[:half].tolist()})  # fmt: skip
+        assert answer.status_code == 202
+        answer = client.post("/samples", content=out.getvalue(),
+                             headers={"content-type": "application/x-npz"})  # fmt: skip
+        assert answer.status_code == 202
+        doc = wait_converged(client, len(X), timeout=60.0)
+        C = np.array(doc["centroids"], dtype=np.float64)
+        means, sums = nearest_means(C, X, w)
+        np.testing.assert_allclose(C, means, atol=1e-4)
+        np.testing.assert_allclose(doc["counts"], sums, rtol=1e-9)
+        assert client.app.state.models.default.worker.engine.coordinator.v.dtype == np.float64
+
+
+def shard_pid(actor) -> int:
+    """The process id of a shard actor (the cluster runs on this machine)."""
+    return ray.get(actor.__ray_call__.remote(lambda shard: __import__("os").getpid()))
+
+
+def test_samples_by_id_are_deleted_exactly_on_the_cluster_and_stay_so_after_a_kill(
+    ray_address: str, make_settings: SettingsFactory
+) -> None:
+    """Ids and exact deletion with the engine on the cluster: ``GET /samples/{id}``
+    answers the nearest centroid, ``DELETE`` takes the sample's vote out of ``S`` and
+    ``v`` at once (the published counts drop), it answers 404 after, and at the next
+    fixed point the centroids are the means of the remaining rows. The shard process
+    that held a deleted row is killed (``SIGKILL``): its replacement holds the retained
+    rows only, the model converges on them and the new ones, the ids stay deleted."""
+    import os
+    import signal
+
+    from tests.testkit import assert_problem
+
+    rng = np.random.default_rng(17)
+    X, _ = blobs_around(rng, MEANS, per_blob=120)
+    more, _ = blobs_around(rng, MEANS, per_blob=20)
+    n = len(X)
+    ids = [f"s{i}" for i in range(n)]
+    settings = make_settings(batch_size=48, ray_address=ray_address, ray_shards=2)
+    with TestClient(create_app(settings)) as client:
+        for part in np.array_split(np.arange(n), 3):
+            body = {"vectors": X[part].tolist(), "ids": [ids[i] for i in part]}
+            assert client.post("/samples", json=body).status_code == 202
+        doc = wait_converged(client, n, timeout=60.0)
+        C = np.array(doc["centroids"], dtype=np.float64)
+        found = client.get("/samples/s5").json()
+        assert found["cluster"] == int(np.argmin(((C - X[5]) ** 2).sum(axis=1)))
+        coord = client.app.state.models.default.worker.engine.coordinator
+        held = [ray.get(a.holdings.remote())[0] for a in coord.shards]
+        victim = next(s for s, rows in enumerate(held) if (rows == X[5]).all(axis=1).any())
+        assert client.delete("/samples/s5").status_code == 204
+        answer = client.post("/samples/delete", json={"ids": ["s6", "s7", "nope"]}).json()
+        assert answer == {"deleted": ["s6", "s7"], "not_found": ["nope"]}
+        assert coord.v.sum() == n - 3  # the votes left S and v at once
+        assert sum(client.get("/centroids").json()["counts"]) == n - 3
+        for gone in ("s5", "s6", "s7"):
+            assert_problem(client.get(f"/samples/{gone}"), 404, "unknown-sample")
+        kept = np.delete(np.arange(n), [5, 6, 7])
+        C = np.array(wait_converged(client, n - 3, timeout=60.0)["centroids"])
+        means, _ = nearest_means(C, X[kept], np.ones(kept.shape[0]))
+        np.testing.assert_allclose(C, means, atol=1e-4)
+
+        os.kill(shard_pid(coord.shards[victim]), signal.SIGKILL)
+        assert post_npy(client, more).status_code == 202
+        rows = np.concatenate([X[kept], more])
+        doc = wait_converged(client, rows.shape[0], timeout=60.0)
+        assert coord.n_lost >= 1
+        C = np.array(doc["centroids"])
+        means, sums = nearest_means(C, rows, np.ones(rows.shape[0]))
+        np.testing.assert_allclose(C, means, atol=1e-4)
+        assert doc["counts"] == sums.astype(int).tolist()
+        held = np.concatenate([ray.get(a.holdings.remote())[0] for a in coord.shards])
+        assert held.shape[0] == rows.shape[0]
+        assert not (held[:, None, :] == X[[5, 6, 7]][None]).all(axis=2).any()
+        for gone in ("s5", "s6", "s7"):
+            assert_problem(client.get(f"/samples/{gone}"), 404, "unknown-sample")
+        assert client.get("/samples/s8").status_code == 200
