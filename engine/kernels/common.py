@@ -334,10 +334,10 @@ def projected_estimates(x, C, xx_q, rx_q, pdots_q, cc, norm_c, rc, slack, d, g_h
         dot_hi = dot + rx_q * rc[j] + eta * nx * norm_c[j]
         low[j] = xx_q + cc[j] - 2.0 * dot_hi - rounding * (xx_q + cc[j]) - underflow
         high[j] = cc[j] - 2.0 * dot
+    least = min8(high)  # vectorised; then the first index that holds it
     near = 0
-    for j in range(1, cc.shape[0]):
-        if high[j] < high[near]:
-            near = j
+    while high[near] != least:
+        near += 1
     return sqdist_safe(x, C[near]) * g_hi * UP
 
 
