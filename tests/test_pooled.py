@@ -1,6 +1,6 @@
 """The dense pass chunk by chunk on the BLAS pool (``engine.pooled``): the same labels,
 distances, bounds, norms and sums, bit for bit, as the single-thread kernels fed by
-numpy's product; labels on the brute-force nearest centroid; ``S``/``v`` the sums of
+the same chunks' products; labels on the brute-force nearest centroid; ``S``/``v`` the sums of
 the rows by label; and a fit that takes it gives the centroids of one thread."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from nmbatch.engine import pooled
 from nmbatch.engine.algorithms import base
 from nmbatch.engine.kernels import dense, grouped_dense
 from nmbatch.engine.kernels.parallel import every_parallel_path
-from nmbatch.engine.products import PRODUCT_ROWS
+from nmbatch.engine.products import PRODUCT_ROWS, chunk_product
 from tests.engine_helpers import brute_nearest
 from tests.testkit import blobs
 
@@ -62,9 +62,13 @@ def _copy(state: dict) -> dict:
 
 
 def _reference(X, rows, C, state, group_of, remove) -> int:
-    """The single-thread kernel on numpy's product of the rows."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        dots = np.matmul(X[rows], C.T)
+    """The single-thread kernel on the rows' product by chunks of ``PRODUCT_ROWS`` (the
+    pool's chunks: a float32 product's rows may depend on how many rows one BLAS call
+    was given, so one call over all rows need not give the same numbers)."""
+    dots = np.empty((rows.shape[0], C.shape[0]), dtype=np.float32)
+    Ct = np.ascontiguousarray(C.T)
+    for lo in range(0, rows.shape[0], PRODUCT_ROWS):
+        chunk_product(X, rows[lo : lo + PRODUCT_ROWS], Ct, dots[lo : lo + PRODUCT_ROWS])
     args = {"dots": dots, "cc": (C.astype(np.float64) ** 2).sum(1), "remove": remove, **state}
     if group_of is None:
         return dense.assign_dense(X, rows, C, **args)

@@ -319,6 +319,11 @@ def test_watch_follows_the_events_and_polls_without_them(make_settings: Settings
         wait_until(lambda: server_streams(server) == 1, 10, "watch's stream open")
         started = time.monotonic()
         post(server.base_url, blobs(1500, 2, 3, seed=9, separation=10.0))
+        # One line per batch of events: the header, the first line, a line on the
+        # post's events; a second post's events make the third (the first post's may
+        # all come in one batch).
+        wait_until(lambda: len(out.getvalue().splitlines()) >= 3, 20, "a line on events")
+        post(server.base_url, blobs(1500, 2, 3, seed=10, separation=10.0))
         watcher.join(30)
         assert not watcher.is_alive()
         assert time.monotonic() - started < 25  # lines on events, not after --interval
