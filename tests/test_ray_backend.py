@@ -238,7 +238,7 @@ def test_cosine_rounds_keep_unit_centroids_and_relocate_onto_unit_rows(cluster):
     assert_spherical_fixed_point(coord.centroids, U[ids], labels)
     assert coord.state().energy == pytest.approx(
         float(np.mean(1.0 - np.max(U.astype(np.float64) @ coord.centroids.T, axis=1))),
-        rel=1e-6, abs=1e-9,
+        rel=1e-4,
     )  # fmt: skip
 
 
