@@ -4,11 +4,11 @@
 is unset) and the request handlers' async client. :func:`start_model` starts one model
 (the default one and every named one alike, called by
 :class:`~nmbatch.service.models.ModelManager`), in this order (its exit stack stops them
-in the reverse order): its Redis clients, the start-up
-checks (a ``k``, metric or dimension that contradicts Redis stops here), the worker lease
-and the restored snapshot (published at once, so ``GET /centroids`` answers before the
-log replay ends), the kernels' warm-up
-(:mod:`nmbatch.service.runtime`), the worker thread, and, once the dimension is known,
+in the reverse order): its Redis clients, the start-up checks (a ``k``, metric or
+dimension that contradicts Redis stops here), the worker lease and the restored snapshot
+(published at once, so ``GET /centroids`` answers before the log replay ends), the
+kernels' warm-up (:mod:`nmbatch.service.runtime`), the worker thread, and, once the
+dimension is known,
 the model's capacity (:class:`~nmbatch.service.models.capacity.ModelCapacity`: logged,
 and the embedded Redis's ``maxmemory`` set to match). On exit the worker writes a last
 snapshot and releases the lease. The model's :class:`ModelHandle` reaches its worker
