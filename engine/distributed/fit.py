@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from nmbatch.engine.backend import RayBackend
 from nmbatch.engine.metric import check_metric, metric_rows
+from nmbatch.engine.projection import Subspace
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore
 
@@ -44,7 +45,9 @@ __all__ = [
 class DistributedFit:
     """What a distributed fit leaves: ``centroids`` ``(k, d)`` float32, ``iteration``,
     ``n_samples`` (``N``), the last round's ``stats``, ``round_bytes`` ``[(sent,
-    received)]`` per round and ``n_lost`` (shards replaced after a fault)."""
+    received)]`` per round and ``n_lost`` (shards replaced after a fault); ``subspace``:
+    no projection (the estimator's ``labels_`` take the full product, as a local run's
+    that chose none)."""
 
     centroids: np.ndarray
     iteration: int
@@ -52,6 +55,7 @@ class DistributedFit:
     stats: IterationStats
     round_bytes: list[tuple[int, int]]
     n_lost: int
+    subspace: Subspace = field(default_factory=Subspace)
 
 
 def priorities(n: int, seed: int) -> np.ndarray:
