@@ -376,9 +376,11 @@ class StreamCoordinator(Coordinator):
         """Start again from ``centroids`` ``(k, d)`` float32 over the ``b = min(max(
         batch_size, k), N)`` lowest priorities, counting iterations from ``iteration``;
         as ``NestedMiniBatch.restore``: one exact assignment pass rebuilds the votes and
-        ``sse``, the centroids are left as given (``p = 0``)."""
+        ``sse``, the centroids are left as given (``p = 0``; under ``metric="cosine"``
+        normalised first, which leaves a model's own unit centroids as they are)."""
         k, d = self.n_clusters, self.dim
         C = np.array(centroids, dtype=np.float32, order="C").reshape(k, d)
+        C = metric_rows(C, self.metric, name="centroids")
         self.call_all("reset")  # a shard lost here is replaced unvoted: the same
         self.S[:], self.v[:], self.Q[:], self.sse[:], self.p[:] = 0.0, 0, 0.0, 0.0, 0.0
         for ledger in self.ledgers:
