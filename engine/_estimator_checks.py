@@ -86,12 +86,9 @@ def check_param_combinations(params: dict[str, Any]) -> None:
             "mbatch keeps running averages of every assignment (use mbatch.remove)"
         )
     if ray_backend(params["backend"]) is not None and (
-        algorithm != "nmbatch" or retention != "all" or params["metric"] != "euclidean"
+        algorithm != "nmbatch" or retention != "all"
     ):
-        raise ValueError(
-            "backend='ray' runs algorithm='nmbatch' with retention='all' and "
-            "metric='euclidean' only"
-        )
+        raise ValueError("backend='ray' runs algorithm='nmbatch' with retention='all' only")
 
 
 def _is_sparse(X: object) -> bool:

@@ -4,12 +4,11 @@
 is unset) and the request handlers' async client. :func:`start_model` starts one model
 (the default one and every named one alike, called by
 :class:`~nmbatch.service.models.ModelManager`), in this order (its exit stack stops them
-in the reverse order): the engine check (a cosine model on the Ray engine stops here,
-:func:`~nmbatch.service.worker.engines.engine_refusal`), its Redis clients, the start-up
-checks (a ``k``, metric or dimension that contradicts Redis stops here), the worker lease
-and the restored snapshot (published at once, so ``GET /centroids`` answers before the
-log replay ends), the kernels' warm-up
-(:mod:`nmbatch.service.runtime`), the worker thread, and, once the dimension is known,
+in the reverse order): its Redis clients, the start-up checks (a ``k``, metric or
+dimension that contradicts Redis stops here), the worker lease and the restored snapshot
+(published at once, so ``GET /centroids`` answers before the log replay ends), the
+kernels' warm-up (:mod:`nmbatch.service.runtime`), the worker thread, and, once the
+dimension is known,
 the model's capacity (:class:`~nmbatch.service.models.capacity.ModelCapacity`: logged,
 and the embedded Redis's ``maxmemory`` set to match). On exit the worker writes a last
 snapshot and releases the lease. The model's :class:`ModelHandle` reaches its worker
@@ -56,7 +55,6 @@ from nmbatch.service.storage import (
 )
 from nmbatch.service.usecases.serving import ModelHandle
 from nmbatch.service.worker import Worker
-from nmbatch.service.worker.engines import engine_refusal
 from nmbatch.service.worker.retention import retention_size
 
 __all__ = [
@@ -141,10 +139,6 @@ async def start_model(
     the kernels first (once per process). ``capacity_setting``: what a ``507`` tells
     the client to raise.
     """
-    refusal = engine_refusal(settings)  # before anything starts or is written
-    if refusal is not None:
-        log.error("start-up refused: %s", refusal)
-        raise StartupError(refusal)
     # The worker's operations are idempotent (reads, a snapshot write refusing an equal
     # version, a max() reservation, compare-and-set lease scripts): one immediate retry
     # on a broken connection (a socket Redis closed when it restarted) is safe.

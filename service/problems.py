@@ -171,9 +171,6 @@ DOMAIN_PROBLEMS: dict[type[errors.DomainError], DomainProblem] = {
     errors.ModelCannotStartError: DomainProblem(
         409, "model-conflict", "Model conflict", ("model",)
     ),
-    errors.UnsupportedMetricError: DomainProblem(
-        422, "unsupported-metric", "Unsupported metric", ("model", "metric", "setting")
-    ),
     errors.TooManyModelsError: DomainProblem(
         409, "too-many-models", "Too many models", ("setting", "max_models")
     ),

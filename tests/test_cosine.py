@@ -458,8 +458,6 @@ def test_the_estimators_metric_is_checked_and_kept():
     X = _directions(300)
     with pytest.raises(InvalidParameterError, match="metric"):
         NestedMiniBatchKMeans(3, metric="manhattan").fit(X)
-    with pytest.raises(ValueError, match="metric='euclidean' only"):
-        NestedMiniBatchKMeans(3, metric="cosine", backend="ray").fit(X)
     est = NestedMiniBatchKMeans(3, metric="cosine", random_state=0).partial_fit(X)
     est.set_params(metric="euclidean")
     with pytest.raises(ValueError, match="metric"):

@@ -13,6 +13,11 @@ one CPU each, 80 MiB object stores, no dashboard). The checks:
   from the same start, and the centroids agree to float64 rounding of the sums (here:
   exactly); with sample weights too (``fit(X, sample_weight=w)``: the shards vote the
   weights);
+- ``metric="cosine"`` (spherical k-means): the same fit as the single-machine engine's
+  (same priorities and seeds, unit rows, ``c(j) = S(j)/||S(j)||``, the doubling test on
+  the direction), a fixed point whose centroids are unit vectors, each the normalised sum
+  of its members; per round the coordinator's centroids are its normalised sums, an
+  empty cluster is relocated onto a unit row; a zero row is refused before Ray is used;
 - the bytes per round at k = 100, d = 128: O(P k d), the same at every ``b``;
 - a shard actor killed (``ray.kill``) and the worker node removed mid-run: the run goes
   on, the final energy is within 0.1% of an undisturbed run's, every sample in exactly
@@ -33,6 +38,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from nmbatch.engine import NestedMiniBatchKMeans, RayBackend, nearest  # noqa: E402
 from nmbatch.engine.distributed.coordinator import Coordinator  # noqa: E402
 from nmbatch.engine.distributed.fit import partition, priorities  # noqa: E402
+from nmbatch.engine.metric import unit_rows  # noqa: E402
 from tests.engine_helpers import assert_sums_are_means, brute_nearest  # noqa: E402
 
 STORE = 80 * 2**20
@@ -165,6 +171,75 @@ def test_estimator_contract_with_the_ray_backend(cluster):
         ).fit(X)
     with pytest.raises(ValueError, match="n_shards"):
         RayBackend(n_shards=0)
+
+
+def directions(n: int, k: int, d: int, seed: int) -> np.ndarray:
+    """``(n, d)`` float32: samples around ``k`` directions of the positive orthant, their
+    lengths spread over four orders of magnitude (spherical k-means sees directions)."""
+    rng = np.random.default_rng(seed)
+    axes = unit_rows(np.abs(rng.normal(size=(k, d))).astype(np.float32)).astype(np.float64)
+    X = axes[rng.integers(k, size=n)] + 0.1 * rng.normal(size=(n, d))
+    return (X * 10.0 ** rng.uniform(-2, 2, size=(n, 1))).astype(np.float32)
+
+
+def assert_spherical_fixed_point(C: np.ndarray, U: np.ndarray, labels: np.ndarray) -> None:
+    """``C`` ``(k, d)`` float32 unit vectors, each the normalised sum of the unit rows
+    ``U`` labelled with it, every row on its most similar centroid."""
+    C64 = C.astype(np.float64)
+    assert np.all(np.abs((C64 * C64).sum(axis=1) - 1.0) <= 2.0**-21)
+    for j in range(C.shape[0]):
+        total = U[labels == j].astype(np.float64).sum(axis=0)
+        np.testing.assert_allclose(C64[j], total / np.linalg.norm(total), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(labels, np.argmax(U.astype(np.float64) @ C64.T, axis=1))
+
+
+def test_a_cosine_fit_reaches_the_single_machine_fixed_point(cluster):
+    X = directions(2400, k=6, d=5, seed=9)
+    params = {"n_clusters": 6, "batch_size": 60, "random_state": 4, "metric": "cosine"}
+    local = NestedMiniBatchKMeans(**params).fit(X)
+    dist = NestedMiniBatchKMeans(**params, backend=RayBackend(n_shards=3)).fit(X)
+    np.testing.assert_allclose(dist.cluster_centers_, local.cluster_centers_, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(dist.labels_, local.labels_)
+    assert (dist.n_iter_, dist.batch_size_) == (local.n_iter_, local.batch_size_)
+    assert dist.inertia_ == pytest.approx(local.inertia_, rel=1e-6)
+    assert_spherical_fixed_point(dist.cluster_centers_, unit_rows(X), dist.labels_)
+    zero = X[:50].copy()
+    zero[7] = 0.0
+    with pytest.raises(ValueError, match="row 7 is a zero vector"):
+        NestedMiniBatchKMeans(3, metric="cosine", backend=RayBackend(n_shards=2)).fit(zero)
+
+
+def test_cosine_rounds_keep_unit_centroids_and_relocate_onto_unit_rows(cluster):
+    U = unit_rows(directions(1500, k=5, d=4, seed=2))
+    k = 5
+    init = U[:k].copy()
+    init[2] = -3.0  # normalised to -(1, 1, 1, 1)/2: opposite every row, empty, relocated
+    coord = coordinator(U, k, n_shards=2, init=init, batch_size=40, metric="cosine")
+    relocated = 0
+    for _ in range(60):
+        C_before = coord.centroids.copy() if coord.initialized else unit_rows(init)
+        stats = coord.step()
+        ids, labels = shard_rows(coord)
+        voted = labels >= 0
+        assert int(voted.sum()) == coord.batch_size == int(coord.v.sum())
+        assert_sums_are_means(coord.S, coord.v, U[ids], labels)
+        S = coord.S[coord.v > 0]
+        np.testing.assert_allclose(coord.centroids[coord.v > 0],
+                                   S / np.linalg.norm(S, axis=1, keepdims=True),
+                                   rtol=0, atol=1e-7)  # fmt: skip
+        moved = np.isin(ids[voted], coord.relocated_ids)
+        exact, _ = brute_nearest(U[ids[voted]], C_before)
+        np.testing.assert_array_equal(labels[voted][~moved], exact[~moved])
+        relocated += stats.n_relocated
+        if stats.converged:
+            break
+    coord.close()
+    assert stats.converged and relocated >= 1 and stats.batch_size == U.shape[0]
+    assert_spherical_fixed_point(coord.centroids, U[ids], labels)
+    assert coord.state().energy == pytest.approx(
+        float(np.mean(1.0 - np.max(U.astype(np.float64) @ coord.centroids.T, axis=1))),
+        rel=1e-4,
+    )  # fmt: skip
 
 
 def test_bytes_per_round_at_k100_d128_do_not_grow_with_b(cluster):

@@ -6,7 +6,9 @@ process (pickled into each shard actor, as the service's :class:`RedisRows` is; 
 Redis one is tested in ``tests/service/test_shard_entries.py``). Tested: the same run
 as one fed arrays, bit for bit; the coordinator's records hold no rows; a replacement
 shard reads its partition from the source; records compacted by reference; a rebase
-points the records at moved rows (and a wrong one changes nothing).
+points the records at moved rows (and a wrong one changes nothing). Under
+``metric="cosine"`` the shard normalises the rows it reads: the run of arrays normalised
+by the driver, bit for bit.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from nmbatch.engine.metric import unit_rows
 from nmbatch.engine.rows import SourceRows
 
 ray = pytest.importorskip("ray")
@@ -70,6 +73,27 @@ def test_rows_by_reference_give_the_run_of_rows_by_value(local_ray) -> None:
         check(named, X, kept)
         for chunks in named.chunks:  # the records name rows, they hold none
             assert chunks and all(isinstance(rows, SourceRows) for rows, *_ in chunks)
+    finally:
+        named.close()
+        valued.close()
+
+
+def test_cosine_rows_by_reference_are_normalised_by_the_shard_that_reads_them(local_ray) -> None:
+    X = blobs(600, seed=2)
+    X *= np.random.default_rng(2).uniform(0.01, 100.0, (X.shape[0], 1)).astype(np.float32)
+    source, fed = by_reference(X, 100)  # the source holds the rows as sent, not unit
+    kw = {"seed": 8, "batch_size": 40, "metric": "cosine"}
+    named = StreamCoordinator(2, 4, X.shape[1], source=source, **kw)
+    valued = StreamCoordinator(2, 4, X.shape[1], **kw)
+    try:
+        for rows, ids in fed:
+            named.append(rows, ids)
+            valued.append(X[ids], ids)
+            for coord in (named, valued):
+                coord.step()
+            np.testing.assert_array_equal(named.centroids, valued.centroids)
+            np.testing.assert_array_equal(named.S, valued.S)
+        np.testing.assert_array_equal(named.rows_of(np.arange(X.shape[0])), unit_rows(X))
     finally:
         named.close()
         valued.close()

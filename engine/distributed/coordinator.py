@@ -16,6 +16,10 @@ over ``P`` shard actors (:mod:`.shard`):
    same farthest-point rule, each shard proposing its farthest row, one round trip per
    empty cluster).
 
+``metric="cosine"`` is the local engine's spherical k-means (docs/design.md): unit rows
+on the shards (:mod:`.shard`), ``c(j) = S(j)/||S(j)||`` by the same kernel, the doubling
+test on the direction (``_unit``), the energy ``1 - cos``.
+
 Traffic per round: ``P`` copies of ``C`` and ``p`` in (``4kd + 8k`` bytes each) and ``P``
 deltas out, each naming only the clusters the shard changed (at most ``8kd + 24k``
 bytes, :data:`~.shard.Votes`): O(P k d), whatever ``b`` (``round_bytes``).
@@ -55,6 +59,7 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from nmbatch.engine._validation import as_float32_matrix
 from nmbatch.engine.algorithms.base import KMeansAlgorithm
 from nmbatch.engine.algorithms.growth import (
     B0_PER_CLUSTER,
@@ -63,6 +68,7 @@ from nmbatch.engine.algorithms.growth import (
     first_batch_size,
 )
 from nmbatch.engine.kernels import centroid_update
+from nmbatch.engine.metric import check_metric, metric_rows
 from nmbatch.engine.rows import RowSource
 from nmbatch.engine.seeding import initial_centroids
 from nmbatch.engine.state import IterationStats, ModelState
@@ -110,7 +116,8 @@ class Coordinator:
     dim : int
         ``d``.
     init : "first", "k-means++" or (k, d) float32
-        As ``NestedMiniBatch``: from the rows of the first batch, in priority order.
+        As ``NestedMiniBatch``: from the rows of the first batch, in priority order (given
+        centroids are normalised under ``metric="cosine"``).
     rho, batch_size, relocate_empty, bound_mode :
         As the single-machine ``NestedMiniBatch``.
     random_state : int or None
@@ -121,11 +128,12 @@ class Coordinator:
     source : RowSource or None
         Given to every shard actor: where it reads rows appended by reference
         (:mod:`nmbatch.engine.rows`, :meth:`~.stream.StreamCoordinator.append`).
+    metric : {"euclidean", "cosine"}
+        ``"cosine"``: spherical k-means; the partitions' rows must be unit rows already
+        (:func:`~.fit.fit_distributed` gives them so).
     """
 
     name = "nmbatch"
-    # KMeansAlgorithm._doubling_test reads it: the Ray backend runs metric="euclidean" only.
-    _unit = False
 
     def __init__(
         self,
@@ -141,7 +149,13 @@ class Coordinator:
         random_state: int | None = None,
         n_threads: int | None = None,
         source: RowSource | None = None,
+        metric: str = "euclidean",
     ) -> None:
+        self.metric = check_metric(metric)
+        self._unit = self.metric == "cosine"  # unit centroids; _doubling_test reads it
+        if not isinstance(init, str):
+            init = metric_rows(as_float32_matrix(init, dim=int(dim), name="init"),
+                               self.metric, name="init")  # fmt: skip
         self.partitions = list(partitions)
         self.source = source
         self.n_threads = n_threads
@@ -183,8 +197,8 @@ class Coordinator:
         name = f"nmbatch-shard-{self.run_id}-{s}-{self.generation[s]}"
         return ShardActor.options(**shard_options(s, name)).remote(
             rows, ids, priority, self.n_clusters, self.bound_mode, self.n_threads, self.source,
-            weights[0] if weights else None,
-        )
+            weights[0] if weights else None, self.metric,
+        )  # fmt: skip
 
     def shard_name(self, s: int) -> str:
         """The Ray actor name of shard ``s`` now."""
@@ -368,7 +382,8 @@ class Coordinator:
         self.round_shard_seconds.append(shard_seconds)
         self.batch_size = b
         C_prev = self.centroids
-        self.centroids, self.p = centroid_update(self.S, self.v, self.Q, C_prev, sse_out=self.sse)
+        self.centroids, self.p = centroid_update(self.S, self.v, self.Q, C_prev, sse_out=self.sse,
+                                                 unit=self._unit)  # fmt: skip
         empty = np.flatnonzero(self.v == 0)  # _relocate fills them in this order
         self.n_relocated = self._relocate(C_prev) if self.relocate_empty else 0
         n_changed += self.n_relocated
@@ -400,9 +415,13 @@ class Coordinator:
     # -- reporting --------------------------------------------------------------------------
     def energy_estimate(self) -> float:
         """Mean ``d(i)^2`` over the voted prefix samples (``sse.sum() / v.sum()``, ``v``
-        the weight of the samples held: their number, unweighted)."""
+        the weight of the samples held: their number, unweighted); under
+        ``metric="cosine"`` the mean cosine dissimilarity ``1 - cos = d(i)^2 / 2``
+        (``KMeansAlgorithm.energy_estimate``)."""
         b = float(self.v.sum())
-        return float(max(self.sse.sum(), 0.0) / b) if b > 0 else float("nan")
+        if b <= 0:
+            return float("nan")
+        return float(max(self.sse.sum(), 0.0) / b) / (2.0 if self._unit else 1.0)
 
     def state(self, stats: IterationStats | None = None) -> ModelState:
         """The model as it stands, as one record."""

@@ -7,7 +7,9 @@ prefix the local backend would use with the same ``random_state``. Rows reach th
 ``P`` shards round robin (sample ``i`` to shard ``i mod P``: independent of the
 values), each partition goes to the object store once (``ray.put``; the copy a
 replacement shard is built from after a fault), and a :class:`~.coordinator.Coordinator`
-runs the rounds until convergence, ``max_iter`` or the callback's ``True``.
+runs the rounds until convergence, ``max_iter`` or the callback's ``True``. Under
+``metric="cosine"`` the rows are normalised before they are partitioned (the
+estimator's are unit rows already: kept bit for bit), so the shards hold unit rows.
 
 With no address and no Ray running, a local Ray is started for the fit and stopped
 after; with Ray already initialised in the process, that cluster is used and left
@@ -18,12 +20,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from nmbatch.engine.backend import RayBackend
+from nmbatch.engine.metric import check_metric, metric_rows
+from nmbatch.engine.projection import Subspace
 from nmbatch.engine.state import IterationStats, ModelState
 from nmbatch.engine.store import NestedBatchStore
 
@@ -41,7 +45,9 @@ __all__ = [
 class DistributedFit:
     """What a distributed fit leaves: ``centroids`` ``(k, d)`` float32, ``iteration``,
     ``n_samples`` (``N``), the last round's ``stats``, ``round_bytes`` ``[(sent,
-    received)]`` per round and ``n_lost`` (shards replaced after a fault)."""
+    received)]`` per round and ``n_lost`` (shards replaced after a fault); ``subspace``:
+    no projection (the estimator's ``labels_`` take the full product, as a local run's
+    that chose none)."""
 
     centroids: np.ndarray
     iteration: int
@@ -49,6 +55,7 @@ class DistributedFit:
     stats: IterationStats
     round_bytes: list[tuple[int, int]]
     n_lost: int
+    subspace: Subspace = field(default_factory=Subspace)
 
 
 def priorities(n: int, seed: int) -> np.ndarray:
@@ -104,18 +111,22 @@ def fit_distributed(
     callback: Callable[[IterationStats, ModelState], bool | None] | None = None,
     n_threads: int | None = None,
     weights: np.ndarray | None = None,
+    metric: str = "euclidean",
 ) -> DistributedFit:
     """Cluster ``X`` (``(n, d)`` float32, C-contiguous) on ``n_shards`` shard actors.
 
     The parameters are the estimator's (checked by it); ``store_seed`` fixes the
     priorities (the local backend's shuffle), ``algo_seed`` k-means++; ``n_threads``:
     threads of each shard's kernels (None: all of its node's cores); ``weights``:
-    ``(n,)`` float64 sample weights (None: 1), a row's vote on its shard.
+    ``(n,)`` float64 sample weights (None: 1), a row's vote on its shard; ``metric``:
+    ``"euclidean"`` or ``"cosine"`` (the rows normalised first; a zero row:
+    ``ValueError`` naming it, before Ray is joined).
     """
     import ray
 
     from nmbatch.engine.distributed.coordinator import Coordinator
 
+    X = metric_rows(X, check_metric(metric))
     n = X.shape[0]
     pi = priorities(n, store_seed)
     with ray_session(ray_address):
@@ -124,7 +135,7 @@ def fit_distributed(
         coord = Coordinator(
             parts, n_clusters, X.shape[1], init=init, rho=rho, batch_size=batch_size,
             relocate_empty=relocate_empty, bound_mode=bounds, random_state=algo_seed,
-            n_threads=n_threads,
+            n_threads=n_threads, metric=metric,
         )  # fmt: skip
         try:
             for _ in range(int(max_iter)):
@@ -162,7 +173,7 @@ def fit_estimator(
         relocate_empty=bool(est.relocate_empty), max_iter=int(est.max_iter),
         n_shards=int(backend.n_shards), ray_address=backend.address,
         store_seed=store_seed, algo_seed=algo_seed, callback=est.callback,
-        n_threads=est.n_threads, weights=weights,
+        n_threads=est.n_threads, weights=weights, metric=est.metric,
     )  # fmt: skip
     est.__dict__.pop("_store", None)
     est.__dict__.pop("_algorithm", None)

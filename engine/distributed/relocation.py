@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import ray
 
+from nmbatch.engine.kernels.update import centroid_of
+
 __all__ = ["relocate_on_shards"]
 
 _SAFETY = 1.0 + 1e-9  # p rounded up, as the centroid update rounds it
@@ -22,7 +24,10 @@ def relocate_on_shards(coord: Any, C_prev: np.ndarray) -> int:
     :func:`~nmbatch.engine.algorithms.relocation.relocate_empty` with farthest-point
     order (ties: lowest priority); each shard proposes its farthest row. A sample's
     whole vote moves (``w x``, ``w``, ``w ||x||^2``; unweighted ``w = 1``), in the
-    shard's ledger, its copy and the sums. Returns how many clusters got a sample."""
+    shard's ledger, its copy and the sums; a changed cluster's centroid comes from its
+    sums by :func:`~nmbatch.engine.kernels.update.centroid_of` (its mean, or under
+    ``metric="cosine"`` its sum's direction: the relocated sample itself, a unit row).
+    Returns how many clusters got a sample."""
     coord.relocated_ids = []
     empty = np.flatnonzero(coord.v == 0)
     if not empty.shape[0] or not coord.batch_size:
@@ -54,8 +59,7 @@ def relocate_on_shards(coord: Any, C_prev: np.ndarray) -> int:
         moved += 1
         best = coord.call_all("relocation_next", x, coord.v)
     for c in sorted(changed):
-        if coord.v[c] > 0:
-            coord.centroids[c] = (coord.S[c] / coord.v[c]).astype(np.float32)
+        centroid_of(coord.S, coord.v, c, coord._unit, coord.centroids[c])  # v(c) = 0: kept
         step = coord.centroids[c].astype(np.float64) - C_prev[c].astype(np.float64)
         coord.p[c] = float(np.sqrt(step @ step)) * _SAFETY
         old = C_prev[c].astype(np.float64)

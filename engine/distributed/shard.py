@@ -31,6 +31,10 @@ reference (:meth:`ShardState.append_ref`, :mod:`nmbatch.engine.rows`): the shard
 source, all those queued in one call, at the next merge. :meth:`ShardState.respread`
 maps the priorities down when the coordinator asks (see :mod:`.stream`).
 
+Under ``metric="cosine"`` a shard holds unit rows: arrays come normalised by the driver
+(which refuses a zero row before sending anything), rows by reference are normalised as
+they are read (:meth:`_read`); the step is the Euclidean one on unit rows.
+
 This module does not import Ray: the coordinator wraps :class:`ShardState` in an actor.
 """
 
@@ -42,6 +46,7 @@ import numpy as np
 
 from nmbatch.engine.kernels.exact import closer_to, own_sqdist
 from nmbatch.engine.kernels.retire import remove_votes
+from nmbatch.engine.metric import check_metric, metric_rows
 from nmbatch.engine.rows import RowSource, SourceRows
 from nmbatch.engine.threads import kernel_threads
 from nmbatch.engine.warmup import warm_up
@@ -94,6 +99,8 @@ class ShardState:
         Where :meth:`append_ref` reads the rows it is given by reference.
     weights : (n_s,) float64 or None
         The rows' sample weights (each ``>= 0``; None: 1).
+    metric : {"euclidean", "cosine"}
+        ``"cosine"``: unit rows (``rows``, :meth:`append`'s as given; the module's).
     """
 
     def __init__(
@@ -106,7 +113,9 @@ class ShardState:
         n_threads: int | None = None,
         source: RowSource | None = None,
         weights: np.ndarray | None = None,
+        metric: str = "euclidean",
     ) -> None:
+        self.metric = check_metric(metric)
         order = np.argsort(np.asarray(priority, dtype=np.int64), kind="stable")
         # Copies: arrays from Ray's object store are read-only, and the kernels are
         # compiled (and cached) for writable arrays.
@@ -127,8 +136,9 @@ class ShardState:
         """Fresh per-row state over ``data`` (rows in priority order) weighing ``weights``
         (``(n_s,)`` float64, or :data:`~.shard_rows.NO_WEIGHTS`): no row voted, the
         ledger zero."""
-        store = RowsInPriorityOrder(data, weights)
-        self._algo = ShardNested(store, self.n_clusters, init="first", bound_mode=self.bound_mode)
+        store = RowsInPriorityOrder(data, weights, self.metric)
+        self._algo = ShardNested(store, self.n_clusters, init="first", bound_mode=self.bound_mode,
+                                 metric=self.metric)  # fmt: skip
         k, d = self.n_clusters, data.shape[1]
         self.S_s = np.zeros((k, d), dtype=np.float64)
         self.v_s = np.zeros(k, dtype=np.float64 if store.weighted else np.int64)
@@ -171,7 +181,9 @@ class ShardState:
 
     def _read(self) -> None:
         """Read the rows given by reference into the queue, in one call of the source (if
-        it raises, nothing is taken from the references: the next merge reads again)."""
+        it raises, nothing is taken from the references: the next merge reads again);
+        under ``metric="cosine"`` as unit rows (a zero row: ``ValueError``, naming the
+        reference and the row)."""
         if not self._unread:
             return
         assert self.source is not None
@@ -181,7 +193,8 @@ class ShardState:
             X = np.asarray(X, dtype=np.float32)
             if X.ndim != 2 or X.shape[1] != rows.dim or rows.offsets.max(initial=-1) >= X.shape[0]:
                 raise ValueError(f"{rows.ref!r} holds {X.shape}, not rows {rows.shape} of it")
-            read.append((X[rows.offsets], ids, priority, w, stride))
+            read.append((metric_rows(X[rows.offsets], self.metric, name=repr(rows.ref)),
+                         ids, priority, w, stride))  # fmt: skip
         self._queue.extend(read)
         self._unread = []
 
@@ -213,7 +226,7 @@ class ShardState:
     def _restore_store(self, data: np.ndarray, weights: np.ndarray, batch_size: int) -> None:
         """The shard's rows are now ``data`` weighing ``weights`` (the voted ones first);
         a shard that becomes weighted turns its ledger's ``v_s`` into float64."""
-        store = RowsInPriorityOrder(data, weights)
+        store = RowsInPriorityOrder(data, weights, self.metric)
         store.batch_size = batch_size
         self._algo.store = store
         if store.weighted and self.v_s.dtype != np.float64:

@@ -63,11 +63,14 @@ class RowsInPriorityOrder:
     ``freeze``, ``batch_size``, ``nbytes``, ``metric``, ``weighted``,
     ``weights_buffer``), over rows ``data`` ``(n_s, d)`` float32 already in priority
     order, with ``weights`` ``(n_s,)`` float64 (:data:`NO_WEIGHTS`: unweighted, every
-    weight 1): the prefix ``[0, b)`` is what ``tau`` selects, and nothing is shuffled."""
+    weight 1): the prefix ``[0, b)`` is what ``tau`` selects, and nothing is shuffled.
+    ``metric``: the model's; under ``"cosine"`` ``data`` holds unit rows (the shard
+    normalises what it reads, :mod:`.shard`)."""
 
-    metric = "euclidean"  # the Ray backend runs the Euclidean metric only
-
-    def __init__(self, data: np.ndarray, weights: np.ndarray = NO_WEIGHTS) -> None:
+    def __init__(
+        self, data: np.ndarray, weights: np.ndarray = NO_WEIGHTS, metric: str = "euclidean"
+    ) -> None:
+        self.metric = metric
         self.data = data
         self.weights_buffer = weights
         self.dim = int(data.shape[1])

@@ -64,6 +64,7 @@ import ray
 
 from nmbatch.engine.algorithms.base import move_changed_centroids
 from nmbatch.engine.kernels import centroid_update
+from nmbatch.engine.metric import metric_rows
 from nmbatch.engine.rows import SourceRows
 from nmbatch.engine.state import IterationStats
 
@@ -99,8 +100,9 @@ class StreamCoordinator(Coordinator):
     seed : int or None
         Seeds the priorities and k-means++ (two independent streams).
     **kwargs :
-        ``init``, ``rho``, ``batch_size``, ``relocate_empty``, ``bound_mode``, as the
-        :class:`~.coordinator.Coordinator`.
+        ``init``, ``rho``, ``batch_size``, ``relocate_empty``, ``bound_mode``,
+        ``source``, ``metric``, as the :class:`~.coordinator.Coordinator` (under
+        ``metric="cosine"`` :meth:`append` normalises the arrays it is given).
     """
 
     def __init__(
@@ -157,12 +159,18 @@ class StreamCoordinator(Coordinator):
         :class:`~nmbatch.engine.rows.SourceRows` naming them (read by the shard from the
         ``source``), with stream ``ids`` ``(m,)`` int64 and sample ``weights`` ``(m,)``
         float64 (None: 1; a vote is its weight, on the shard as on one machine), to the
-        next shard in turn (not waiting for it); returns ``N``."""
+        next shard in turn (not waiting for it); returns ``N``. Under ``metric="cosine"``
+        an array's rows are normalised here, before they are put in the object store (a
+        zero row: :class:`~nmbatch.engine.metric.ZeroRowError`, a ``ValueError`` naming
+        it, and nothing is appended); rows by reference are normalised by the shard that
+        reads them."""
         if not isinstance(X, SourceRows):
             X = np.ascontiguousarray(X, dtype=np.float32)
         m = X.shape[0]
         if len(X.shape) != 2 or X.shape[1] != self.dim or np.shape(ids) != (m,):
             raise ValueError(f"rows of shape {X.shape} with {np.shape(ids)} ids for dim {self.dim}")
+        if not isinstance(X, SourceRows):
+            X = metric_rows(X, self.metric)
         if isinstance(X, SourceRows) and self.source is None:
             raise ValueError("rows by reference need a source")
         if not m:
@@ -368,9 +376,11 @@ class StreamCoordinator(Coordinator):
         """Start again from ``centroids`` ``(k, d)`` float32 over the ``b = min(max(
         batch_size, k), N)`` lowest priorities, counting iterations from ``iteration``;
         as ``NestedMiniBatch.restore``: one exact assignment pass rebuilds the votes and
-        ``sse``, the centroids are left as given (``p = 0``)."""
+        ``sse``, the centroids are left as given (``p = 0``; under ``metric="cosine"``
+        normalised first, which leaves a model's own unit centroids as they are)."""
         k, d = self.n_clusters, self.dim
         C = np.array(centroids, dtype=np.float32, order="C").reshape(k, d)
+        C = metric_rows(C, self.metric, name="centroids")
         self.call_all("reset")  # a shard lost here is replaced unvoted: the same
         self.S[:], self.v[:], self.Q[:], self.sse[:], self.p[:] = 0.0, 0, 0.0, 0.0, 0.0
         for ledger in self.ledgers:

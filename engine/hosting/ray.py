@@ -19,7 +19,13 @@ gives (``store``, ``state``, ``ready``, ``feed`` with sample weights, ``rows_of`
   rows from the log itself);
 - ``step`` is one distributed round, ``restore`` rebuilds the votes from the centroids
   of the last snapshot after a replay; the :class:`ModelState` they return is published
-  by the worker as a local engine's (same ``/centroids``, ``/assign``, ``/stats``).
+  by the worker as a local engine's (same ``/centroids``, ``/assign``, ``/stats``);
+- ``metric="cosine"`` runs spherical k-means as the local engine does: rows become unit
+  rows as they enter the cluster (fed arrays normalised by
+  :meth:`~nmbatch.engine.distributed.stream.StreamCoordinator.append` before they are
+  sent, a zero row refused there; rows by reference by the shard that reads them), the
+  coordinator keeps unit centroids ``S(j)/||S(j)||``
+  (:mod:`nmbatch.engine.distributed.coordinator`).
 
 Ray is joined when the engine is built (``ray.init(address)``, unless the process is
 connected already) and left when it is closed, so a worker that rebuilds its engine
@@ -57,7 +63,8 @@ class _CoordinatorStore:
 
     def append(self, X: np.ndarray) -> int:
         """Append ``X`` ``(m, d)`` float32 under the next stream ids (above every id
-        appended so far); returns ``N``."""
+        appended so far; unit rows under ``metric="cosine"``, a zero row refused);
+        returns ``N``."""
         n = self._engine.coordinator.next_id
         return self._engine.coordinator.append(X, np.arange(n, n + np.shape(X)[0]))
 
@@ -68,7 +75,8 @@ class RayEngine:
     Parameters
     ----------
     config : EngineConfig
-        ``dim``, ``k``, ``init``, ``rho``, ``batch_size`` and ``seed`` are used.
+        ``dim``, ``k``, ``init``, ``rho``, ``batch_size``, ``seed`` and ``metric`` are
+        used.
     address : str
         A Ray address, as ``ray.init`` takes it (the head's ``"host:port"``, ``"auto"``).
     n_shards : int
@@ -81,8 +89,6 @@ class RayEngine:
     def __init__(
         self, config: EngineConfig, address: str, n_shards: int, source: RowSource | None = None
     ) -> None:
-        if config.metric != "euclidean":
-            raise ValueError("the Ray backend runs metric='euclidean' only")
         import ray
 
         from nmbatch.engine.distributed.stream import StreamCoordinator
@@ -94,6 +100,7 @@ class RayEngine:
             self.coordinator = StreamCoordinator(
                 n_shards, config.k, config.dim, seed=config.seed, init=config.init,
                 rho=config.rho, batch_size=config.batch_size, source=source,
+                metric=config.metric,
             )  # fmt: skip
         except BaseException:
             self._leave()

@@ -60,10 +60,8 @@ from nmbatch.service.usecases.errors import (
     ModelCannotStartError,
     ModelTooLargeError,
     UnknownModelError,
-    UnsupportedMetricError,
 )
 from nmbatch.service.usecases.serving import ModelHandle
-from nmbatch.service.worker.engines import engine_refusal
 
 __all__ = ["SYNC_SECONDS", "ModelManager", "RunningModel", "StartModel", "StartupError"]
 
@@ -241,13 +239,11 @@ class ModelManager:
     async def start_named(self, name: str, spec: ModelSpec) -> RunningModel:
         """Start named model ``name`` (call with the lock held) unless it runs; returns it.
 
-        Raises :class:`StartupError`, :class:`UnsupportedMetricError`
-        (:meth:`check_engine`) or :class:`ModelTooLargeError` (:meth:`capacity`).
+        Raises :class:`StartupError` or :class:`ModelTooLargeError` (:meth:`capacity`).
         """
         current = self.running.get(name)
         if current is not None:
             return current
-        self.check_engine(name, spec)
         settings = settings_for(self.settings, name, spec, self.capacity(name, spec))
         running = await self._launch(
             settings, spec.model_dump(), self.metrics.for_model(name), self.budget
@@ -389,15 +385,6 @@ class ModelManager:
             running, self.running = self.running, {}
         for model in reversed(running.values()):
             await model.stack.aclose()
-
-    def check_engine(self, name: str, spec: ModelSpec) -> None:
-        """Raises :class:`UnsupportedMetricError` if this service's engine cannot run named
-        model ``name`` of ``spec`` (:func:`~nmbatch.service.worker.engines.engine_refusal`:
-        a cosine model on the Ray engine)."""
-        settings = settings_for(self.settings, name, spec, spec.max_samples or spec.k)
-        refusal = engine_refusal(settings)
-        if refusal is not None:
-            raise UnsupportedMetricError(name, spec.metric, refusal)
 
     def capacity(self, name: str, spec: ModelSpec) -> int:
         """The ``max_samples`` named model ``name`` runs with, checked against its budget.

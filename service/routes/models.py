@@ -142,10 +142,7 @@ TOO_LARGE = (
     "Invalid settings, `dimension-too-large` (above NMBATCH_MAX_DIM), or "
     "`urn:nmbatch:problem:model-too-large`: its samples and centroids would not fit the "
     "memory one model may take (NMBATCH_MODEL_MAX_BYTES); members `setting`, "
-    "`required_bytes`, `limit_bytes`, `max_samples_fitting`; or "
-    "`urn:nmbatch:problem:unsupported-metric`: `metric` cosine on a service whose engine "
-    "is the Ray cluster (NMBATCH_RAY_ADDRESS), which runs euclidean only; members `model`, "
-    "`metric`, `setting`."
+    "`required_bytes`, `limit_bytes`, `max_samples_fitting`."
 )
 
 

@@ -137,7 +137,6 @@ async def create_model(
     Redis holds data under the name that no registered model owns),
     :class:`ModelCannotStartError` (it cannot start here), :class:`TooManyModelsError`,
     :class:`ModelTooLargeError`, :class:`DimensionTooLargeError`,
-    :class:`UnsupportedMetricError` (a cosine model on the Ray engine),
     :class:`InvalidInitError` (centroids missing, or not usable).
     """
     settings = models.settings
@@ -154,7 +153,6 @@ async def create_model(
         return False, await describe_model(models, name)
     if spec.dim > settings.max_dim:
         raise DimensionTooLargeError(spec.dim, settings.max_dim)
-    models.check_engine(name, spec)  # UnsupportedMetricError before anything is written
     models.capacity(name, spec)  # ModelTooLargeError before anything is written
     async with models.lock:
         status, value = await models.registry.create(name, spec, settings.max_models, seed)

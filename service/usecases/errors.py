@@ -42,7 +42,6 @@ __all__ = [
     "TooManyModelsError",
     "UnknownModelError",
     "UnknownSampleError",
-    "UnsupportedMetricError",
     "VersionNotKeptError",
     "WrongDimensionError",
     "ZeroVectorError",
@@ -249,18 +248,6 @@ class ModelCannotStartError(DomainError):
     def __init__(self, model: str, detail: str) -> None:
         super().__init__(detail)
         self.model = model
-
-
-class UnsupportedMetricError(DomainError):
-    """Model ``model``'s ``metric`` cannot run on this service's engine (the Ray engine
-    runs ``euclidean`` only); ``detail`` says why. Nothing is created."""
-
-    setting = "NMBATCH_RAY_ADDRESS"
-
-    def __init__(self, model: str, metric: str, detail: str) -> None:
-        super().__init__(detail)
-        self.model = model
-        self.metric = metric
 
 
 class TooManyModelsError(DomainError):

@@ -1,9 +1,7 @@
 """The engine a worker drives: in a child process, in its own thread, or on a Ray cluster.
 
 :func:`build_engine` makes it from the settings; the worker drives each through the same
-interface (:class:`~nmbatch.engine.hosting.EngineHost`). :func:`engine_refusal` says
-why a model's settings cannot run on the engine they choose (checked when the model
-starts and before a named one is created, so the refusal is never a crash later).
+interface (:class:`~nmbatch.engine.hosting.EngineHost`); each runs every metric.
 """
 
 from __future__ import annotations
@@ -15,23 +13,7 @@ from nmbatch.engine.hosting import EngineConfig, EngineHost, EngineProcess, Loca
 from nmbatch.service.config import Settings
 from nmbatch.service.storage.entries import RedisRows
 
-__all__ = ["build_engine", "engine_refusal"]
-
-
-def engine_refusal(settings: Settings) -> str | None:
-    """Why the engine ``settings`` choose cannot run their model, or None.
-
-    The Ray engine (``NMBATCH_RAY_ADDRESS``) runs ``metric="euclidean"`` only
-    (:class:`~nmbatch.engine.hosting.ray.RayEngine` refuses the rest): a cosine model
-    runs on the single-machine engine.
-    """
-    if settings.ray_address is not None and settings.metric != "euclidean":
-        return (
-            f"model '{settings.model}' has metric={settings.metric}, but the Ray engine "
-            "(NMBATCH_RAY_ADDRESS) runs metric=euclidean only: run cosine models on a "
-            "service without NMBATCH_RAY_ADDRESS"
-        )
-    return None
+__all__ = ["build_engine"]
 
 
 def build_engine(

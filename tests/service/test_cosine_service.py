@@ -8,9 +8,9 @@ converged centroids are unit vectors and the normalised sums of the logged rows 
 them; a zero vector is a 422 ``zero-vector`` problem naming its row and stores nothing;
 ``/assign`` (GET through the fast path and the route, ``?version=``, POST) answers the
 similarity, checked against numpy; ``/centroids``, ``/stats`` and ``GET /models`` say the
-metric; a restart with another metric is refused like another ``k``; a cosine model on the
-Ray engine is refused before anything starts or is written; Euclidean answers are the
-documents they were, byte for byte.
+metric; a restart with another metric is refused like another ``k``; Euclidean answers are
+the documents they were, byte for byte (a cosine model on the Ray engine:
+``tests/service/test_ray_service.py``).
 """
 
 from __future__ import annotations
@@ -340,35 +340,6 @@ def test_a_registry_entry_without_a_metric_is_a_euclidean_model(
         assert doc["settings"]["metric"] == "euclidean"
         same = client.put("/models/legacy", json=old)
         assert same.status_code == 200, same.text
-
-
-def test_a_cosine_model_on_the_ray_engine_is_refused_before_it_starts(
-    make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str
-) -> None:
-    # The refusal comes before any Ray connection (nothing listens at this address) and
-    # before anything is written to Redis.
-    ray = "127.0.0.1:9"
-    cosine_on_ray = create_app(make_settings(metric="cosine", ray_address=ray))
-    with (
-        pytest.raises(StartupError, match=r"Ray engine .* runs metric=euclidean only"),
-        TestClient(cosine_on_ray),
-    ):
-        pass
-    assert not redis_client.exists(ModelKeys(model_name).meta)
-    # A Euclidean default model on the Ray engine starts (its engine waits for the
-    # dimension); a cosine named model is refused with 422, nothing registered.
-    with TestClient(create_app(make_settings(ray_address=ray))) as client:
-        spec = {"k": 2, "dim": 3, "metric": "cosine"}
-        problem = assert_problem(client.put("/models/sph", json=spec), 422, "unsupported-metric")
-        assert problem["metric"] == "cosine" and problem["setting"] == "NMBATCH_RAY_ADDRESS"
-        assert "runs metric=euclidean only" in problem["detail"]
-        assert not redis_client.hexists(REGISTRY_KEY, "sph")
-        assert not list(redis_client.scan_iter(match=ModelKeys("sph").prefix + "*"))
-        # One registered by a process without Ray is not started here, and says why.
-        redis_client.hset(REGISTRY_KEY, "sph", orjson.dumps(ModelSpec(**spec).model_dump()))
-        assert_problem(client.get("/models/sph/centroids"), 422, "unsupported-metric")
-        listed = {m["name"]: m for m in client.get("/models").json()["models"]}
-        assert "Ray engine" in listed["sph"]["status"]["phase"]
 
 
 def test_normalising_costs_at_most_four_bytes_per_body_byte() -> None:

@@ -11,7 +11,10 @@ with the API answering throughout); retention ``window`` on the cluster
 (the default model and a named one) serves the last samples only; a ``reservoir`` is
 read by the shards from Redis, from its base after a compaction, also by a replacement
 and after a restart; sample weights vote their weight; samples by id are looked up and
-deleted exactly, and stay deleted after a shard process is killed.
+deleted exactly, and stay deleted after a shard process is killed; a cosine model
+(``metric=cosine``, spherical k-means) runs on the cluster: unit rows on the shards, a
+zero vector refused, unit centroids at the spherical fixed point, ``/assign`` answering
+the similarity.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 import pytest
 from service_helpers import post_npy, wait_converged
 
+from nmbatch.engine.metric import unit_rows
 from nmbatch.engine.rows import SourceRows
 from nmbatch.service.main import create_app
 from nmbatch.service.storage.keys import ModelKeys
@@ -263,7 +267,6 @@ def test_a_named_model_with_a_window_runs_on_the_cluster(
             np.testing.assert_allclose(c, last[mine == j].mean(axis=0), atol=1e-4)
 
 
-
 def test_a_reservoir_on_the_cluster_is_read_by_the_shards_from_redis(
     make_settings: SettingsFactory, ray_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -432,3 +435,49 @@ def test_samples_by_id_are_deleted_exactly_on_the_cluster_and_stay_so_after_a_ki
         for gone in ("s5", "s6", "s7"):
             assert_problem(client.get(f"/samples/{gone}"), 404, "unknown-sample")
         assert client.get("/samples/s8").status_code == 200
+
+
+def test_a_cosine_model_runs_on_the_cluster(
+    ray_address: str, make_settings: SettingsFactory
+) -> None:
+    from tests.testkit import assert_problem
+
+    rng = np.random.default_rng(21)
+    k, d, n = 3, 5, 450
+    axes = np.eye(d)[:k] + 0.2  # about 70 degrees apart
+    X = (axes[rng.integers(k, size=n)] + 0.1 * rng.normal(size=(n, d))).astype(np.float32)
+    X *= rng.uniform(0.5, 50.0, (n, 1)).astype(np.float32)
+    U, spec = unit_rows(X), {"k": k, "dim": d, "batch_size": 32, "seed": 0, "metric": "cosine"}
+    with TestClient(create_app(make_settings(ray_address=ray_address, ray_shards=2))) as client:
+        assert client.put("/models/sph", json=spec).status_code == 201
+        for part in np.array_split(np.arange(n), 3):
+            assert post_npy(client, X[part], "/models/sph/samples").status_code == 202
+        zero = X[:3].copy()
+        zero[1] = 0.0
+        problem = assert_problem(post_npy(client, zero, "/models/sph/samples"), 422, "zero-vector")
+        assert problem["row"] == 1
+
+        def converged() -> dict | None:
+            doc = client.get("/models/sph/centroids").json()
+            return doc if doc.get("converged") and doc["n_samples"] == n else None
+
+        doc = wait_until(converged, 40.0, "the cosine model on the cluster")
+        engine = client.app.state.models.running["sph"].handle.worker.engine
+        held = ray.get([shard.holdings.remote() for shard in engine.coordinator.shards])
+        assert len(held) == 2 and all(part[0].shape[0] for part in held)
+        for rows, ids, *_ in held:  # the shards hold the unit rows
+            np.testing.assert_array_equal(rows, U[ids])
+        C, U64 = np.array(doc["centroids"], dtype=np.float64), U.astype(np.float64)
+        np.testing.assert_allclose((C * C).sum(axis=1), 1.0, atol=2.0**-21)
+        labels = np.argmax(U64 @ C.T, axis=1)
+        for j in range(k):  # the spherical fixed point: each the direction of its sum
+            total = U64[labels == j].sum(axis=0)
+            np.testing.assert_allclose(C[j], total / np.linalg.norm(total), atol=1e-6)
+        assert doc["metric"] == "cosine"
+        assert doc["counts"] == np.bincount(labels, minlength=k).tolist()
+        energy = client.get("/models/sph/stats").json()["energy"]
+        assert energy == pytest.approx(np.mean(1.0 - np.max(U64 @ C.T, axis=1)), rel=1e-3)
+        answer = post_npy(client, 7.0 * X[:20], "/models/sph/assign").json()
+        cos = U64[:20] @ C.T
+        assert answer["clusters"] == cos.argmax(axis=1).tolist()
+        np.testing.assert_allclose(answer["similarities"], cos.max(axis=1), atol=1e-6)
