@@ -334,3 +334,35 @@ def check_retire_invariants(algo, before: dict[int, tuple], retired: set[int]) -
         assert (low <= dist).all(), "l - p exceeds the distance to a current centroid"
         up = (algo.upper_bounds() + algo.p[labels]) * (1 + 1e-12)
         assert (up >= dist[np.arange(b), labels]).all(), "u + p(a) below the distance"
+
+
+def dense_state(n: int, k: int, d: int, width: int | None, seed: int, *, assigned: bool) -> dict:
+    """The per-row and per-cluster arrays a dense pass takes, for ``n`` rows of ``d``
+    dimensions and ``k`` centroids (``width``: bound columns, None: no bounds); with
+    ``assigned``, a third of the rows hold a label and a distance (for ``remove``)."""
+    rng = np.random.default_rng(seed)
+    labels = np.full(n, -1, dtype=np.int32)
+    if assigned:
+        labels[::3] = rng.integers(0, k, labels[::3].shape[0])
+    return {
+        "labels": labels, "dist2": rng.random(n), "S": np.zeros((k, d)),
+        "v": np.zeros(k, dtype=np.int64), "sse": np.zeros(k), "Q": np.zeros(k),
+        "sqnorms": np.zeros(n),
+        "lower_bounds": None if width is None else np.zeros((n, width), dtype=np.float32),
+        "upper_bounds": None if width is None else np.zeros(n),
+    }  # fmt: skip
+
+
+def lockstep(algos: list, steps: int):
+    """Step ``algos`` together (``check_step_invariants`` after each step of each);
+    yields ``(algos, stats)`` after every step, until all have converged."""
+    for _ in range(steps):
+        stats = []
+        for algo in algos:
+            before = snapshot(algo)
+            stats.append(algo.step())
+            check_step_invariants(algo, before)
+        yield algos, stats
+        if all(s.converged for s in stats):
+            return
+

@@ -48,6 +48,7 @@ from tests.engine_helpers import (
     check_retire_invariants,
     check_step_invariants,
     filled_store,
+    lockstep,
     row_state,
     snapshot,
     sqdist64_ref,
@@ -293,15 +294,7 @@ def lockstep_modes(X, k, *, steps, modes=MODES, **kwargs):
     algos = [
         make_algorithm("nmbatch", filled_store(X, seed=0), k, bounds=m, **kwargs) for m in modes
     ]
-    for _ in range(steps):
-        out = []
-        for algo in algos:
-            before = snapshot(algo)
-            out.append(algo.step())
-            check_step_invariants(algo, before)
-        yield algos, out
-        if all(s.converged for s in out):
-            return
+    return lockstep(algos, steps)
 
 
 @pytest.mark.parametrize("integer", [True, False])

@@ -14,7 +14,7 @@ from nmbatch.engine.algorithms import base
 from nmbatch.engine.kernels import dense, grouped_dense
 from nmbatch.engine.kernels.parallel import every_parallel_path
 from nmbatch.engine.products import PRODUCT_ROWS, chunk_product
-from tests.engine_helpers import brute_nearest
+from tests.engine_helpers import brute_nearest, dense_state
 from tests.testkit import blobs
 
 pytestmark = pytest.mark.skipif(
@@ -42,19 +42,8 @@ def _problem(seed: int, overflow: bool = False):
 
 
 def _state(width: int | None, seed: int, *, assigned: bool) -> dict:
-    """Per-row arrays of N rows (``width``: bound columns, None: no bounds); with
-    ``assigned``, a third of the rows hold a label and a distance (for ``remove``)."""
-    rng = np.random.default_rng(seed)
-    labels = np.full(N, -1, dtype=np.int32)
-    if assigned:
-        labels[::3] = rng.integers(0, K, labels[::3].shape[0])
-    return {
-        "labels": labels, "dist2": rng.random(N), "S": np.zeros((K, D)),
-        "v": np.zeros(K, dtype=np.int64), "sse": np.zeros(K), "Q": np.zeros(K),
-        "sqnorms": np.zeros(N),
-        "lower_bounds": None if width is None else np.zeros((N, width), dtype=np.float32),
-        "upper_bounds": None if width is None else np.zeros(N),
-    }  # fmt: skip
+    """:func:`~tests.engine_helpers.dense_state` of N rows, K centroids."""
+    return dense_state(N, K, D, width, seed, assigned=assigned)
 
 
 def _copy(state: dict) -> dict:

@@ -28,7 +28,7 @@ from nmbatch.engine.kernels.common import F64_ULP, bound_factors, projected_esti
 from nmbatch.engine.pooled import pooled_assign
 from nmbatch.engine.products import PRODUCT_ROWS
 from nmbatch.engine.projection import Projection, Subspace, fit_projection, projected_products
-from tests.engine_helpers import check_step_invariants, filled_store, snapshot, sqdist64_ref
+from tests.engine_helpers import dense_state, filled_store, lockstep, sqdist64_ref
 
 
 def near_subspace(n: int, d: int, rank: int, *, seed: int, noise: float = 0.05,
@@ -118,17 +118,8 @@ def test_a_product_that_is_not_finite_makes_every_centroid_a_candidate():
 
 
 def _state(n, k, d, *, bounds: bool, assigned: bool, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    labels = np.full(n, -1, dtype=np.int32)
-    if assigned:
-        labels[::3] = rng.integers(0, k, labels[::3].shape[0])
-    return {
-        "labels": labels, "dist2": rng.random(n), "S": np.zeros((k, d)),
-        "v": np.zeros(k, dtype=np.int64), "sse": np.zeros(k), "Q": np.zeros(k),
-        "sqnorms": np.zeros(n), "remove": assigned,
-        "lower_bounds": np.zeros((n, k), dtype=np.float32) if bounds else None,
-        "upper_bounds": np.zeros(n) if bounds else None,
-    }  # fmt: skip
+    return {**dense_state(n, k, d, k if bounds else None, seed, assigned=assigned),
+            "remove": assigned}  # fmt: skip
 
 
 def _same(a: dict, b: dict, *, bounds: bool) -> None:
@@ -197,26 +188,16 @@ def test_the_pool_through_a_subspace_is_the_single_thread_pass(threads):
     np.testing.assert_array_equal(one["lower_bounds"], pool["lower_bounds"])
 
 
-def lockstep(X, k, *, steps, metric="euclidean", weights=None, **kwargs):
+def on_and_off(X, k, *, steps, metric="euclidean", weights=None, **kwargs):
     """nmbatch with the projection forced on and off, one step at a time (checked)."""
     algos = []
     for enabled in (True, False):
-        store = filled_store(X, seed=0, metric=metric)
-        if weights is not None:
-            store = filled_store(X[:0], seed=0, metric=metric)
-            store.append(X, weights=weights)
+        store = filled_store(X[:0], seed=0, metric=metric)
+        store.append(X, weights=weights)
         algo = make_algorithm("nmbatch", store, k, metric=metric, **kwargs)
         algo.subspace = Subspace(enabled)
         algos.append(algo)
-    for _ in range(steps):
-        stats = []
-        for algo in algos:
-            before = snapshot(algo)
-            stats.append(algo.step())
-            check_step_invariants(algo, before)
-        yield algos, stats
-        if all(s.converged for s in stats):
-            return
+    return lockstep(algos, steps)
 
 
 @pytest.mark.parametrize("metric", ["euclidean", "cosine"])
@@ -225,7 +206,7 @@ def test_nmbatch_through_a_subspace_is_the_same_run_bit_for_bit(metric, weighted
     X = near_subspace(4_000, 48, rank=6, seed=11, scale=5.0)
     w = np.random.default_rng(12).integers(0, 4, X.shape[0]).astype(np.float64)
     w = w if weighted else None
-    for (on, off), (s_on, s_off) in lockstep(X, 80, steps=60, metric=metric, weights=w,
+    for (on, off), (s_on, s_off) in on_and_off(X, 80, steps=60, metric=metric, weights=w,
                                              batch_size=400, rho=10.0, random_state=3):  # fmt: skip
         np.testing.assert_array_equal(on.labels(), off.labels())
         np.testing.assert_array_equal(on.centroids, off.centroids)

@@ -234,3 +234,15 @@ def metric(text: str, name: str, **labels: str) -> float:
     values = [v for got, v in metric_series(text, name) if labels.items() <= got.items()]
     assert len(values) == 1, f"{name} {labels}: {len(values)} series"
     return values[0]
+
+
+def assert_centroids_are_means(doc: dict[str, Any], rows: np.ndarray) -> None:
+    """The centroids of a ``/centroids`` answer ``doc`` are the means of the ``rows``
+    nearest to each (float64, ``1e-5``), and its ``counts`` their numbers."""
+    C = np.asarray(doc["centroids"], dtype=np.float64)
+    X = rows.astype(np.float64)
+    labels = ((X[:, None, :] - C[None]) ** 2).sum(-1).argmin(1)
+    counts = np.bincount(labels, minlength=C.shape[0])
+    assert np.array_equal(np.asarray(doc["counts"], dtype=np.int64), counts)
+    for j in np.flatnonzero(counts):  # an empty cluster's centroid is no mean
+        np.testing.assert_allclose(C[j], X[labels == j].mean(0), rtol=1e-5, atol=1e-5)

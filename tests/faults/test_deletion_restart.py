@@ -15,7 +15,7 @@ import pytest
 from fault_helpers import ServiceProcess
 
 from nmbatch.service.embedded_redis import EmbeddedRedis
-from tests.testkit import blobs, wait_until
+from tests.testkit import assert_centroids_are_means, blobs, wait_until
 
 pytestmark = pytest.mark.fault
 
@@ -35,14 +35,6 @@ def converged(base: str, n: int) -> dict[str, Any]:
     return wait_until(ready, 90, f"converged on {n} samples")
 
 
-def assert_means(doc: dict[str, Any], rows: np.ndarray) -> None:
-    C = np.asarray(doc["centroids"], dtype=np.float64)
-    X = rows.astype(np.float64)
-    labels = ((X[:, None, :] - C[None]) ** 2).sum(-1).argmin(1)
-    counts = np.bincount(labels, minlength=K)
-    assert np.array_equal(np.asarray(doc["counts"], dtype=np.int64), counts)
-    for j in range(K):
-        np.testing.assert_allclose(C[j], X[labels == j].mean(0), rtol=1e-5, atol=1e-5)
 
 
 def test_deleted_samples_stay_deleted_after_kill_9(
@@ -73,7 +65,7 @@ def test_deleted_samples_stay_deleted_after_kill_9(
     second = start_service("second", **settings)
     second.ready()
     doc = converged(second.base, kept.shape[0])
-    assert_means(doc, X[kept])
+    assert_centroids_are_means(doc, X[kept])
     for i in gone[:20]:
         answer = httpx.get(f"{second.base}/samples/{ids[i]}", timeout=30)
         assert answer.status_code == 404, answer.text

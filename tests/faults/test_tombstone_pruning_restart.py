@@ -17,7 +17,7 @@ from fault_helpers import ServiceProcess
 
 from nmbatch.service.embedded_redis import EmbeddedRedis
 from nmbatch.service.storage.keys import ModelKeys
-from tests.testkit import blobs, wait_until
+from tests.testkit import assert_centroids_are_means, blobs, wait_until
 
 pytestmark = pytest.mark.fault
 
@@ -39,14 +39,6 @@ def converged(base: str, n: int, ingested: int) -> dict[str, Any]:
     return wait_until(ready, 90, f"converged on {n} of {ingested} samples")
 
 
-def assert_means(doc: dict[str, Any], rows: np.ndarray) -> None:
-    C = np.asarray(doc["centroids"], dtype=np.float64)
-    X = rows.astype(np.float64)
-    labels = ((X[:, None, :] - C[None]) ** 2).sum(-1).argmin(1)
-    assert np.array_equal(np.asarray(doc["counts"], dtype=np.int64),
-                          np.bincount(labels, minlength=K))  # fmt: skip
-    for j in range(K):
-        np.testing.assert_allclose(C[j], X[labels == j].mean(0), rtol=1e-5, atol=1e-5)
 
 
 def push(base: str, X: np.ndarray, first: int) -> list[str]:
@@ -86,14 +78,14 @@ def test_no_deleted_row_comes_back_after_pruning_and_kill_9(
     assert admin.hlen(keys.deleted) == gone.shape[0]
     ids += push(first.base, X[300:], 300)  # rows 0-199 leave: their entries are trimmed
     kept = np.setdiff1d(np.arange(200, 500), young)
-    assert_means(converged(first.base, kept.shape[0], 500), X[kept])
+    assert_centroids_are_means(converged(first.base, kept.shape[0], 500), X[kept])
     wait_until(lambda: admin.hlen(keys.deleted) == young.shape[0] or None, 30, "pruned")
     first.kill()
 
     second = start_service("second", **settings)
     second.ready()
     doc = converged(second.base, kept.shape[0], 500)
-    assert_means(doc, X[kept])
+    assert_centroids_are_means(doc, X[kept])
     for i in gone:
         answer = httpx.get(f"{second.base}/samples/{ids[i]}", timeout=30)
         assert answer.status_code == 404, (i, answer.text)

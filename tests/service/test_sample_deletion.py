@@ -31,7 +31,14 @@ from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.worker import retention as worker_retention
 from nmbatch_client.errors import NotFoundError
 from tests.faults.fault_helpers import ServiceProcess
-from tests.testkit import SettingsFactory, TestClient, assert_problem, blobs, wait_until
+from tests.testkit import (
+    SettingsFactory,
+    TestClient,
+    assert_centroids_are_means,
+    assert_problem,
+    blobs,
+    wait_until,
+)
 
 D, K = 4, 3
 NAMED = "named-deletion"
@@ -46,18 +53,6 @@ def converged(client: TestClient, prefix: str, n: int, timeout: float = 60) -> d
         return doc if doc and doc["converged"] and doc["n_samples"] == n else None
 
     return wait_until(ready, timeout, f"{prefix or 'default'} converged on {n} samples")
-
-
-def assert_means(doc: dict[str, Any], rows: np.ndarray) -> None:
-    """Converged: each centroid is the mean of the rows nearest it, its count theirs."""
-    C = np.asarray(doc["centroids"], dtype=np.float64)
-    X = rows.astype(np.float64)
-    labels = ((X[:, None, :] - C[None]) ** 2).sum(-1).argmin(1)
-    counts = np.bincount(labels, minlength=C.shape[0])
-    assert np.array_equal(np.asarray(doc["counts"], dtype=np.int64), counts)
-    for j in range(C.shape[0]):
-        if counts[j]:
-            np.testing.assert_allclose(C[j], X[labels == j].mean(0), rtol=1e-5, atol=1e-5)
 
 
 def nearest(doc: dict[str, Any], row: np.ndarray) -> tuple[int, float]:
@@ -134,7 +129,7 @@ def test_deletion_is_exact_and_survives_a_restart(
             assert_problem(client.get(f"/samples/{ids[i]}"), 404, "unknown-sample")
         kept = np.setdiff1d(np.arange(300), gone)
         doc = converged(client, "", kept.shape[0])
-        assert_means(doc, X[kept])
+        assert_centroids_are_means(doc, X[kept])
         assert redis_client.hlen(keys.deleted) == gone.shape[0]
         assert redis_client.hlen(keys.sample_ids) == 200 - int((gone < 200).sum())
         # A deleted client id is free again: a new sample may take it.
@@ -142,10 +137,10 @@ def test_deletion_is_exact_and_survives_a_restart(
         again = client.post("/samples", json={"vectors": X[:1].tolist(), "ids": [freed]})
         assert again.status_code == 202, again.text
         kept_rows = np.concatenate([X[kept], X[:1]])
-        assert_means(converged(client, "", kept_rows.shape[0]), kept_rows)
+        assert_centroids_are_means(converged(client, "", kept_rows.shape[0]), kept_rows)
     with TestClient(create_app(settings)) as client:  # the replay consults the tombstones
         doc = converged(client, "", kept_rows.shape[0])
-        assert_means(doc, kept_rows)
+        assert_centroids_are_means(doc, kept_rows)
         for i in gone[:10]:
             if ids[i] != freed:
                 assert_problem(client.get(f"/samples/{ids[i]}"), 404, "unknown-sample")
@@ -192,7 +187,7 @@ def test_a_reservoir_keeps_deleted_samples_out_through_compactions_and_a_restart
         answer = client.post("/samples/delete", json={"ids": [ids[i] for i in doomed]})
         assert sorted(answer.json()["deleted"]) == sorted(ids[i] for i in doomed)
         left = np.setdiff1d(stored, doomed)
-        assert_means(converged(client, "", left.shape[0]), X[left])
+        assert_centroids_are_means(converged(client, "", left.shape[0]), X[left])
         for start in range(600, 900, 150):  # more samples: compactions with holes
             answer = client.post("/samples", json={"vectors": X[start : start + 150].tolist()})
             assert answer.status_code == 202

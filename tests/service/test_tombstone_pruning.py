@@ -19,7 +19,14 @@ import redis
 from nmbatch.service.main import create_app
 from nmbatch.service.storage.keys import ModelKeys
 from nmbatch.service.worker import retention as worker_retention
-from tests.testkit import SettingsFactory, TestClient, assert_problem, blobs, wait_until
+from tests.testkit import (
+    SettingsFactory,
+    TestClient,
+    assert_centroids_are_means,
+    assert_problem,
+    blobs,
+    wait_until,
+)
 
 D, K = 4, 3
 
@@ -35,14 +42,6 @@ def converged(client: TestClient, n: int, ingested: int) -> dict[str, Any]:
     return wait_until(ready, 60, f"converged on {n} of {ingested} samples")
 
 
-def assert_means(doc: dict[str, Any], rows: np.ndarray) -> None:
-    C = np.asarray(doc["centroids"], dtype=np.float64)
-    X = rows.astype(np.float64)
-    labels = ((X[:, None, :] - C[None]) ** 2).sum(-1).argmin(1)
-    counts = np.bincount(labels, minlength=K)
-    assert np.array_equal(np.asarray(doc["counts"], dtype=np.int64), counts)
-    for j in range(K):
-        np.testing.assert_allclose(C[j], X[labels == j].mean(0), rtol=1e-5, atol=1e-5)
 
 
 def push(client: TestClient, X: np.ndarray, first: int | None) -> list[str]:
@@ -77,7 +76,7 @@ def test_a_window_prunes_the_tombstones_of_the_entries_it_trims(
         assert redis_client.hlen(keys.deleted) == gone.shape[0]
         push(client, X[200:], 200)  # rows 0-99 leave the window: their entries are trimmed
         kept = np.setdiff1d(np.arange(100, 300), young)
-        assert_means(converged(client, kept.shape[0], 300), X[kept])
+        assert_centroids_are_means(converged(client, kept.shape[0], 300), X[kept])
         wait_until(lambda: redis_client.hlen(keys.deleted) == young.shape[0] or None, 30,
                    "the trimmed entries' tombstones pruned")  # fmt: skip
         left = {f.decode().split(" ")[0] for f in redis_client.hkeys(keys.deleted)}
@@ -86,7 +85,7 @@ def test_a_window_prunes_the_tombstones_of_the_entries_it_trims(
         assert worker.tombstones.pruned == old.shape[0]
         assert worker.tombstones.tracked == young.shape[0]
     with TestClient(create_app(settings)) as client:  # the replay: none comes back
-        assert_means(converged(client, kept.shape[0], 300), X[kept])
+        assert_centroids_are_means(converged(client, kept.shape[0], 300), X[kept])
         for i in gone:
             assert_problem(client.get(f"/samples/r{i}"), 404, "unknown-sample")
         answer = client.post("/samples/delete", json={"ids": [f"r{i}" for i in gone[:3]]})
