@@ -90,8 +90,7 @@ class ModelBuildMixin:
         ``X`` (``(n, d)`` float32, as the store keeps rows: unit under cosine), the
         inertia weighted by ``weights`` (``(n,)`` float64 or None: 1), as scikit-learn's."""
         centers = np.array(algo.centroids, dtype=np.float32, copy=True)
-        subspace = getattr(algo, "subspace", None)  # the Ray fit's driver has none
-        labels, sqdist = nearest(X, centers, projection=subspace and subspace.projection)
+        labels, sqdist = nearest(X, centers, projection=algo.subspace.projection)
         self.cluster_centers_ = centers
         self.labels_ = labels
         self.inertia_ = weighted_sum(dissimilarity(sqdist, self.metric), weights)
