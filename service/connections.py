@@ -11,7 +11,10 @@ makes the protocol class ``python -m nmbatch`` runs (:mod:`nmbatch.service.serve
 - a request's headers must be complete ``NMBATCH_HEADER_TIMEOUT_SECONDS`` after the
   connection opened, or after the previous answer on it; otherwise a ``408`` problem
   (when part of a request has arrived) and the connection is closed. The deadline is
-  total, not idle: trickling bytes does not extend it.
+  total, not idle: trickling bytes does not extend it. After a ``408`` the connection
+  lingers (:data:`LINGER_SECONDS` at most): the answer is sent with a FIN and what the
+  client still sends is read and dropped, since closing a socket with unread bytes makes
+  the kernel answer with a reset that may destroy the ``408`` before the client reads it.
 
 Memory per connection is then bounded by the header block (:data:`MAX_HEADER_BYTES`)
 plus uvicorn's read buffer of a body (64 KiB before it stops reading), and its lifetime
@@ -27,10 +30,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nmbatch.service.config import Settings
 
-__all__ = ["MAX_HEADER_BYTES", "bounded_h11"]
+__all__ = ["LINGER_SECONDS", "MAX_HEADER_BYTES", "bounded_h11"]
 
 MAX_HEADER_BYTES = 16 * 1024
 """Largest request line plus headers (h11's ``max_incomplete_event_size``); larger is 400."""
+
+LINGER_SECONDS = 2.0
+"""Longest a connection stays open after its ``408``, reading and dropping what arrives."""
 
 _TIMEOUT_BODY = orjson.dumps(
     {
@@ -62,6 +68,7 @@ def bounded_h11(settings: Settings) -> type[H11Protocol]:
         _header_timer: asyncio.TimerHandle | None = None
         _deadline = 0.0  # loop time by which the next request's headers must be in
         _armed_for: object = None  # the request cycle current when the deadline was set
+        _lingering = False  # a 408 was sent: what arrives is dropped until the close
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -69,6 +76,10 @@ def bounded_h11(settings: Settings) -> type[H11Protocol]:
                 transport.abort()  # connection_lost follows and forgets it
                 return
             self._await_headers()
+
+        def data_received(self, data: bytes) -> None:
+            if not self._lingering:
+                super().data_received(data)
 
         def on_response_complete(self) -> None:
             # Before uvicorn's: it may start a pipelined request's cycle, whose headers
@@ -99,8 +110,14 @@ def bounded_h11(settings: Settings) -> type[H11Protocol]:
                 self._header_timer = self.loop.call_at(self._deadline, self._headers_late)
                 return
             pending, _ = self.conn.trailing_data
-            if pending:  # part of a request arrived: say why the connection ends
-                self.transport.write(_TIMEOUT_ANSWER)
-            self.transport.close()
+            if not pending or not self.transport.can_write_eof():
+                self.transport.close()  # nothing was asked: nothing to say
+                return
+            # Part of a request arrived: say why the connection ends, then linger. The
+            # client's EOF closes the transport (``eof_received`` answers None).
+            self.transport.write(_TIMEOUT_ANSWER)
+            self.transport.write_eof()
+            self._lingering = True
+            self._header_timer = self.loop.call_later(LINGER_SECONDS, self.transport.abort)
 
     return BoundedH11Protocol

@@ -147,6 +147,27 @@ def test_a_client_that_never_finishes_its_headers_is_disconnected(
     assert b"header-timeout" in received
 
 
+def test_after_its_408_the_server_lingers_instead_of_resetting(server: ServiceProcess) -> None:
+    """After a 408 the server half-closes and reads (and drops) what still arrives.
+
+    A plain close with unread bytes in its socket makes the server's kernel answer with
+    a reset, which (rarely, under load) destroyed the 408 before the client read it:
+    the client then saw "connection reset" and no answer. Lingering, the server's side
+    ends with a FIN, and bytes the client sends after it are taken, not reset.
+    """
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"GET /stats HTTP/1.1\r\nHost: test\r\n")
+        sock.settimeout(HEADER_TIMEOUT + 5)
+        received = b""
+        while chunk := sock.recv(65536):  # until the server's FIN
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 408"), received[:200]
+        for _ in range(5):  # a reset would fail the second send at the latest
+            sock.sendall(b"x" * 1024)
+            time.sleep(0.05)
+            assert sock.recv(1) == b""  # still the FIN, no reset
+
+
 def test_an_idle_connection_is_closed_by_the_header_deadline(server: ServiceProcess) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         start = time.monotonic()
