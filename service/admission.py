@@ -26,8 +26,15 @@ middleware, bounds the sum over all requests:
   ``POST .../samples`` is answered ``503`` ``urn:nmbatch:problem:overloaded`` at once,
   its body not read (its parse and its append would take the loop from the reads),
   if a read came within the last :data:`READ_WINDOW_SECONDS` (no reader, no latency
-  to keep). Reads are never shed. A lone writer is never shed: the lag is then not
-  its doing.
+  to keep). Reads are never shed. A lone writer is never shed for the lag: the lag is
+  then not its doing.
+- writes are shed, on the same reader condition, while the model's worker is behind
+  by more than its hand-off holds (``handoff_short``: the rows this process appended
+  and its worker has not taken, :class:`~nmbatch.service.storage.handoff.LocalEntries`).
+  Past it the worker would read the next rows back from Redis, decoding MiBs while
+  holding the GIL the event loop needs, and a bounded retention's log would outgrow
+  its window in Redis until the store refuses writes anyway (after their bodies were
+  read). Same ``503`` ``overloaded``, whether one writer or many.
 
 All three answers are problem details with ``Retry-After`` (:data:`RETRY_AFTER_SECONDS`) and
 ``Connection: close`` (a body is not read to keep the connection); the request never
@@ -40,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 
 import orjson
 from starlette.responses import Response
@@ -68,8 +76,17 @@ class AdmissionControl:
     shed so far; tests read them.
     """
 
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: Settings,
+        handoff_short: Callable[[Scope, int], tuple[int, int] | None] | None = None,
+    ) -> None:
+        """``handoff_short(scope, incoming)``: ``(held, most)`` bytes of the hand-off of
+        the model a write goes to when ``incoming`` more bytes would not fit, else None
+        (:meth:`~nmbatch.service.usecases.serving.ModelHandle.handoff_short`)."""
         self.app = app
+        self.handoff_short = handoff_short
         self.max_requests = settings.max_concurrent_requests
         self.max_body = settings.max_body_bytes
         self.budget = settings.inflight_body_budget
@@ -92,12 +109,16 @@ class AdmissionControl:
             self.read_at = time.monotonic()
             await self._admit(scope, receive, send)  # reads are never shed
             return
-        if self.shed_lag:
-            lag = self._loop_lag().lag
-            reading = time.monotonic() - self.read_at < READ_WINDOW_SECONDS
-            if self.writes and reading and lag > self.shed_lag:
+        lag = self._loop_lag().lag if self.shed_lag else 0.0  # measured from the first write
+        if self.shed_lag and time.monotonic() - self.read_at < READ_WINDOW_SECONDS:
+            problem = self._overloaded(lag) if self.writes and lag > self.shed_lag else None
+            if problem is None and self.handoff_short is not None:
+                declared, _ = _framing(scope)
+                short = self.handoff_short(scope, min(declared or 0, self.max_body))
+                problem = None if short is None else self._behind(*short)
+            if problem is not None:
                 self.shed += 1
-                await _answer(self._overloaded(lag), scope, receive, send)
+                await _answer(problem, scope, receive, send)
                 return
         self.writes += 1
         try:
@@ -161,6 +182,17 @@ class AdmissionControl:
             "nothing was stored, retry shortly",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Connection": "close"},
             lag_ms=round(lag * 1000, 1),
+        )
+
+    def _behind(self, held: int, most: int) -> ProblemError:
+        return ProblemError(
+            503,
+            "overloaded",
+            f"the model's worker is behind this server's appends by {held >> 20} MiB, what "
+            f"its hand-off holds ({most >> 20} MiB): writes are refused so that reads keep "
+            "their latency while it catches up; nothing was stored, retry shortly",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Connection": "close"},
+            behind_bytes=held,
         )
 
     def _too_many(self) -> ProblemError:

@@ -184,10 +184,11 @@ class Settings(BaseSettings):
     write_shed_lag_ms: float = Field(
         5.0,
         ge=0,
-        description="Writes are shed before reads slow down: while the event loop runs more "
-        "than this many milliseconds behind, another write is in flight and a read came within "
-        "the last second, a POST of samples is answered 503 overloaded with Retry-After, its "
-        "body not read. 0: never shed.",
+        description="Writes are shed before reads slow down: while a read came within the "
+        "last second and either the event loop runs more than this many milliseconds behind "
+        "with another write in flight, or the model's worker is behind this process's appends "
+        "by more than its hand-off holds, a POST of samples is answered 503 overloaded with "
+        "Retry-After, its body not read. 0: never shed.",
     )
     max_connections: int = Field(
         1024,

@@ -32,6 +32,7 @@ from typing import Any
 
 import redis
 from fastapi import Depends, FastAPI
+from starlette.types import Scope
 
 from nmbatch.service import runtime
 from nmbatch.service.admission import AdmissionControl
@@ -117,11 +118,25 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     app.state.models = None
     app.state.event_streams = StreamSlots(settings.events_max_connections)
     install_problem_handlers(app)
+
+    def handoff_short(scope: Scope, incoming: int) -> tuple[int, int] | None:
+        """The hand-off shortfall of the model a ``POST /samples`` or ``POST
+        /models/{name}/samples`` goes to
+        (:meth:`~nmbatch.service.usecases.serving.ModelHandle.handoff_short`); None while
+        the app starts or when the model does not run here (the route answers that)."""
+        manager = app.state.models
+        if manager is None:
+            return None
+        parts = scope["path"].split("/")
+        named = len(parts) == 4 and parts[1] == "models"
+        running = manager.running.get(parts[2] if named else manager.default_name)
+        return None if running is None else running.handle.handoff_short(incoming)
+
     app.add_exception_handler(redis.RedisError, redis_error_handler(settings, metrics))
     # Inside the timing middleware: fast-path answers are timed and labelled as well.
     app.add_middleware(AssignFastPath, settings=settings)
     # Past the concurrency limit or the body budget: 503 before any route (timed too).
-    app.add_middleware(AdmissionControl, settings=settings)
+    app.add_middleware(AdmissionControl, settings=settings, handoff_short=handoff_short)
     app.add_middleware(RequestTimingMiddleware, metrics=metrics)
     if settings.tracing != "off":  # a span per request, inside the request's context
         app.add_middleware(TracingMiddleware)

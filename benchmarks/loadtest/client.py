@@ -173,6 +173,12 @@ class Recorder:
     vectors: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     shed: int = 0  # writes answered 503 `overloaded`: shed by design, not errors
+    shed_behind: int = 0  # of them, shed because the worker was behind by its hand-off
+
+    def shed_one(self, body: bytes) -> None:
+        """A write answered 503 ``overloaded`` with ``body`` (its problem document)."""
+        self.shed += 1
+        self.shed_behind += b'"behind_bytes"' in body
 
     def ok(self, end: float, latency: float, vectors: int) -> None:
         """A 2xx answer at ``end`` (monotonic s), ``latency`` s, carrying ``vectors``."""
@@ -194,6 +200,7 @@ class Recorder:
             "vectors": np.asarray(self.vectors, dtype=np.int64),
             "errors": self.errors,
             "shed": self.shed,
+            "shed_behind": self.shed_behind,
             "cpu_seconds": times.user + times.system,
         }
 
@@ -244,7 +251,7 @@ async def _drive(
             rec.ok(end, end - scheduled, vectors_each)
         else:
             if status == 503 and b"problem:overloaded" in body:
-                rec.shed += 1  # the server protecting its reads (NMBATCH_WRITE_SHED_LAG_MS)
+                rec.shed_one(body)  # the server protecting its reads (NMBATCH_WRITE_SHED_LAG_MS)
             else:
                 rec.fail(end, f"HTTP {status}: {body[:200]!r}")
             if conn.retry_after is not None and rate is None:
@@ -343,6 +350,10 @@ def probe_client(cfg: dict[str, Any], q: Any) -> None:
                 next_at += cfg["interval"]
                 continue
             acked = time.monotonic()
+            if status == 503 and b"problem:overloaded" in body:
+                rec.shed_one(body)  # by design: sent again after Retry-After, as the client does
+                next_at = acked + (writer.retry_after or 1.0)
+                continue
             j += 1
             if status != 202:
                 rec.fail(acked, f"probe POST HTTP {status}: {body[:200]!r}")

@@ -92,6 +92,7 @@ def markdown(result: dict[str, Any]) -> str:
         ing, asg = p.get("ingest"), p.get("assign")
         errors = (ing or {}).get("errors", 0) + (asg or {}).get("errors", 0)
         shed = (ing or {}).get("shed", 0)
+        behind = (ing or {}).get("shed_behind")  # None: a record from before it was counted
         cpu = p["cpu_cores_used"]
         lines.append(
             f"| {p['name']} | {p['seconds']:.0f} | "
@@ -108,7 +109,7 @@ def markdown(result: dict[str, Any]) -> str:
                 if asg
                 else "- | - | "
             )
-            + (f"{errors} ({shed} writes shed) | " if shed else f"{errors} | ")
+            + (f"{errors} ({shed} writes shed{_behind(behind)}) | " if shed else f"{errors} | ")
             + f"{_f(cpu.get('server'), '{:.2f}')} ({_f(cpu.get('worker'), '{:.2f}')})"
             f" / {_f(cpu.get('redis'), '{:.2f}')} / {_f(cpu.get('clients'), '{:.2f}')}"
             f" / {_f(cpu.get('other programs'), '{:.2f}')} |"
@@ -121,7 +122,9 @@ def markdown(result: dict[str, Any]) -> str:
         "worker: its thread and the engine process, which runs at niceness 10), "
         "redis-server with its append-only-file rewrite children, the client "
         "processes (their start-up and encoding included), and what the rest of the machine "
-        "used meanwhile.",
+        "used meanwhile. Writes shed: answered `503` `overloaded` and sent again after "
+        "`Retry-After` (not errors); \"behind\": of them, those shed because the worker was "
+        "behind by more than its hand-off holds (the others: the event loop's lag).",
         "",
         "## Ingestion to centroids",
         "",
@@ -201,3 +204,9 @@ def write_results(result: dict[str, Any], out: Path) -> None:
     """Write ``result`` as ``out/loadtest.json`` and its rendering as ``out/loadtest.md``."""
     (out / "loadtest.json").write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
     (out / "loadtest.md").write_text(markdown(result))
+
+
+def _behind(count: int | None) -> str:
+    """``", N behind"``: writes shed for the worker's backlog, if the record counts them."""
+    return "" if count is None else f", {count} behind"
+

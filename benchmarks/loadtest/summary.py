@@ -72,6 +72,7 @@ def _requests_summary(
         "latency_ms": _latency_ms(lat[inside]),
         "errors": len(errors),
         "shed": int(sum(r.get("shed", 0) for r in reports)),
+        "shed_behind": int(sum(r.get("shed_behind", 0) for r in reports)),
         "error_examples": errors[:5],
         "client_cpu_seconds": float(sum(r["cpu_seconds"] for r in reports)),
         "per_second": _timeline(

@@ -198,6 +198,21 @@ class ModelHandle:
             return capacity
         return await self.planner.plan(dim)
 
+    def handoff_short(self, incoming: int) -> tuple[int, int] | None:
+        """``(held, most)`` bytes of this process's hand-off to its worker when
+        ``incoming`` more bytes would not fit in it, else None.
+
+        The hand-off (:class:`~nmbatch.service.storage.handoff.LocalEntries`) holds what
+        this process appended and its worker has not yet taken: full, the worker is that
+        far behind and would read what comes next back from Redis. None where this
+        process is not the model's worker (its appends are not handed over).
+        """
+        local = self.sample_log.local
+        if local is None or self.worker.role != WORKER_ROLE:
+            return None
+        held = local.nbytes
+        return (held, local.max_bytes) if held + incoming > local.max_bytes else None
+
     async def known_dim(self) -> int | None:
         """The model's dimension: the setting, Redis's (fixed by any process), or None."""
         if self.dim is None:

@@ -309,3 +309,56 @@ def test_writes_are_shed_while_the_loop_lags_and_reads_are_not() -> None:
         assert gate.shed == 1 and gate.writes == 0
 
     anyio.run(main)
+
+
+def test_writes_are_shed_while_the_worker_is_behind_by_its_hand_off() -> None:
+    # The second rule: a write whose body would not fit in its model's hand-off (the
+    # worker is that far behind) is shed while a reader is there, lone writer or not;
+    # the admission asks with the body's declared length, capped at the body limit.
+    reached: list[str] = []
+    asked: list[tuple[str, int]] = []
+    short: dict[str, tuple[int, int]] = {"/models/m/samples": (70 << 20, 64 << 20)}
+
+    async def inner(scope: dict, receive: object, send: object) -> None:
+        reached.append(f"{scope['method']} {scope['path']}")
+
+    def handoff_short(scope: dict, incoming: int) -> tuple[int, int] | None:
+        asked.append((scope["path"], incoming))
+        return short.get(scope["path"])
+
+    def request(method: str, path: str, length: int = 10) -> dict:
+        headers = [(b"content-length", str(length).encode())] if method == "POST" else []
+        return {"type": "http", "method": method, "path": path, "headers": headers}
+
+    async def receive() -> dict:
+        raise AssertionError("a shed write's body is not read")
+
+    async def main() -> None:
+        settings = Settings(k=1, write_shed_lag_ms=50)
+        gate = AdmissionControl(inner, settings, handoff_short=handoff_short)  # type: ignore[arg-type]
+        answers: list[dict] = []
+
+        async def send(message: dict) -> None:
+            answers.append(message)
+
+        await gate(request("POST", "/models/m/samples"), receive, send)
+        assert gate.shed == 0 and asked == []  # no reader: the writers have the loop
+        await gate(request("GET", "/assign"), receive, send)
+        await gate(request("POST", "/samples", 5 << 20), receive, send)
+        assert gate.shed == 0 and reached[-1] == "POST /samples"
+        assert asked[-1] == ("/samples", 5 << 20)
+        await gate(request("POST", "/models/m/samples", 1 << 40), receive, send)
+        assert gate.shed == 1 and reached.count("POST /models/m/samples") == 1
+        assert asked[-1] == ("/models/m/samples", settings.max_body_bytes)
+        assert answers[0]["status"] == 503
+        headers = dict(answers[0]["headers"])
+        assert headers[b"retry-after"] == b"1" and headers[b"connection"] == b"close"
+        document = json.loads(answers[1]["body"])
+        assert document["type"] == "urn:nmbatch:problem:overloaded"
+        assert document["behind_bytes"] == 70 << 20 and "64 MiB" in document["detail"]
+        short.clear()  # caught up: taken again
+        await gate(request("POST", "/models/m/samples"), receive, send)
+        assert gate.shed == 1 and reached[-1] == "POST /models/m/samples"
+
+    anyio.run(main)
+
