@@ -112,9 +112,10 @@ class AdmissionControl:
         lag = self._loop_lag().lag if self.shed_lag else 0.0  # measured from the first write
         if self.shed_lag and time.monotonic() - self.read_at < READ_WINDOW_SECONDS:
             problem = self._overloaded(lag) if self.writes and lag > self.shed_lag else None
-            if problem is None and self.handoff_short is not None:
-                declared, _ = _framing(scope)
-                short = self.handoff_short(scope, min(declared or 0, self.max_body))
+            incoming = _framing(scope)[0] or 0
+            # A body above its limit is the route's to refuse (413), not ours to shed.
+            if problem is None and self.handoff_short and incoming <= self.max_body:
+                short = self.handoff_short(scope, incoming)
                 problem = None if short is None else self._behind(*short)
             if problem is not None:
                 self.shed += 1
