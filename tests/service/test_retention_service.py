@@ -153,8 +153,11 @@ def test_a_window_entry_that_straddles_the_boundary_stays_in_the_log(
 def test_age_retires_by_redis_time_without_new_samples(
     make_settings: SettingsFactory, redis_client: redis.Redis, model_name: str, in_process: bool
 ) -> None:
+    # Each batch must be seen before it ages: AGE leaves a loaded machine's engine (a
+    # child process sharing the cores with other tests) 3 s for it (1.5 s was too tight).
+    AGE = 4.0
     settings = make_settings(
-        retention="age", max_age_seconds=2.0, worker_process=in_process, dim=D
+        retention="age", max_age_seconds=AGE, worker_process=in_process, dim=D
     )
     old, new = blobs(300, D, 3, seed=10), blobs(200, D, 3, seed=11)
     with TestClient(create_app(settings)) as client:
@@ -162,10 +165,10 @@ def test_age_retires_by_redis_time_without_new_samples(
         wait_until(lambda: worker.phase == "waiting-for-samples", 60, "the engine")
         posted = time.monotonic()
         _post_all(client, old, 300)
-        _caught_up(client, 300, 300, timeout=1.5)
-        time.sleep(max(0.0, posted + 2.1 - time.monotonic()))
+        _caught_up(client, 300, 300, timeout=AGE - 1)
+        time.sleep(max(0.0, posted + AGE + 0.1 - time.monotonic()))
         _post_all(client, new, 200)
-        doc = _caught_up(client, 200, 500, timeout=1.5)
+        doc = _caught_up(client, 200, 500, timeout=AGE - 1)
         rows = new if in_process else _retained(client)[1]
         assert np.array_equal(rows, new)
         _assert_centroids_are_cell_means(doc, rows)
