@@ -46,7 +46,7 @@ from nmbatch.service.config import Settings
 from nmbatch.service.context import MODEL_PREFIX, model_path
 from nmbatch.service.fastpath import AssignFastPath
 from nmbatch.service.keys import load_keys
-from nmbatch.service.logs import RequestContext
+from nmbatch.service.logs import MODEL, RequestContext
 from nmbatch.service.metrics import RequestTimingMiddleware, ServiceMetrics
 from nmbatch.service.models import ModelManager
 from nmbatch.service.openapi import with_dimension, with_key_refusals, with_model_limits
@@ -120,16 +120,12 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     install_problem_handlers(app)
 
     def handoff_short(scope: Scope, incoming: int) -> tuple[int, int] | None:
-        """The hand-off shortfall of the model a ``POST /samples`` or ``POST
-        /models/{name}/samples`` goes to
-        (:meth:`~nmbatch.service.usecases.serving.ModelHandle.handoff_short`); None while
-        the app starts or when the model does not run here (the route answers that)."""
-        manager = app.state.models
-        if manager is None:
-            return None
-        parts = scope["path"].split("/")
-        named = len(parts) == 4 and parts[1] == "models"
-        running = manager.running.get(parts[2] if named else manager.default_name)
+        """The hand-off shortfall of the model the request ``scope`` writes to, the one
+        :class:`RequestContext` named (:data:`MODEL`), as
+        :meth:`~nmbatch.service.usecases.serving.ModelHandle.handoff_short` gives it; None
+        while the app starts or when the model does not run here (the route answers that)."""
+        manager, name = app.state.models, MODEL.get()
+        running = manager.running.get(name) if manager is not None and name else None
         return None if running is None else running.handle.handoff_short(incoming)
 
     app.add_exception_handler(redis.RedisError, redis_error_handler(settings, metrics))
