@@ -108,8 +108,12 @@ def test_a_reservoir_prunes_the_tombstones_its_next_base_covers(
     with TestClient(create_app(settings)) as client:
         ids = push(client, X[:400], None)  # assigned ids: they name the entry and row
         worker = client.app.state.models.default.worker
+        # Every row read (a worker converged on a first part still changes its reservoir
+        # with the rest), a compaction done, converged: the store holds still.
         wait_until(lambda: (worker.retention is not None and worker.retention.compactions >= 1
-                   and worker.phase == "converged") or None, 60, "a compaction")  # fmt: skip
+                   and worker.phase == "converged"
+                   and client.get("/centroids").json().get("n_ingested") == 400) or None,
+                   60, "a compaction")  # fmt: skip
         engine = worker.engine
         stored = np.sort(engine._algo.store.ids())  # stream ids = rows of X
         doomed = stored[::4]
